@@ -1,0 +1,38 @@
+# Everything bootstraps from nothing: a venv in .venv, tools and artifacts in .cache.
+PY ?= python3
+VENV := $(CURDIR)/.venv
+BIN := $(VENV)/bin
+CACHE := $(CURDIR)/.cache
+DEMO_DATA ?= $(CURDIR)/demo-data
+
+.PHONY: venv demo test lint typecheck unit clean
+
+$(BIN)/.installed: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+venv: $(BIN)/.installed
+
+demo: venv
+	$(BIN)/seglog demo $(DEMO_DATA)
+
+lint: venv
+	$(BIN)/ruff check seglog tests bench
+
+typecheck: venv
+	$(BIN)/mypy seglog
+
+unit: venv
+	$(BIN)/pytest -q
+
+test: lint typecheck test-deps
+	$(BIN)/pytest -q -p no:cacheprovider
+
+clean:
+	rm -rf $(DEMO_DATA) build *.egg-info
+
+# Fragments add targets and prerequisites of `test-deps` (MinIO, Spark jars, peers).
+test-deps: venv
+include $(wildcard mk/*.mk)

@@ -1,0 +1,76 @@
+# Peer-system comparison benchmark (bench/compare.py).
+#
+#   make peers        install redis-server (apt), nats-server (go install) and Kafka jars (Maven)
+#   make bench        peers + full-size run of every system -> bench/results/<date>.md/.png
+#   make bench-quick  peers + quick run of every system      -> bench/results/quick-<date>.md/.png
+#
+# Everything lands in $(CACHE) (never committed); stamp files make a second `make peers` instant.
+# Not a prerequisite of `test-deps`: the test suite only runs the in-process systems.
+
+NATS_SERVER_VERSION := v2.15.2
+KAFKA_VERSION := 4.3.1
+KAFKA_SCALA := 2.13
+SLF4J_VERSION := 2.0.17
+LOG4J_VERSION := 2.24.3
+
+STAMPS := $(CACHE)/stamps
+NATS_STAMP := $(STAMPS)/nats-server-$(NATS_SERVER_VERSION)
+KAFKA_HOME := $(CACHE)/kafka
+KAFKA_STAMP := $(STAMPS)/kafka-$(KAFKA_SCALA)-$(KAFKA_VERSION)
+BENCH_SYSTEMS ?= raw,seglog,seglog-arrow,lmdb,sqlite,redis,nats,kafka
+BENCH_OUT ?= $(CURDIR)/bench/results
+
+.PHONY: peers peer-redis peer-nats peer-kafka bench bench-quick
+
+peers: peer-redis peer-nats peer-kafka
+
+# `command -v` is the stamp: instant when redis-server is already on PATH.
+peer-redis:
+	@command -v redis-server >/dev/null 2>&1 || { \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get update -q && apt-get install -y -q --no-install-recommends redis-server; }
+	@redis-server --version
+
+peer-nats: $(NATS_STAMP)
+
+$(NATS_STAMP):
+	@mkdir -p $(STAMPS) $(CACHE)/bin
+	GOBIN=$(CACHE)/bin GOFLAGS=-mod=mod CGO_ENABLED=0 \
+	  go install github.com/nats-io/nats-server/v2@$(NATS_SERVER_VERSION)
+	$(CACHE)/bin/nats-server --version
+	@touch $@
+
+peer-kafka: $(KAFKA_STAMP)
+
+# A throwaway pom whose only job is `dependency:copy-dependencies` of the broker and a log binding.
+$(KAFKA_STAMP):
+	@mkdir -p $(STAMPS) $(KAFKA_HOME)
+	rm -rf $(KAFKA_HOME)/libs
+	printf '%s\n' \
+	  '<project xmlns="http://maven.apache.org/POM/4.0.0">' \
+	  '  <modelVersion>4.0.0</modelVersion>' \
+	  '  <groupId>seglog.bench</groupId><artifactId>kafka-peer</artifactId>' \
+	  '  <version>1</version><packaging>pom</packaging>' \
+	  '  <dependencies>' \
+	  '    <dependency><groupId>org.apache.kafka</groupId>' \
+	  '      <artifactId>kafka_$(KAFKA_SCALA)</artifactId><version>$(KAFKA_VERSION)</version></dependency>' \
+	  '    <dependency><groupId>org.slf4j</groupId>' \
+	  '      <artifactId>slf4j-api</artifactId><version>$(SLF4J_VERSION)</version></dependency>' \
+	  '    <dependency><groupId>org.apache.logging.log4j</groupId>' \
+	  '      <artifactId>log4j-slf4j2-impl</artifactId><version>$(LOG4J_VERSION)</version></dependency>' \
+	  '    <dependency><groupId>org.apache.logging.log4j</groupId>' \
+	  '      <artifactId>log4j-core</artifactId><version>$(LOG4J_VERSION)</version></dependency>' \
+	  '  </dependencies>' \
+	  '</project>' > $(KAFKA_HOME)/pom.xml
+	mvn -q -B -f $(KAFKA_HOME)/pom.xml -Dmaven.repo.local=$(CACHE)/m2 \
+	  dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(KAFKA_HOME)/libs
+	echo '$(KAFKA_VERSION)' > $(KAFKA_HOME)/VERSION
+	@ls $(KAFKA_HOME)/libs | wc -l | xargs echo "kafka jars:"
+	@touch $@
+
+bench: venv peers
+	$(BIN)/python -m bench.compare --systems $(BENCH_SYSTEMS) --cache $(CACHE) --out $(BENCH_OUT)
+
+bench-quick: venv peers
+	$(BIN)/python -m bench.compare --quick --systems $(BENCH_SYSTEMS) --cache $(CACHE) \
+	  --out $(BENCH_OUT)

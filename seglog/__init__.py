@@ -1,0 +1,37 @@
+"""seglog: a durable, replicated, segmented message log for MQTT-style data."""
+
+from __future__ import annotations
+
+from seglog import errors
+from seglog.db import Database, DbConfig
+from seglog.errors import (
+    ClosedResourceError,
+    ConfigMismatch,
+    InvalidRecord,
+    OffsetOutOfRange,
+    SeglogError,
+    StorageError,
+    StoreLocked,
+)
+from seglog.record import Record, RecordMeta
+from seglog.store import Store, open
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ClosedResourceError",
+    "ConfigMismatch",
+    "Database",
+    "DbConfig",
+    "InvalidRecord",
+    "OffsetOutOfRange",
+    "Record",
+    "RecordMeta",
+    "SeglogError",
+    "StorageError",
+    "Store",
+    "StoreLocked",
+    "__version__",
+    "errors",
+    "open",
+]

@@ -1,0 +1,317 @@
+"""A database: shards, routing, validation, and the async read/append API."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Final, Literal
+
+import crc32c
+import numpy as np
+import pyarrow as pa
+
+from seglog.engines.base import DEFAULT_SEGMENT_BYTES, DEFAULT_SEGMENT_MS, Engine, ShardStats
+from seglog.errors import ClosedResourceError, ConfigMismatch, InvalidArgument, InvalidName
+from seglog.record import (
+    DEFAULT_MAX_RECORD_BYTES,
+    Record,
+    RecordMeta,
+    records_from_table,
+    records_to_batch,
+    table_to_batch,
+)
+
+__all__ = ["Database", "DbConfig", "shard_for", "validate_db_name"]
+
+EngineName = Literal["segment"]
+Compression = Literal["none", "zstd"]
+_NAME_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+_ROUTE_CACHE_MAX: Final = 100_000
+# Reads larger than this convert to Record objects off the event loop.
+_INLINE_RECORDS_MAX: Final = 4096
+MAX_SHARDS: Final = 4096
+
+
+def validate_db_name(name: object) -> str:
+    """Check a database name: 1-128 of ``[A-Za-z0-9_.-]``, not starting with ``.`` or ``-``.
+
+    Raises:
+        InvalidName: The name could escape the data directory or is otherwise unusable.
+    """
+    if not isinstance(name, str) or not _NAME_RE.match(name) or ".." in name:
+        raise InvalidName(
+            f"invalid database name {name!r}: use 1-128 characters of letters, digits, '_', '.', '-', "
+            "starting with a letter or digit, without '..'"
+        )
+    return name
+
+
+def shard_for(routing_key: bytes, shards: int) -> int:
+    """The shard a key (or topic, UTF-8) routes to: CRC-32C of the bytes modulo ``shards``."""
+    return int(crc32c.crc32c(routing_key)) % shards
+
+
+@dataclass(frozen=True)
+class DbConfig:
+    """A database's persisted configuration. ``shards`` and ``engine`` are immutable."""
+
+    shards: int = 1
+    engine: EngineName = "segment"
+    segment_bytes: int = DEFAULT_SEGMENT_BYTES
+    segment_ms: int = DEFAULT_SEGMENT_MS
+    compression: Compression = "none"
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
+    index_interval_bytes: int = 4096
+
+    IMMUTABLE: Final = ("shards", "engine")  # type: ignore[misc]
+
+    def validate(self) -> DbConfig:
+        """Check every setting's domain.
+
+        Raises:
+            InvalidArgument: A setting is out of range.
+        """
+        if not isinstance(self.shards, int) or not 1 <= self.shards <= MAX_SHARDS:
+            raise InvalidArgument(f"shards must be an int in 1..{MAX_SHARDS}")
+        if self.engine not in ("segment",):
+            raise InvalidArgument(f"unknown engine {self.engine!r} (known: 'segment')")
+        if not isinstance(self.segment_bytes, int) or self.segment_bytes < 4096:
+            raise InvalidArgument("segment_bytes must be an int >= 4096")
+        if not isinstance(self.segment_ms, int) or self.segment_ms < 1:
+            raise InvalidArgument("segment_ms must be an int >= 1")
+        if self.compression not in ("none", "zstd"):
+            raise InvalidArgument("compression must be 'none' or 'zstd'")
+        if not isinstance(self.max_record_bytes, int) or not 1 <= self.max_record_bytes <= 64 << 20:
+            raise InvalidArgument("max_record_bytes must be an int in 1..64 MiB")
+        if not isinstance(self.index_interval_bytes, int) or self.index_interval_bytes < 1:
+            raise InvalidArgument("index_interval_bytes must be an int >= 1")
+        return self
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> DbConfig:
+        """Read a persisted config, ignoring unknown keys from newer versions."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known}).validate()
+
+    def check_compatible(self, requested: dict[str, Any]) -> None:
+        """Raise :class:`ConfigMismatch` if ``requested`` changes an immutable setting."""
+        for name in self.IMMUTABLE:
+            if name in requested and requested[name] != getattr(self, name):
+                raise ConfigMismatch(
+                    f"{name}={requested[name]!r} conflicts with the existing database's {name}="
+                    f"{getattr(self, name)!r} (immutable)"
+                )
+
+
+class Database:
+    """One database of a :class:`~seglog.Store`; get it from ``store.create_db``/``open_db``."""
+
+    def __init__(self, name: str, config: DbConfig, engine: Engine) -> None:
+        self.name = name
+        self.config = config
+        self._engine = engine
+        self._closed = False
+        self._route_cache: dict[str, int] = {}
+
+    @property
+    def shards(self) -> int:
+        """Number of shards."""
+        return self.config.shards
+
+    def _check(self) -> Engine:
+        if self._closed:
+            raise ClosedResourceError(f"database {self.name!r} is closed")
+        return self._engine
+
+    def _check_shard(self, shard: object) -> int:
+        if type(shard) is not int or not 0 <= shard < self.config.shards:
+            raise InvalidArgument(f"shard must be an int in 0..{self.config.shards - 1}, not {shard!r}")
+        return shard
+
+    # --- append ------------------------------------------------------------------------
+
+    async def append(self, records: Iterable[Record], *, shard: int | None = None) -> list[RecordMeta]:
+        """Append records durably; return where each went, in input order.
+
+        Records go to ``shard`` if given, else to their own ``shard`` attribute if set, else
+        to ``hash(key or topic) % shards`` (CRC-32C). Within a shard, records keep their
+        order. Either every record is validated and written or, on a validation error,
+        nothing is.
+
+        Raises:
+            InvalidRecord: A record is invalid (its index is in the message).
+            StorageError: The disk failed; records of other shards may have been written.
+        """
+        engine = self._check()
+        recs = records if isinstance(records, list) else list(records)
+        if not recs:
+            return []
+        if shard is not None:
+            self._check_shard(shard)
+        batch = records_to_batch(recs, max_record_bytes=self.config.max_record_bytes)
+        ts = batch.column(0).to_pylist()
+        routes = self._route_records(recs, shard)
+        if isinstance(routes, int):
+            base = await engine.append(routes, batch)
+            return [RecordMeta(routes, base + i, t) for i, t in enumerate(ts)]
+        metas: list[RecordMeta] = [None] * len(recs)  # type: ignore[list-item]
+        groups = _group(routes)
+        bases = await asyncio.gather(
+            *(engine.append(s, batch.take(pa.array(idx, pa.int64()))) for s, idx in groups.items())
+        )
+        for (s, idx), base in zip(groups.items(), bases, strict=True):
+            for j, i in enumerate(idx):
+                metas[i] = RecordMeta(s, base + j, ts[i])
+        return metas
+
+    async def append_arrow(self, data: pa.Table | pa.RecordBatch, *, shard: int | None = None) -> pa.Table:
+        """Append columns ``ts, topic, key, value[, headers]`` durably.
+
+        Returns:
+            A table with ``shard`` and ``offset`` for each input row, in input order.
+        """
+        engine = self._check()
+        if not isinstance(data, (pa.Table, pa.RecordBatch)):
+            raise InvalidArgument("append_arrow takes a pyarrow Table or RecordBatch")
+        if shard is not None:
+            self._check_shard(shard)
+        batch = table_to_batch(data, max_record_bytes=self.config.max_record_bytes)
+        n = batch.num_rows
+        if n == 0:
+            return pa.table({"shard": pa.array([], pa.int32()), "offset": pa.array([], pa.int64())})
+        if shard is None and self.config.shards == 1:
+            shard = 0
+        if shard is not None:
+            base = await engine.append(shard, batch)
+            return pa.table(
+                {
+                    "shard": pa.array(np.full(n, shard, dtype=np.int32)),
+                    "offset": pa.array(np.arange(base, base + n, dtype=np.int64)),
+                }
+            )
+        keys = batch.column(2).to_pylist()
+        topics = batch.column(1).to_pylist()
+        routes = [self._route_one(k, t) for k, t in zip(keys, topics, strict=True)]
+        groups = _group(routes)
+        bases = await asyncio.gather(
+            *(engine.append(s, batch.take(pa.array(idx, pa.int64()))) for s, idx in groups.items())
+        )
+        shard_col = np.empty(n, dtype=np.int32)
+        offset_col = np.empty(n, dtype=np.int64)
+        for (s, idx), base in zip(groups.items(), bases, strict=True):
+            where = np.asarray(idx, dtype=np.int64)
+            shard_col[where] = s
+            offset_col[where] = np.arange(base, base + len(idx), dtype=np.int64)
+        return pa.table({"shard": pa.array(shard_col), "offset": pa.array(offset_col)})
+
+    def _route_one(self, key: bytes | None, topic: str) -> int:
+        if key is not None:
+            return shard_for(key, self.config.shards)
+        cached = self._route_cache.get(topic)
+        if cached is None:
+            if len(self._route_cache) >= _ROUTE_CACHE_MAX:
+                self._route_cache.clear()
+            cached = self._route_cache[topic] = shard_for(topic.encode(), self.config.shards)
+        return cached
+
+    def _route_records(self, recs: Sequence[Record], shard: int | None) -> int | list[int]:
+        if shard is not None:
+            return shard
+        if self.config.shards == 1 and all(r.shard in (None, 0) for r in recs):
+            return 0
+        routes = []
+        for r in recs:
+            if r.shard is not None:
+                routes.append(self._check_shard(r.shard))
+            else:
+                routes.append(self._route_one(r.key, r.topic))
+        return routes
+
+    # --- reads -------------------------------------------------------------------------
+
+    async def read(self, shard: int, offset: int, max_records: int = 1000) -> list[Record]:
+        """Records from ``offset`` (at most ``max_records``); empty at the end.
+
+        Raises:
+            OffsetOutOfRange: ``offset`` is below the start or past the end.
+        """
+        table = await self.read_arrow(shard, offset, max_records)
+        return await self._to_records(table, shard)
+
+    async def read_arrow(self, shard: int, offset: int, max_records: int = 100_000) -> pa.Table:
+        """Records from ``offset`` as a table with an ``offset`` column (zero-copy bodies)."""
+        engine = self._check()
+        self._check_shard(shard)
+        _check_int("offset", offset)
+        _check_int("max_records", max_records, minimum=1)
+        return await engine.read_arrow(shard, offset, max_records)
+
+    async def offset_for_time(self, shard: int, ts: int) -> int:
+        """First offset whose record has ``ts >=`` the given µs timestamp; the end offset if none."""
+        engine = self._check()
+        self._check_shard(shard)
+        _check_int("ts", ts, minimum=-(1 << 63))
+        return await engine.offset_for_time(shard, ts)
+
+    async def read_key(self, shard: int, key: bytes) -> list[Record]:
+        """Every record of ``shard`` with ``key``, in offset order."""
+        return await self._to_records(await self.read_key_arrow(shard, key), shard)
+
+    async def read_key_arrow(self, shard: int, key: bytes) -> pa.Table:
+        """Like :meth:`read_key`, as a table."""
+        engine = self._check()
+        self._check_shard(shard)
+        if not isinstance(key, bytes):
+            raise InvalidArgument("key must be bytes")
+        return await engine.read_key(shard, key)
+
+    async def _to_records(self, table: pa.Table, shard: int) -> list[Record]:
+        if table.num_rows <= _INLINE_RECORDS_MAX:
+            return records_from_table(table, shard)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, records_from_table, table, shard)
+
+    def start_offset(self, shard: int) -> int:
+        """First readable offset of ``shard``."""
+        self._check_shard(shard)
+        return self._check().start_offset(shard)
+
+    def end_offset(self, shard: int) -> int:
+        """Offset the next record of ``shard`` will get (all below it are durable)."""
+        self._check_shard(shard)
+        return self._check().end_offset(shard)
+
+    def stats(self) -> list[ShardStats]:
+        """Offsets and sizes of every shard."""
+        engine = self._check()
+        return [engine.stats(s) for s in range(self.config.shards)]
+
+    async def close(self) -> None:
+        """Close the database (the store closes its databases itself)."""
+        if self._closed:
+            return
+        self._closed = True
+        await self._engine.close()
+
+    def __repr__(self) -> str:
+        return f"<Database {self.name!r} shards={self.config.shards} engine={self.config.engine}>"
+
+
+def _group(routes: list[int]) -> dict[int, list[int]]:
+    groups: dict[int, list[int]] = {}
+    for i, s in enumerate(routes):
+        groups.setdefault(s, []).append(i)
+    return groups
+
+
+def _check_int(name: str, value: object, *, minimum: int = 0) -> None:
+    if type(value) is not int or value < minimum:
+        raise InvalidArgument(f"{name} must be an int >= {minimum}, not {value!r}")
+
+

@@ -1,0 +1,5 @@
+"""Storage engines behind one protocol: ``segment`` (default)."""
+
+from seglog.engines.base import Engine, EngineConfig, FsyncPolicy, ShardStats
+
+__all__ = ["Engine", "EngineConfig", "FsyncPolicy", "ShardStats"]

@@ -1,0 +1,95 @@
+"""The engine protocol: what the database layer needs from a storage engine.
+
+An engine stores the shards of one database. It receives validated Arrow batches with
+:data:`seglog.record.FRAME_SCHEMA`, assigns dense offsets, makes them durable according to
+its own rules, and answers reads with Arrow tables that carry an ``offset`` column. The DB
+layer never knows which engine it drives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final, Literal, Protocol
+
+import pyarrow as pa
+
+from seglog.record import DEFAULT_MAX_RECORD_BYTES, FRAME_SCHEMA
+
+__all__ = [
+    "DEFAULT_SEGMENT_BYTES",
+    "DEFAULT_SEGMENT_MS",
+    "READ_SCHEMA",
+    "Engine",
+    "EngineConfig",
+    "FsyncPolicy",
+    "ShardStats",
+    "empty_read_table",
+]
+
+FsyncPolicy = Literal["always", "interval", "never"]
+DEFAULT_SEGMENT_BYTES: Final = 256 << 20
+DEFAULT_SEGMENT_MS: Final = 7 * 24 * 3600 * 1000
+READ_SCHEMA: Final = pa.schema([pa.field("offset", pa.int64(), nullable=False), *FRAME_SCHEMA])
+
+
+def empty_read_table() -> pa.Table:
+    """A table with :data:`READ_SCHEMA` and no rows."""
+    return READ_SCHEMA.empty_table()
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Settings an engine is opened with (a DB's persisted config plus store options)."""
+
+    directory: Path
+    shards: int
+    segment_bytes: int = DEFAULT_SEGMENT_BYTES
+    segment_ms: int = DEFAULT_SEGMENT_MS
+    compression: int = 0
+    index_interval_bytes: int = 4096
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
+    fsync: FsyncPolicy = "always"
+    fsync_interval_ms: int = 1000
+    rebuild_indexes: bool = False
+    clock_us: Callable[[], int] = field(default=lambda: 0)
+
+
+@dataclass(frozen=True)
+class ShardStats:
+    """Sizes and offsets of one shard, for ``stats`` and quotas."""
+
+    shard: int
+    start_offset: int
+    end_offset: int
+    segments: int
+    bytes: int
+
+
+class Engine(Protocol):
+    """Storage for the shards of one database (see the module docstring)."""
+
+    def start_offset(self, shard: int) -> int:
+        """First readable offset of ``shard``."""
+
+    def end_offset(self, shard: int) -> int:
+        """Offset after the last durable record of ``shard``."""
+
+    async def append(self, shard: int, batch: pa.RecordBatch) -> int:
+        """Append a validated batch durably; return the offset of its first record."""
+
+    async def read_arrow(self, shard: int, offset: int, max_records: int) -> pa.Table:
+        """Up to ``max_records`` records from ``offset`` (:data:`READ_SCHEMA`)."""
+
+    async def offset_for_time(self, shard: int, ts: int) -> int:
+        """First offset whose record has ``ts >=`` the given one; the end offset if none."""
+
+    async def read_key(self, shard: int, key: bytes) -> pa.Table:
+        """Every record with ``key`` in offset order (:data:`READ_SCHEMA`)."""
+
+    def stats(self, shard: int) -> ShardStats:
+        """Offsets and on-disk size of ``shard``."""
+
+    async def close(self) -> None:
+        """Flush and release everything; idempotent."""

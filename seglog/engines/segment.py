@@ -1,0 +1,382 @@
+"""The ``segment`` engine: segment files + sparse LMDB indexes + the I/O pool.
+
+Offsets are assigned on the event loop when a batch is encoded, and the frames are queued to
+the shard's I/O worker in that order, so a shard's file order is its offset order. A shard
+whose write fails is failed for good (the offsets queued behind the failure can no longer be
+honoured); every later append raises :class:`~seglog.errors.StorageError` until the store is
+reopened, which recovers the shard from disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Executor
+from typing import Any, Final, NamedTuple
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from seglog.engines.base import READ_SCHEMA, EngineConfig, ShardStats, empty_read_table
+from seglog.errors import ClosedResourceError, CorruptFrame, InvalidArgument, OffsetOutOfRange, StorageError
+from seglog.index import FrameEntry, ShardIndex
+from seglog.io_pool import IoPool
+from seglog.record import EncodedFrame, decode_body, encode_frame, verify_frame
+from seglog.segment import FramePosition, LogSegment, ShardLog
+
+__all__ = ["SegmentEngine", "shard_dir_name"]
+
+log = logging.getLogger("seglog.engines.segment")
+
+# A batch is cut into frames of at most this many records / value bytes.
+MAX_FRAME_RECORDS: Final = 16_384
+MAX_FRAME_VALUE_BYTES: Final = 8 << 20
+
+
+def shard_dir_name(shard: int) -> str:
+    """Directory name of a shard inside a database directory."""
+    return f"shard-{shard:04d}"
+
+
+class _PendingFrames(NamedTuple):
+    frames: list[EncodedFrame]
+    keys: list[list[tuple[bytes, int]]]
+    tags: list[list[int]]
+
+
+class _Shard:
+    """One shard: its log, its index and its write state (a :class:`BatchWriter`)."""
+
+    def __init__(self, number: int, log_: ShardLog, index: ShardIndex, config: EngineConfig) -> None:
+        self.number = number
+        self.log = log_
+        self.index = index
+        self.config = config
+        self.next_offset = log_.next_offset  # assigned (event-loop thread)
+        self.durable_end = log_.next_offset  # written and synced per policy (worker thread)
+        self.failed: BaseException | None = None
+        self._last_sync_s = time.monotonic()
+        self._unsynced = False
+
+    # BatchWriter -----------------------------------------------------------------------
+
+    def write_batch(self, items: Sequence[_PendingFrames]) -> Sequence[int]:
+        if self.failed is not None:
+            raise StorageError(f"shard {self.number} failed earlier; reopen the store") from self.failed
+        frames = [f for item in items for f in item.frames]
+        try:
+            positions = self.log.append(frames)
+            self._sync_per_policy()
+        except OSError as exc:
+            self.failed = exc
+            raise StorageError(f"write to shard {self.number} failed") from exc
+        entries = []
+        i = 0
+        for item in items:
+            for keys, tags in zip(item.keys, item.tags, strict=True):
+                p = positions[i]
+                entries.append(_entry(p, keys, tags))
+                i += 1
+        try:
+            self.index.add(entries)
+        except StorageError:
+            # The data is durable; a lagging index is rebuilt on the next open.
+            log.exception("shard %d: index write failed; it will be rebuilt on reopen", self.number)
+        self.durable_end = positions[-1].header.next_offset
+        return [item.frames[0].header.base_offset for item in items]
+
+    def flush_idle(self) -> None:
+        if self._unsynced and self.failed is None:
+            self.log.sync()
+            self._unsynced = False
+            self._last_sync_s = time.monotonic()
+
+    def _sync_per_policy(self) -> None:
+        policy = self.config.fsync
+        if policy == "always":
+            self.log.sync()
+        elif policy == "interval":
+            now = time.monotonic()
+            if now - self._last_sync_s >= self.config.fsync_interval_ms / 1000:
+                self.log.sync()
+                self._last_sync_s = now
+                self._unsynced = False
+            else:
+                self._unsynced = True
+        # "never": the OS writes back when it likes; seal and close still fsync.
+
+    # reading (any thread) --------------------------------------------------------------
+
+    def locate(self, offset: int) -> tuple[LogSegment, int]:
+        """The segment holding ``offset`` and a frame position at or before it."""
+        seg = self.log.segment_for(offset)
+        floor = self.index.floor(offset)
+        if floor is not None and floor[1].segment_base == seg.base_offset:
+            return seg, floor[1].pos
+        return seg, 0
+
+    def frames(self, offset: int, end: int) -> Iterator[FramePosition]:
+        """Frames from the one holding ``offset`` up to ``end`` (exclusive)."""
+        seg, pos = self.locate(offset)
+        for fp in self.log.frames_from(seg, pos, end):
+            if fp.header.next_offset > offset:
+                yield fp
+
+    def decode(self, fp: FramePosition) -> pa.RecordBatch:
+        buf = fp.segment.view(fp.pos, fp.pos + fp.header.size)
+        verify_frame(buf, 0, fp.header)
+        return decode_body(buf, 0, fp.header)
+
+
+def _entry(p: FramePosition, keys: list[tuple[bytes, int]], tags: list[int]) -> FrameEntry:
+    h = p.header
+    return FrameEntry(h.base_offset, h.next_offset, h.max_ts, p.segment.base_offset, p.pos, h.size, keys, tags)
+
+
+def _with_offsets(batch: pa.RecordBatch, base: int, start_row: int, stop_row: int) -> pa.RecordBatch:
+    part = batch.slice(start_row, stop_row - start_row)
+    offsets = pa.array(np.arange(base + start_row, base + stop_row, dtype=np.int64))
+    return pa.RecordBatch.from_arrays([offsets, *part.columns], schema=READ_SCHEMA)
+
+
+def _frame_keys(batch: pa.RecordBatch, base: int) -> list[tuple[bytes, int]]:
+    keys = batch.column(2)
+    if keys.null_count == len(keys):
+        return []
+    return [(k, base + i) for i, k in enumerate(keys.to_pylist()) if k is not None]
+
+
+def _frame_tags(batch: pa.RecordBatch) -> list[int]:
+    streams = batch.column(5)
+    mm = pc.min_max(streams)
+    lo, hi = mm["min"].as_py(), mm["max"].as_py()
+    if lo == hi:
+        return [lo]
+    return sorted(pc.unique(streams).to_pylist())
+
+
+class SegmentEngine:
+    """Segment files per shard, LMDB indexes, writes through the shared :class:`IoPool`."""
+
+    name: Final = "segment"
+
+    def __init__(self, config: EngineConfig, shards: list[_Shard], io_pool: IoPool, executor: Executor) -> None:
+        self.config = config
+        self._shards = shards
+        self._io_pool = io_pool
+        self._executor = executor
+        self._closed = False
+
+    @classmethod
+    def open_blocking(cls, config: EngineConfig, io_pool: IoPool, executor: Executor) -> SegmentEngine:
+        """Open or create every shard: recover segments, then bring indexes up to date."""
+        clock_ms: Callable[[], int] = lambda: config.clock_us() // 1000  # noqa: E731
+        shards = []
+        for n in range(config.shards):
+            directory = config.directory / shard_dir_name(n)
+            log_, _report = ShardLog.open(
+                directory, segment_bytes=config.segment_bytes, segment_ms=config.segment_ms, clock_ms=clock_ms
+            )
+            index_dir = directory / "index"
+            if config.rebuild_indexes and index_dir.exists():
+                shutil.rmtree(index_dir)
+            index = ShardIndex(index_dir, index_interval_bytes=config.index_interval_bytes)
+            shard = _Shard(n, log_, index, config)
+            _catch_up_index(shard)
+            shards.append(shard)
+        return cls(config, shards, io_pool, executor)
+
+    def _shard(self, shard: int) -> _Shard:
+        if self._closed:
+            raise ClosedResourceError("the database is closed")
+        if not 0 <= shard < len(self._shards):
+            raise InvalidArgument(f"shard {shard} out of range 0..{len(self._shards) - 1}")
+        return self._shards[shard]
+
+    def start_offset(self, shard: int) -> int:
+        return self._shard(shard).log.log_start_offset
+
+    def end_offset(self, shard: int) -> int:
+        return self._shard(shard).durable_end
+
+    # --- append ------------------------------------------------------------------------
+
+    async def append(self, shard: int, batch: pa.RecordBatch) -> int:
+        s = self._shard(shard)
+        if s.failed is not None:
+            raise StorageError(f"shard {shard} failed earlier; reopen the store") from s.failed
+        n = batch.num_rows
+        if n == 0:
+            return s.next_offset
+        frames: list[EncodedFrame] = []
+        keys: list[list[tuple[bytes, int]]] = []
+        tags: list[list[int]] = []
+        base = s.next_offset
+        offset = base
+        for part in _split(batch):
+            frames.append(encode_frame(part, offset, compression=self.config.compression))
+            keys.append(_frame_keys(part, offset))
+            tags.append(_frame_tags(part))
+            offset += part.num_rows
+        s.next_offset = offset
+        await self._io_pool.submit(shard, s, _PendingFrames(frames, keys, tags))
+        return base
+
+    # --- reads -------------------------------------------------------------------------
+
+    def _check_range(self, s: _Shard, offset: int) -> int:
+        end = s.durable_end
+        start = s.log.log_start_offset
+        if not start <= offset <= end:
+            raise OffsetOutOfRange(offset, start, end, shard=s.number)
+        return end
+
+    def read_arrow_blocking(self, shard: int, offset: int, max_records: int) -> pa.Table:
+        """Blocking body of :meth:`read_arrow` (runs in the read executor)."""
+        s = self._shard(shard)
+        end = self._check_range(s, offset)
+        if max_records < 1:
+            raise InvalidArgument("max_records must be >= 1")
+        stop = min(end, offset + max_records)
+        if offset >= stop:
+            return empty_read_table()
+        out: list[pa.RecordBatch] = []
+        try:
+            for fp in s.frames(offset, stop):
+                h = fp.header
+                batch = s.decode(fp)
+                lo = max(offset, h.base_offset) - h.base_offset
+                hi = min(stop, h.next_offset) - h.base_offset
+                out.append(_with_offsets(batch, h.base_offset, lo, hi))
+        except CorruptFrame as exc:
+            raise StorageError(f"shard {shard}: corrupt frame while reading offset {offset}") from exc
+        return pa.Table.from_batches(out, schema=READ_SCHEMA)
+
+    async def read_arrow(self, shard: int, offset: int, max_records: int) -> pa.Table:
+        return await self._run(self.read_arrow_blocking, shard, offset, max_records)
+
+    def offset_for_time_blocking(self, shard: int, ts: int) -> int:
+        """Blocking body of :meth:`offset_for_time`."""
+        s = self._shard(shard)
+        end = s.durable_end
+        start = s.log.log_start_offset
+        lower = s.index.time_lower_bound(ts)
+        begin = start if lower is None else max(start, lower)
+        if begin >= end:
+            return end
+        for fp in s.frames(begin, end):
+            h = fp.header
+            if h.max_ts < ts:
+                continue
+            batch = s.decode(fp)
+            first_row = max(begin, h.base_offset) - h.base_offset
+            mask = pc.greater_equal(batch.column(0).slice(first_row), ts)
+            idx = int(pc.index(mask, True).as_py())
+            if idx >= 0:
+                return h.base_offset + first_row + idx
+        return end
+
+    async def offset_for_time(self, shard: int, ts: int) -> int:
+        offset: int = await self._run(self.offset_for_time_blocking, shard, ts)
+        return offset
+
+    def read_key_blocking(self, shard: int, key: bytes) -> pa.Table:
+        """Blocking body of :meth:`read_key`."""
+        s = self._shard(shard)
+        end = s.durable_end
+        start = s.log.log_start_offset
+        offsets = sorted({o for o in s.index.key_offsets(key) if start <= o < end})
+        out: list[pa.RecordBatch] = []
+        i = 0
+        while i < len(offsets):
+            fp = next(s.frames(offsets[i], end))
+            h = fp.header
+            batch = s.decode(fp)
+            rows = []
+            while i < len(offsets) and offsets[i] < h.next_offset:
+                rows.append(offsets[i] - h.base_offset)
+                i += 1
+            rows_arr = pa.array(rows, pa.int64())
+            picked = batch.take(rows_arr)
+            # Stale or hashed (long) key entries are filtered against the real key.
+            keep = pc.equal(picked.column(2), pa.scalar(key, pa.binary()))
+            offs = pc.add(rows_arr, h.base_offset).filter(keep)
+            out.append(pa.RecordBatch.from_arrays([offs, *picked.filter(keep).columns], schema=READ_SCHEMA))
+        return pa.Table.from_batches(out, schema=READ_SCHEMA)
+
+    async def read_key(self, shard: int, key: bytes) -> pa.Table:
+        return await self._run(self.read_key_blocking, shard, key)
+
+    def stats(self, shard: int) -> ShardStats:
+        s = self._shard(shard)
+        segments = s.log.segments_snapshot()
+        return ShardStats(shard, s.log.log_start_offset, s.durable_end, len(segments), sum(x.size for x in segments))
+
+    async def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, fn, *args)
+
+    # --- lifecycle ---------------------------------------------------------------------
+
+    def close_blocking(self) -> None:
+        """Checkpoint and close every shard (after the I/O pool drained)."""
+        if self._closed:
+            return
+        self._closed = True
+        errors: list[BaseException] = []
+        for s in self._shards:
+            for close in (s.log.close, s.index.close):
+                try:
+                    close()
+                except (OSError, StorageError) as exc:
+                    errors.append(exc)
+        if errors:
+            raise StorageError("closing the engine failed") from errors[0]
+
+    async def close(self) -> None:
+        await self._run(self.close_blocking)
+
+
+def _split(batch: pa.RecordBatch) -> list[pa.RecordBatch]:
+    n = batch.num_rows
+    value_bytes = batch.column(3).buffers()[2]
+    total = value_bytes.size if value_bytes is not None else 0
+    per_frame = MAX_FRAME_RECORDS
+    if total > MAX_FRAME_VALUE_BYTES:
+        per_frame = max(1, min(per_frame, n * MAX_FRAME_VALUE_BYTES // total))
+    if n <= per_frame:
+        return [batch]
+    return [batch.slice(i, per_frame) for i in range(0, n, per_frame)]
+
+
+def _catch_up_index(s: _Shard) -> None:
+    """Cut index entries past the log end and index frames the index has not seen."""
+    end = s.log.next_offset
+    start = s.log.log_start_offset
+    if s.index.indexed_end > end:
+        log.warning("shard %d: index ran ahead of the log (%d > %d); cutting it back",
+                    s.number, s.index.indexed_end, end)
+        s.index.truncate_from(end)
+    begin = max(s.index.indexed_end, start)
+    if begin >= end:
+        return
+    log.info("shard %d: indexing offsets %d..%d from the segments", s.number, begin, end)
+    seg = s.log.segment_for(begin)
+    pos = 0
+    floor = s.index.floor(begin)
+    if floor is not None and floor[1].segment_base == seg.base_offset:
+        pos = floor[1].pos
+    pending: list[FrameEntry] = []
+    for fp in s.log.frames_from(seg, pos, end):
+        if fp.header.next_offset <= begin:
+            continue
+        batch = s.decode(fp)
+        pending.append(_entry(fp, _frame_keys(batch, fp.header.base_offset), _frame_tags(batch)))
+        if len(pending) >= 1024:
+            s.index.add(pending)
+            pending = []
+    s.index.add(pending)

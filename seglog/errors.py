@@ -1,0 +1,156 @@
+"""The seglog exception tree.
+
+Every failure seglog raises on purpose is a :class:`SeglogError`. The tree is split the way
+trio splits its errors, so callers can catch by *kind of problem*:
+
+* :class:`UsageError` -- the caller asked for something invalid (bad record, bad name,
+  conflicting config, closed or busy resource). Retrying the same call will fail again.
+* :class:`StorageError` -- the disk or a remote store failed. The original exception is
+  chained as ``__cause__``. Data acknowledged before the failure is safe.
+* :class:`OffsetOutOfRange` -- a position outside what the log currently holds.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BusyResourceError",
+    "ClosedResourceError",
+    "ConfigMismatch",
+    "CorruptFrame",
+    "DatabaseExists",
+    "DatabaseNotFound",
+    "InvalidArgument",
+    "InvalidHeaders",
+    "InvalidKey",
+    "InvalidName",
+    "InvalidRecord",
+    "InvalidTopic",
+    "InvalidTopicFilter",
+    "InvalidValue",
+    "OffsetOutOfRange",
+    "QuotaExceeded",
+    "RecordTooLarge",
+    "SeglogError",
+    "StorageError",
+    "StoreLocked",
+    "TierError",
+    "UsageError",
+]
+
+
+class SeglogError(Exception):
+    """Root of every exception seglog raises deliberately."""
+
+
+# --- caller mistakes -------------------------------------------------------------------
+
+
+class UsageError(SeglogError):
+    """The call itself is invalid; retrying it unchanged fails the same way."""
+
+
+class InvalidArgument(UsageError, ValueError):
+    """An argument is out of its documented domain (bad shard, negative size, ...)."""
+
+
+class InvalidRecord(UsageError, ValueError):
+    """A record failed validation; nothing of the call was written."""
+
+    def __init__(self, message: str, *, index: int | None = None) -> None:
+        super().__init__(message if index is None else f"record {index}: {message}")
+        self.index = index
+
+
+class InvalidTopic(InvalidRecord):
+    """Empty topic, wildcard or NUL in a topic name, or a topic over 65535 UTF-8 bytes."""
+
+
+class InvalidTopicFilter(UsageError, ValueError):
+    """An MQTT topic filter is malformed (misplaced ``#`` or ``+``, empty, NUL)."""
+
+
+class InvalidValue(InvalidRecord):
+    """A record value is not ``bytes``."""
+
+
+class InvalidKey(InvalidRecord):
+    """A record key is neither ``None`` nor ``bytes``."""
+
+
+class InvalidHeaders(InvalidRecord):
+    """Headers are not a ``dict[str, bytes]``."""
+
+
+class RecordTooLarge(InvalidRecord):
+    """A value is larger than the database's ``max_record_bytes``."""
+
+
+class InvalidName(UsageError, ValueError):
+    """A database name is empty, too long, or could escape the data directory."""
+
+
+class ConfigMismatch(UsageError):
+    """An immutable setting conflicts with the persisted configuration."""
+
+
+class DatabaseExists(UsageError):
+    """``create_db`` on an existing database without ``exist_ok=True``."""
+
+
+class DatabaseNotFound(UsageError, KeyError):
+    """The named database does not exist."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else ""
+
+
+class ClosedResourceError(UsageError):
+    """The store, database or iterator was closed and cannot be used."""
+
+
+class BusyResourceError(UsageError):
+    """The resource is in use by someone else."""
+
+
+class StoreLocked(BusyResourceError):
+    """Another process holds the data directory open."""
+
+
+class QuotaExceeded(UsageError):
+    """The append would take the store over its soft quota; nothing was written."""
+
+
+# --- storage and remote failures -------------------------------------------------------
+
+
+class StorageError(SeglogError):
+    """A local disk operation failed; the OS error is chained as ``__cause__``."""
+
+
+class CorruptFrame(StorageError):
+    """A frame failed its magic, length or CRC check."""
+
+
+class TierError(StorageError):
+    """The tier (S3/MinIO or a directory) failed; the cause is chained."""
+
+
+# --- positions -------------------------------------------------------------------------
+
+
+class OffsetOutOfRange(SeglogError, IndexError):
+    """An offset outside ``[start_offset, end_offset]`` of a shard.
+
+    Attributes:
+        offset: The offset asked for.
+        start: The shard's first readable offset when the error was raised.
+        end: The shard's end offset (next offset to be assigned).
+    """
+
+    def __init__(self, offset: int, start: int, end: int, *, shard: int | None = None) -> None:
+        where = "" if shard is None else f" of shard {shard}"
+        super().__init__(f"offset {offset} is outside [{start}, {end}]{where}")
+        self.offset = offset
+        self.start = start
+        self.end = end
+        self.shard = shard

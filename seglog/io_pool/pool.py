@@ -1,0 +1,186 @@
+"""I/O worker threads with batch collection and group commit.
+
+Each shard is served by one worker (``shard % io_workers``), so a shard's writes are ordered.
+A worker blocks for its first request, then drains whatever else is queued (up to
+``max_items``, optionally waiting ``flush_interval_ms`` for more -- EMQX's flush control),
+groups the requests by writer, and calls each writer once for the whole group: one ``writev``,
+one ``fdatasync`` per touched file and one index transaction cover every request of the group.
+The waiting futures are completed with a single callback on their event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import queue
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any, Final, Protocol
+
+from seglog.errors import ClosedResourceError, InvalidArgument
+
+__all__ = ["DEFAULT_IO_WORKERS", "BatchWriter", "IoPool"]
+
+log = logging.getLogger("seglog.io_pool")
+
+DEFAULT_IO_WORKERS: Final = 4
+DEFAULT_MAX_ITEMS: Final = 1024
+_STOP: Final = object()
+
+
+class BatchWriter(Protocol):
+    """Something a worker hands a drained group of requests to (one shard's writer)."""
+
+    def write_batch(self, items: Sequence[Any]) -> Sequence[Any]:
+        """Write every item durably (per the writer's policy); return one result per item.
+
+        Raising fails every item of the call with that exception.
+        """
+
+    def flush_idle(self) -> None:
+        """Called when the worker found its queue idle; ``interval`` fsync policies sync here."""
+
+
+_Request = tuple[BatchWriter, Any, "asyncio.Future[Any]", asyncio.AbstractEventLoop]
+
+
+class IoPool:
+    """A fixed set of I/O worker threads (see the module docstring).
+
+    Args:
+        io_workers: Number of threads; shard ``n`` is served by worker ``n % io_workers``.
+        max_items: Most requests one worker drains into one group commit.
+        flush_interval_ms: After the first request, how long to keep collecting (0: take
+            only what is already queued; latency-optimal, batching comes from fsync time).
+        idle_flush_interval_ms: How often an idle worker calls ``flush_idle`` on writers it
+            served (drives ``fsync="interval"``).
+    """
+
+    def __init__(
+        self,
+        io_workers: int = DEFAULT_IO_WORKERS,
+        *,
+        max_items: int = DEFAULT_MAX_ITEMS,
+        flush_interval_ms: float = 0.0,
+        idle_flush_interval_ms: float = 100.0,
+        name: str = "seglog-io",
+    ) -> None:
+        if io_workers < 1:
+            raise InvalidArgument("io_workers must be >= 1")
+        if max_items < 1:
+            raise InvalidArgument("max_items must be >= 1")
+        if flush_interval_ms < 0 or idle_flush_interval_ms <= 0:
+            raise InvalidArgument("flush intervals must be positive")
+        self.io_workers = io_workers
+        self.max_items = max_items
+        self.flush_interval_s = flush_interval_ms / 1000
+        self.idle_flush_interval_s = idle_flush_interval_ms / 1000
+        self._queues: list[queue.SimpleQueue[Any]] = [queue.SimpleQueue() for _ in range(io_workers)]
+        self._closed = False
+        self._threads = [
+            threading.Thread(target=self._run, args=(q,), name=f"{name}-{i}", daemon=True)
+            for i, q in enumerate(self._queues)
+        ]
+        for t in self._threads:
+            t.start()
+
+    def submit(self, shard: int, writer: BatchWriter, item: Any) -> asyncio.Future[Any]:
+        """Queue ``item`` for ``writer`` on the worker of ``shard``; await the returned future.
+
+        Must be called from a running event loop.
+        """
+        if self._closed:
+            raise ClosedResourceError("the I/O pool is closed")
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
+        self._queues[shard % self.io_workers].put((writer, item, fut, loop))
+        return fut
+
+    def close(self) -> None:
+        """Finish queued work, then stop the threads (blocking)."""
+        if self._closed:
+            return
+        self._closed = True
+        for q in self._queues:
+            q.put(_STOP)
+        for t in self._threads:
+            t.join()
+
+    # --- worker ------------------------------------------------------------------------
+
+    def _run(self, q: queue.SimpleQueue[Any]) -> None:
+        touched: set[BatchWriter] = set()
+        while True:
+            try:
+                first = q.get(timeout=self.idle_flush_interval_s if touched else None)
+            except queue.Empty:
+                self._flush_idle(touched)
+                continue
+            if first is _STOP:
+                self._flush_idle(touched)
+                return
+            batch: list[_Request] = [first]
+            stop = self._drain(q, batch)
+            self._write(batch, touched)
+            if stop:
+                self._flush_idle(touched)
+                return
+
+    def _drain(self, q: queue.SimpleQueue[Any], batch: list[_Request]) -> bool:
+        deadline = time.monotonic() + self.flush_interval_s if self.flush_interval_s else 0.0
+        while len(batch) < self.max_items:
+            try:
+                if deadline:
+                    remaining = deadline - time.monotonic()
+                    item = q.get(timeout=remaining) if remaining > 0 else q.get_nowait()
+                else:
+                    item = q.get_nowait()
+            except queue.Empty:
+                break
+            if item is _STOP:
+                return True
+            batch.append(item)
+        return False
+
+    @staticmethod
+    def _flush_idle(touched: set[BatchWriter]) -> None:
+        for writer in touched:
+            try:
+                writer.flush_idle()
+            except Exception:
+                log.exception("idle flush of %r failed", writer)
+        touched.clear()
+
+    @staticmethod
+    def _write(batch: list[_Request], touched: set[BatchWriter]) -> None:
+        groups: dict[BatchWriter, list[_Request]] = {}
+        for req in batch:
+            groups.setdefault(req[0], []).append(req)
+        completions: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], Any, BaseException | None]]] = {}
+        for writer, reqs in groups.items():
+            touched.add(writer)
+            outcome: list[tuple[asyncio.Future[Any], Any, BaseException | None]]
+            try:
+                results = writer.write_batch([r[1] for r in reqs])
+                outcome = [(r[2], res, None) for r, res in zip(reqs, results, strict=True)]
+            except BaseException as exc:
+                outcome = [(r[2], None, exc) for r in reqs]
+            for req, done in zip(reqs, outcome, strict=True):
+                completions.setdefault(req[3], []).append(done)
+        for loop, finished in completions.items():
+            with contextlib.suppress(RuntimeError):  # a closed loop has nobody waiting
+                loop.call_soon_threadsafe(_complete, finished)
+
+
+def _complete(done: list[tuple[asyncio.Future[Any], Any, BaseException | None]]) -> None:
+    for fut, result, exc in done:
+        if fut.cancelled():
+            continue
+        if exc is not None:
+            fut.set_exception(exc)
+        else:
+            fut.set_result(result)
+
+

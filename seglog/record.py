@@ -1,0 +1,519 @@
+"""Records (TTVs) and the frame codec.
+
+A frame is the unit of writing, replication, checksumming and compression::
+
+    offset  size  field
+    0       4     magic  b"SGLF"
+    4       4     crc32c of bytes [8, 56) of the header and the whole stored body
+    8       1     format version (1)
+    9       1     compression (0 none, 1 zstd)
+    10      2     attributes (reserved, 0)
+    12      8     base offset (int64)
+    20      4     record count (uint32)
+    24      4     leader epoch (int32)
+    28      8     min ts (int64 µs)
+    36      8     max ts (int64 µs)
+    44      4     stored body length (uint32)
+    48      4     uncompressed body length (uint32)
+    52      4     reserved (0)
+    56      ...   body, then zero padding to a multiple of 8 bytes
+
+The body is one Arrow IPC record-batch message with :data:`FRAME_SCHEMA`; offsets are
+implicit (``base offset + row``). Frames are padded to 8 bytes so that bodies read through
+``mmap`` stay aligned and Arrow can use them without copying.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any, Final, NamedTuple
+
+import crc32c
+import pyarrow as pa
+import pyarrow.compute as pc
+import zstandard
+
+from seglog.errors import (
+    CorruptFrame,
+    InvalidArgument,
+    InvalidHeaders,
+    InvalidKey,
+    InvalidRecord,
+    InvalidTopic,
+    InvalidValue,
+    RecordTooLarge,
+)
+
+__all__ = [
+    "COMPRESSION_NONE",
+    "COMPRESSION_ZSTD",
+    "DEFAULT_MAX_RECORD_BYTES",
+    "FRAME_HEADER_BYTES",
+    "FRAME_SCHEMA",
+    "HEADERS_TYPE",
+    "MAX_TOPIC_BYTES",
+    "EncodedFrame",
+    "FrameHeader",
+    "Record",
+    "RecordMeta",
+    "decode_body",
+    "encode_frame",
+    "frame_size",
+    "now_us",
+    "parse_header",
+    "records_from_table",
+    "records_to_batch",
+    "table_to_batch",
+    "verify_frame",
+]
+
+FRAME_MAGIC: Final = b"SGLF"
+FORMAT_VERSION: Final = 1
+COMPRESSION_NONE: Final = 0
+COMPRESSION_ZSTD: Final = 1
+_HEADER = struct.Struct("<4sIBBHqIiqqIII")
+FRAME_HEADER_BYTES: Final = _HEADER.size
+_CRC_START: Final = 8
+MAX_TOPIC_BYTES: Final = 65535
+DEFAULT_MAX_RECORD_BYTES: Final = 1 << 20
+# A frame body is bounded so that a garbage length field read during recovery is rejected
+# instead of being trusted.
+MAX_FRAME_BODY_BYTES: Final = 256 << 20
+_ZSTD_LEVEL: Final = 3
+
+HEADERS_TYPE: Final = pa.map_(pa.string(), pa.binary())
+FRAME_SCHEMA: Final = pa.schema(
+    [
+        pa.field("ts", pa.int64(), nullable=False),
+        pa.field("topic", pa.string(), nullable=False),
+        pa.field("key", pa.binary()),
+        pa.field("value", pa.binary(), nullable=False),
+        pa.field("headers", HEADERS_TYPE),
+        pa.field("stream", pa.uint32(), nullable=False),
+    ]
+)
+
+assert FRAME_HEADER_BYTES == 56
+
+
+def now_us() -> int:
+    """Wall-clock time in integer microseconds since the epoch."""
+    return time.time_ns() // 1000
+
+
+class Record:
+    """One Topic-Timestamp-Value record.
+
+    Args:
+        topic: MQTT topic name (UTF-8, no wildcards, no NUL, 1..65535 bytes).
+        value: The payload.
+        ts: Microseconds since the epoch; assigned at append when ``None``.
+        key: Optional routing and lookup key.
+        headers: Optional MQTT 5 style properties, ``str -> bytes``.
+        shard: Set on records read back (or to force a shard on append).
+        offset: Set on records read back.
+    """
+
+    __slots__ = ("headers", "key", "offset", "shard", "topic", "ts", "value")
+
+    def __init__(
+        self,
+        topic: str,
+        value: bytes,
+        ts: int | None = None,
+        key: bytes | None = None,
+        headers: dict[str, bytes] | None = None,
+        shard: int | None = None,
+        offset: int | None = None,
+    ) -> None:
+        self.topic = topic
+        self.value = value
+        self.ts = ts
+        self.key = key
+        self.headers = headers
+        self.shard = shard
+        self.offset = offset
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Record):
+            return NotImplemented
+        return (
+            self.topic == other.topic
+            and self.value == other.value
+            and self.ts == other.ts
+            and self.key == other.key
+            and (self.headers or None) == (other.headers or None)
+            and self.shard == other.shard
+            and self.offset == other.offset
+        )
+
+    __hash__ = None  # type: ignore[assignment]  # mutable
+
+    def __repr__(self) -> str:
+        parts = [f"topic={self.topic!r}", f"value={self.value[:32]!r}"]
+        for name in ("ts", "key", "headers", "shard", "offset"):
+            v = getattr(self, name)
+            if v is not None:
+                parts.append(f"{name}={v!r}")
+        return f"Record({', '.join(parts)})"
+
+
+class RecordMeta(NamedTuple):
+    """Where an appended record went."""
+
+    shard: int
+    offset: int
+    ts: int
+
+
+class FrameHeader(NamedTuple):
+    """The decoded fixed header of a frame."""
+
+    crc: int
+    version: int
+    compression: int
+    base_offset: int
+    record_count: int
+    leader_epoch: int
+    min_ts: int
+    max_ts: int
+    body_len: int
+    raw_len: int
+
+    @property
+    def next_offset(self) -> int:
+        """The offset right after this frame's last record."""
+        return self.base_offset + self.record_count
+
+    @property
+    def size(self) -> int:
+        """Bytes the frame takes on disk, padding included."""
+        return frame_size(self.body_len)
+
+
+class EncodedFrame(NamedTuple):
+    """A frame ready for ``writev``: header bytes, body buffer and padding."""
+
+    header: FrameHeader
+    buffers: tuple[Any, ...]
+
+    @property
+    def size(self) -> int:
+        """Bytes on disk."""
+        return self.header.size
+
+
+def frame_size(body_len: int) -> int:
+    """Bytes on disk of a frame whose stored body is ``body_len`` bytes."""
+    return FRAME_HEADER_BYTES + ((body_len + 7) & ~7)
+
+
+_PADDING = tuple(b"\0" * n for n in range(8))
+
+
+# --- validation and conversion to Arrow ------------------------------------------------
+
+
+def _check_topics(topics: pa.Array, first_bad: Any) -> None:
+    lengths = pc.binary_length(topics)
+    if topics.null_count:
+        raise InvalidTopic("topic must be a non-empty str", index=first_bad(pc.is_null(topics)))
+    if pc.min(lengths).as_py() == 0:
+        raise InvalidTopic("topic must not be empty", index=first_bad(pc.equal(lengths, 0)))
+    if pc.max(lengths).as_py() > MAX_TOPIC_BYTES:
+        raise InvalidTopic(
+            f"topic is longer than {MAX_TOPIC_BYTES} UTF-8 bytes",
+            index=first_bad(pc.greater(lengths, MAX_TOPIC_BYTES)),
+        )
+    bad = pc.match_substring_regex(topics, r"[+#\x00]")
+    if pc.any(bad).as_py():
+        raise InvalidTopic(
+            "topic name must not contain '+', '#' or U+0000 (wildcards belong in filters)",
+            index=first_bad(bad),
+        )
+
+
+def _first_true(mask: pa.Array) -> int:
+    return int(pc.index(mask, True).as_py())
+
+
+def _check_values(values: pa.Array, max_record_bytes: int) -> None:
+    if values.null_count:
+        raise InvalidValue("value must be bytes", index=_first_true(pc.is_null(values)))
+    if len(values) and pc.max(pc.binary_length(values)).as_py() > max_record_bytes:
+        idx = _first_true(pc.greater(pc.binary_length(values), max_record_bytes))
+        raise RecordTooLarge(f"value is larger than max_record_bytes={max_record_bytes}", index=idx)
+
+
+def _headers_array(headers: Sequence[Any]) -> pa.Array:
+    rows: list[list[tuple[str, bytes]] | None] = []
+    for i, h in enumerate(headers):
+        if h is None:
+            rows.append(None)
+            continue
+        if not isinstance(h, dict):
+            raise InvalidHeaders("headers must be a dict[str, bytes] or None", index=i)
+        for k, v in h.items():
+            if type(k) is not str or not isinstance(v, bytes):
+                raise InvalidHeaders("headers must map str to bytes", index=i)
+        rows.append(list(h.items()))
+    return pa.array(rows, type=HEADERS_TYPE)
+
+
+def records_to_batch(
+    records: Sequence[Record],
+    *,
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+    default_ts_us: int | None = None,
+    stream: int = 0,
+) -> pa.RecordBatch:
+    """Validate records and convert them into one Arrow batch with :data:`FRAME_SCHEMA`.
+
+    Raises:
+        InvalidRecord: (a subclass naming the problem and the record's index) when any
+            record is invalid; nothing is converted.
+    """
+    n = len(records)
+    try:
+        topics_py = [r.topic for r in records]
+        values_py = [r.value for r in records]
+        keys_py = [r.key for r in records]
+        ts_py = [r.ts for r in records]
+        headers_py = [r.headers for r in records]
+    except AttributeError as exc:
+        raise InvalidRecord(f"expected seglog.Record objects: {exc}") from None
+    if set(map(type, topics_py)) - {str}:
+        raise InvalidTopic(
+            "topic must be a str", index=next(i for i, t in enumerate(topics_py) if type(t) is not str)
+        )
+    value_types = set(map(type, values_py))
+    if value_types - {bytes} and not all(isinstance(v, bytes) for v in values_py):
+        idx = next(i for i, v in enumerate(values_py) if not isinstance(v, bytes))
+        raise InvalidValue(f"value must be bytes, not {type(values_py[idx]).__name__}", index=idx)
+    key_types = set(map(type, keys_py)) - {bytes, type(None)}
+    if key_types and not all(k is None or isinstance(k, bytes) for k in keys_py):
+        idx = next(i for i, k in enumerate(keys_py) if not (k is None or isinstance(k, bytes)))
+        raise InvalidKey(f"key must be bytes or None, not {type(keys_py[idx]).__name__}", index=idx)
+    ts_types = set(map(type, ts_py)) - {int, type(None)}
+    if ts_types:
+        idx = next(i for i, t in enumerate(ts_py) if not (t is None or type(t) is int))
+        raise InvalidRecord("ts must be an int (µs since epoch) or None", index=idx)
+    topics = pa.array(topics_py, type=pa.string())
+    _check_topics(topics, _first_true)
+    values = pa.array(values_py, type=pa.binary())
+    _check_values(values, max_record_bytes)
+    try:
+        ts = pa.array(ts_py, type=pa.int64())
+    except OverflowError:
+        raise InvalidRecord("ts does not fit in int64") from None
+    if ts.null_count:
+        ts = pc.fill_null(ts, now_us() if default_ts_us is None else default_ts_us)
+    keys = pa.array(keys_py, type=pa.binary())
+    headers = pa.nulls(n, HEADERS_TYPE) if headers_py.count(None) == n else _headers_array(headers_py)
+    streams = pa.repeat(pa.scalar(stream, pa.uint32()), n) if n else pa.array([], pa.uint32())
+    return pa.RecordBatch.from_arrays([ts, topics, keys, values, headers, streams], schema=FRAME_SCHEMA)
+
+
+def table_to_batch(
+    data: pa.Table | pa.RecordBatch,
+    *,
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+    default_ts_us: int | None = None,
+) -> pa.RecordBatch:
+    """Validate caller columns (``ts, topic, key, value[, headers][, stream]``) into a frame batch.
+
+    ``ts`` and ``key`` may be missing or null (``ts`` is then assigned); the column types are
+    cast to the frame schema. Raises the same errors as :func:`records_to_batch`.
+    """
+    if isinstance(data, pa.Table):
+        batches = data.combine_chunks().to_batches()
+        data = batches[0] if batches else _empty_like(data)
+    names = set(data.schema.names)
+    unknown = names - {"ts", "topic", "key", "value", "headers", "stream", "offset"}
+    if unknown:
+        raise InvalidRecord(f"unexpected columns {sorted(unknown)}")
+    for required in ("topic", "value"):
+        if required not in names:
+            raise InvalidRecord(f"missing column {required!r}")
+    n = data.num_rows
+
+    def column(name: str, typ: pa.DataType, error: type[InvalidRecord]) -> pa.Array:
+        arr = data.column(name)
+        if arr.type == typ:
+            return arr
+        if name in ("value", "key") and not (
+            pa.types.is_binary(arr.type) or pa.types.is_large_binary(arr.type) or pa.types.is_null(arr.type)
+        ):
+            raise error(f"column {name!r} must be binary, not {arr.type}")
+        try:
+            return arr.cast(typ)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            raise error(f"column {name!r} of type {arr.type} is not convertible to {typ}") from exc
+
+    topics = column("topic", pa.string(), InvalidTopic)
+    _check_topics(topics, _first_true)
+    values = column("value", pa.binary(), InvalidValue)
+    _check_values(values, max_record_bytes)
+    if "ts" in names:
+        ts = column("ts", pa.int64(), InvalidRecord)
+        if ts.null_count:
+            ts = pc.fill_null(ts, now_us() if default_ts_us is None else default_ts_us)
+    else:
+        ts = pa.repeat(pa.scalar(now_us() if default_ts_us is None else default_ts_us), n)
+        ts = ts.cast(pa.int64())
+    keys = column("key", pa.binary(), InvalidKey) if "key" in names else pa.nulls(n, pa.binary())
+    headers = column("headers", HEADERS_TYPE, InvalidHeaders) if "headers" in names else pa.nulls(
+        n, HEADERS_TYPE
+    )
+    if "stream" in names:
+        streams = column("stream", pa.uint32(), InvalidRecord)
+    else:
+        streams = pa.repeat(pa.scalar(0, pa.uint32()), n).cast(pa.uint32())
+    return pa.RecordBatch.from_arrays([ts, topics, keys, values, headers, streams], schema=FRAME_SCHEMA)
+
+
+def _empty_like(table: pa.Table) -> pa.RecordBatch:
+    return pa.RecordBatch.from_arrays(
+        [pa.array([], type=f.type) for f in table.schema], schema=table.schema
+    )
+
+
+# --- frames ----------------------------------------------------------------------------
+
+
+_ZSTD_COMPRESSOR = zstandard.ZstdCompressor(level=_ZSTD_LEVEL)
+
+
+def encode_frame(
+    batch: pa.RecordBatch,
+    base_offset: int,
+    *,
+    compression: int = COMPRESSION_NONE,
+    leader_epoch: int = 0,
+) -> EncodedFrame:
+    """Encode one batch (with :data:`FRAME_SCHEMA`) as a frame starting at ``base_offset``."""
+    if batch.num_rows == 0:
+        raise InvalidArgument("a frame holds at least one record")
+    raw = batch.serialize()
+    raw_len = raw.size
+    if compression == COMPRESSION_ZSTD:
+        body: Any = _ZSTD_COMPRESSOR.compress(raw)
+        body_len = len(body)
+    elif compression == COMPRESSION_NONE:
+        body = raw
+        body_len = raw_len
+    else:
+        raise InvalidArgument(f"unknown compression code {compression}")
+    if body_len > MAX_FRAME_BODY_BYTES:
+        raise InvalidArgument(f"frame body of {body_len} bytes exceeds {MAX_FRAME_BODY_BYTES}")
+    ts = batch.column(0)
+    mm = pc.min_max(ts)
+    min_ts = mm["min"].as_py()
+    max_ts = mm["max"].as_py()
+    fields = (
+        FORMAT_VERSION,
+        compression,
+        0,
+        base_offset,
+        batch.num_rows,
+        leader_epoch,
+        min_ts,
+        max_ts,
+        body_len,
+        raw_len,
+        0,
+    )
+    packed = _HEADER.pack(FRAME_MAGIC, 0, *fields)
+    crc = crc32c.crc32c(body, crc32c.crc32c(memoryview(packed)[_CRC_START:]))
+    header_bytes = _HEADER.pack(FRAME_MAGIC, crc, *fields)
+    header = FrameHeader(crc, FORMAT_VERSION, compression, base_offset, batch.num_rows, leader_epoch, min_ts, max_ts, body_len, raw_len)
+    pad = _PADDING[-body_len & 7]
+    buffers: tuple[Any, ...] = (header_bytes, body, pad) if pad else (header_bytes, body)
+    return EncodedFrame(header, buffers)
+
+
+def parse_header(buf: Any, pos: int = 0) -> FrameHeader:
+    """Decode and sanity-check a frame header at ``buf[pos:]``.
+
+    Raises:
+        CorruptFrame: Short buffer, bad magic, unknown version or implausible lengths.
+    """
+    if len(buf) - pos < FRAME_HEADER_BYTES:
+        raise CorruptFrame(f"short frame header at position {pos}")
+    magic, crc, version, compression, _attrs, base, count, epoch, min_ts, max_ts, body_len, raw_len, _ = (
+        _HEADER.unpack_from(buf, pos)
+    )
+    if magic != FRAME_MAGIC:
+        raise CorruptFrame(f"bad frame magic {magic!r} at position {pos}")
+    if version != FORMAT_VERSION:
+        raise CorruptFrame(f"unknown frame format version {version} at position {pos}")
+    if compression not in (COMPRESSION_NONE, COMPRESSION_ZSTD):
+        raise CorruptFrame(f"unknown compression {compression} at position {pos}")
+    if body_len > MAX_FRAME_BODY_BYTES or raw_len > MAX_FRAME_BODY_BYTES or count == 0:
+        raise CorruptFrame(f"implausible frame lengths at position {pos}")
+    return FrameHeader(crc, version, compression, base, count, epoch, min_ts, max_ts, body_len, raw_len)
+
+
+def verify_frame(buf: Any, pos: int, header: FrameHeader) -> None:
+    """Check that the whole frame is present and its CRC matches.
+
+    Raises:
+        CorruptFrame: The frame is truncated or its checksum does not match.
+    """
+    end = pos + FRAME_HEADER_BYTES + header.body_len
+    if len(buf) < end:
+        raise CorruptFrame(f"truncated frame at position {pos}")
+    view = memoryview(buf)
+    crc = crc32c.crc32c(view[pos + _CRC_START : pos + FRAME_HEADER_BYTES])
+    crc = crc32c.crc32c(view[pos + FRAME_HEADER_BYTES : end], crc)
+    if crc != header.crc:
+        raise CorruptFrame(f"frame CRC mismatch at position {pos} (base offset {header.base_offset})")
+
+
+def decode_body(buf: Any, pos: int, header: FrameHeader) -> pa.RecordBatch:
+    """Decode the Arrow batch of a frame at ``pos`` (zero-copy when uncompressed).
+
+    Raises:
+        CorruptFrame: The body is not a valid batch of the frame schema.
+    """
+    start = pos + FRAME_HEADER_BYTES
+    body = memoryview(buf)[start : start + header.body_len]
+    try:
+        if header.compression == COMPRESSION_ZSTD:
+            raw = pa.py_buffer(zstandard.ZstdDecompressor().decompress(body, max_output_size=header.raw_len))
+        else:
+            raw = pa.py_buffer(body)
+        batch = pa.ipc.read_record_batch(raw, FRAME_SCHEMA)
+    except (pa.ArrowInvalid, zstandard.ZstdError, OSError) as exc:
+        raise CorruptFrame(f"undecodable frame body at position {pos}") from exc
+    if batch.num_rows != header.record_count:
+        raise CorruptFrame(f"frame at position {pos} holds {batch.num_rows} rows, header says {header.record_count}")
+    return batch
+
+
+# --- back to Python objects ------------------------------------------------------------
+
+
+def records_from_table(table: pa.Table | pa.RecordBatch, shard: int) -> list[Record]:
+    """Build :class:`Record` objects from a read table (with an ``offset`` column)."""
+    n = table.num_rows
+    headers = table.column("headers")
+    headers_py: Iterable[Any]
+    if headers.null_count == n:
+        headers_py = [None] * n
+    else:
+        headers_py = [None if h is None else dict(h) for h in headers.to_pylist()]
+    return list(
+        map(
+            Record,
+            table.column("topic").to_pylist(),
+            table.column("value").to_pylist(),
+            table.column("ts").to_pylist(),
+            table.column("key").to_pylist(),
+            headers_py,
+            [shard] * n,
+            table.column("offset").to_pylist(),
+        )
+    )

@@ -1,0 +1,185 @@
+"""One segment file: an append-only run of frames named by its base offset."""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Final
+
+from seglog._fs import fsync_dir
+from seglog.errors import CorruptFrame
+from seglog.record import FrameHeader, parse_header
+
+__all__ = ["SEGMENT_SUFFIX", "LogSegment", "segment_name"]
+
+SEGMENT_SUFFIX: Final = ".log"
+# Linux's IOV_MAX: one writev takes at most this many buffers.
+_IOV_MAX: Final = 1024
+
+
+def segment_name(base_offset: int) -> str:
+    """File name of the segment starting at ``base_offset``."""
+    return f"{base_offset:020d}{SEGMENT_SUFFIX}"
+
+
+class LogSegment:
+    """A segment file; appended by one I/O worker, read by any thread through ``mmap``.
+
+    Attributes:
+        base_offset: Offset of the first record the segment holds (or will hold).
+        size: Bytes of valid frames (the append position).
+        sealed: Sealed segments are fsynced, read-only and never appended again.
+        next_offset: Offset after the last record of the segment.
+        max_ts: Largest record timestamp in the segment (``None`` while empty).
+        created_ms: Clock time of creation, for ``segment_ms`` rolling.
+    """
+
+    def __init__(self, path: Path, base_offset: int, fd: int, size: int, *, sealed: bool) -> None:
+        self.path = path
+        self.base_offset = base_offset
+        self.next_offset = base_offset
+        self.max_ts: int | None = None
+        self.size = size
+        self.sealed = sealed
+        self.created_ms = 0
+        self._fd = fd
+        self._map: mmap.mmap | None = None
+
+    # --- lifecycle ---------------------------------------------------------------------
+
+    @classmethod
+    def create(cls, directory: Path, base_offset: int) -> LogSegment:
+        """Create a new empty active segment (durably: the directory is fsynced)."""
+        path = directory / segment_name(base_offset)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        fsync_dir(directory)
+        return cls(path, base_offset, fd, 0, sealed=False)
+
+    @classmethod
+    def open(cls, path: Path, *, sealed: bool) -> LogSegment:
+        """Open an existing segment file; the caller recovers or trusts its content."""
+        base = int(path.name[: -len(SEGMENT_SUFFIX)])
+        if not sealed:
+            # A segment sealed by an earlier run is read-only; reopening it as the active
+            # segment (after a crash right after a roll) needs write access back.
+            mode = os.stat(path).st_mode
+            if not mode & stat.S_IWUSR:
+                os.chmod(path, mode | stat.S_IWUSR)
+        fd = os.open(path, os.O_RDONLY if sealed else os.O_RDWR)
+        size = os.fstat(fd).st_size
+        return cls(path, base, fd, size, sealed=sealed)
+
+    def close(self) -> None:
+        """Close the file descriptor. Views handed out stay valid until dropped."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        # The mapping is left to the GC: Arrow buffers may still point into it.
+        self._map = None
+
+    def delete(self) -> None:
+        """Close and unlink the file (readers holding views keep their pages)."""
+        self.close()
+        self.path.unlink(missing_ok=True)
+
+    # --- writing -----------------------------------------------------------------------
+
+    def append(self, buffers: list[object]) -> int:
+        """Write ``buffers`` at the end with as few ``pwritev`` calls as possible.
+
+        Returns:
+            The file position the first buffer was written at.
+
+        Raises:
+            OSError: The write failed; the file is cut back to where it was.
+        """
+        start = self.size
+        pos = start
+        try:
+            for i in range(0, len(buffers), _IOV_MAX):
+                chunk = [memoryview(b).cast("B") for b in buffers[i : i + _IOV_MAX]]  # type: ignore[arg-type]
+                want = sum(len(b) for b in chunk)
+                written = os.pwritev(self._fd, chunk, pos)
+                while written < want:  # partial write (e.g. disk nearly full): finish it
+                    pos += written
+                    want -= written
+                    chunk = _drop_prefix(chunk, written)
+                    written = os.pwritev(self._fd, chunk, pos)
+                pos += written
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, start)
+            raise
+        self.size = pos
+        return start
+
+    def sync(self) -> None:
+        """fdatasync the file."""
+        os.fdatasync(self._fd)
+
+    def truncate(self, size: int) -> None:
+        """Cut the file to ``size`` bytes, durably."""
+        os.ftruncate(self._fd, size)
+        os.fsync(self._fd)
+        self.size = size
+        self._map = None
+
+    def seal(self) -> None:
+        """fsync and make the file read-only; it is never appended again."""
+        os.fdatasync(self._fd)
+        os.fchmod(self._fd, 0o444)
+        self.sealed = True
+
+    # --- reading -----------------------------------------------------------------------
+
+    def view(self, start: int, end: int) -> memoryview:
+        """A zero-copy view of bytes ``[start, end)`` (``end`` at most :attr:`size`)."""
+        mapped = self._map
+        if mapped is None or len(mapped) < end:
+            mapped = self._remap(end)
+        return memoryview(mapped)[start:end]
+
+    def _remap(self, end: int) -> mmap.mmap:
+        length = max(end, self.size)
+        mapped = mmap.mmap(self._fd, length, prot=mmap.PROT_READ)
+        self._map = mapped
+        return mapped
+
+    def headers(self, start: int = 0, end: int | None = None) -> Iterator[tuple[int, FrameHeader]]:
+        """Yield ``(position, header)`` of the frames in ``[start, end)`` without decoding bodies.
+
+        Raises:
+            CorruptFrame: A header in the range is invalid.
+        """
+        limit = self.size if end is None else end
+        if start >= limit:
+            return
+        buf = self.view(0, limit)
+        pos = start
+        while pos < limit:
+            header = parse_header(buf, pos)
+            yield pos, header
+            pos += header.size
+        if pos != limit:
+            raise CorruptFrame(f"{self.path}: last frame runs past position {limit}")
+
+    def __repr__(self) -> str:
+        state = "sealed" if self.sealed else "active"
+        return f"<LogSegment {self.path.name} {state} size={self.size}>"
+
+
+def _drop_prefix(chunk: list[memoryview], nbytes: int) -> list[memoryview]:
+    out: list[memoryview] = []
+    for b in chunk:
+        if nbytes >= len(b):
+            nbytes -= len(b)
+            continue
+        out.append(b[nbytes:])
+        nbytes = 0
+    return out
+
+

@@ -1,0 +1,323 @@
+"""The store: a data directory holding databases, the I/O pool and the process lock."""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import json
+import logging
+import os
+import shutil
+from collections.abc import Callable, Generator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Final
+
+from seglog._fs import atomic_write, fsync_dir
+from seglog.db import Database, DbConfig, validate_db_name
+from seglog.engines.base import EngineConfig, FsyncPolicy
+from seglog.engines.segment import SegmentEngine
+from seglog.errors import (
+    ClosedResourceError,
+    DatabaseExists,
+    DatabaseNotFound,
+    InvalidArgument,
+    StorageError,
+    StoreLocked,
+)
+from seglog.io_pool import DEFAULT_IO_WORKERS, IoPool
+from seglog.record import COMPRESSION_NONE, COMPRESSION_ZSTD, now_us
+
+__all__ = ["Store", "open"]
+
+log = logging.getLogger("seglog.store")
+
+STORE_FORMAT: Final = 1
+_LOCK_FILE: Final = "LOCK"
+_RUNNING_FILE: Final = "RUNNING"
+_STORE_FILE: Final = "seglog.json"
+_DBS_DIR: Final = "dbs"
+_CONFIG_FILE: Final = "config.json"
+_READ_THREADS: Final = 4
+_BOOT_ID_PATH: Final = Path("/proc/sys/kernel/random/boot_id")
+
+
+def _boot_id() -> str:
+    try:
+        return _BOOT_ID_PATH.read_text().strip()
+    except OSError:
+        return "unknown"
+
+
+class Store:
+    """An open data directory. Use ``async with seglog.open(path) as store`` (or ``await``)."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        fsync: FsyncPolicy = "always",
+        fsync_interval_ms: int = 1000,
+        io_workers: int = DEFAULT_IO_WORKERS,
+        flush_interval_ms: float = 0.0,
+        max_items: int = 1024,
+        clock_us: Callable[[], int] | None = None,
+    ) -> None:
+        if fsync not in ("always", "interval", "never"):
+            raise InvalidArgument("fsync must be 'always', 'interval' or 'never'")
+        if type(fsync_interval_ms) is not int or fsync_interval_ms < 1:
+            raise InvalidArgument("fsync_interval_ms must be an int >= 1")
+        if type(io_workers) is not int or io_workers < 1:
+            raise InvalidArgument("io_workers must be an int >= 1")
+        self.path = Path(path).absolute()
+        self.fsync: FsyncPolicy = fsync
+        self.fsync_interval_ms = fsync_interval_ms
+        self.io_workers = io_workers
+        self._flush_interval_ms = flush_interval_ms
+        self._max_items = max_items
+        self.clock_us = clock_us or now_us
+        self._state = "new"
+        self._lock_fd = -1
+        self._dbs: dict[str, Database] = {}
+        self._db_lock = asyncio.Lock()
+        self._rebuild_indexes = False
+        self._io_pool: IoPool | None = None
+        self._executor: ThreadPoolExecutor | None = None
+
+    # --- lifecycle ---------------------------------------------------------------------
+
+    def __await__(self) -> Generator[Any, None, Store]:
+        return self._open().__await__()
+
+    async def __aenter__(self) -> Store:
+        return await self._open()
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def _open(self) -> Store:
+        if self._state != "new":
+            raise ClosedResourceError(f"store at {self.path} was already opened")
+        self._state = "opening"
+        await asyncio.to_thread(self._open_blocking)
+        self._io_pool = IoPool(
+            self.io_workers, max_items=self._max_items, flush_interval_ms=self._flush_interval_ms
+        )
+        self._executor = ThreadPoolExecutor(_READ_THREADS, thread_name_prefix="seglog-read")
+        self._state = "open"
+        return self
+
+    def _open_blocking(self) -> None:
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path / _LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            self._state = "closed"
+            raise StorageError(f"cannot open data directory {self.path}") from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            self._state = "closed"
+            raise StoreLocked(f"{self.path} is open in another process") from None
+        self._lock_fd = fd
+        store_file = self.path / _STORE_FILE
+        if store_file.exists():
+            meta = json.loads(store_file.read_text())
+            if meta.get("format") != STORE_FORMAT:
+                raise StorageError(f"{self.path}: unknown store format {meta.get('format')!r}")
+        else:
+            (self.path / _DBS_DIR).mkdir(exist_ok=True)
+            atomic_write(store_file, json.dumps({"format": STORE_FORMAT}).encode())
+        running = self.path / _RUNNING_FILE
+        boot = _boot_id()
+        if running.exists():
+            previous = running.read_text().strip()
+            if previous != boot:
+                # The machine restarted while the store was open: the LMDB indexes were
+                # written without fsync and may be torn. They are derived data: rebuild.
+                log.warning("%s was not closed before a machine restart; rebuilding indexes", self.path)
+                self._rebuild_indexes = True
+            else:
+                log.warning("%s was not closed cleanly (process crash); recovering", self.path)
+        atomic_write(running, boot.encode())
+
+    async def close(self) -> None:
+        """Drain writes, close every database and release the directory; idempotent."""
+        if self._state in ("closed", "new"):
+            self._state = "closed"
+            return
+        self._state = "closing"
+        try:
+            if self._io_pool is not None:
+                await asyncio.to_thread(self._io_pool.close)
+            for db in list(self._dbs.values()):
+                await db.close()
+            self._dbs.clear()
+        finally:
+            if self._executor is not None:
+                self._executor.shutdown(wait=True)
+            await asyncio.to_thread(self._release)
+            self._state = "closed"
+
+    def _release(self) -> None:
+        try:
+            (self.path / _RUNNING_FILE).unlink(missing_ok=True)
+            fsync_dir(self.path)
+        finally:
+            if self._lock_fd >= 0:
+                os.close(self._lock_fd)
+                self._lock_fd = -1
+
+    def _check_open(self) -> None:
+        if self._state != "open":
+            raise ClosedResourceError(f"store at {self.path} is {self._state}")
+
+    # --- databases ---------------------------------------------------------------------
+
+    def _db_dir(self, name: str) -> Path:
+        return self.path / _DBS_DIR / name
+
+    def list_dbs(self) -> list[str]:
+        """Names of the databases in the store, sorted."""
+        self._check_open()
+        root = self.path / _DBS_DIR
+        return sorted(p.name for p in root.iterdir() if (p / _CONFIG_FILE).is_file())
+
+    async def create_db(
+        self,
+        name: str,
+        shards: int | None = None,
+        *,
+        exist_ok: bool = False,
+        **settings: Any,
+    ) -> Database:
+        """Create a database, or open it when it exists and ``exist_ok`` is true.
+
+        Args:
+            name: 1-128 characters of ``[A-Za-z0-9_.-]``.
+            shards: Number of shards (default 1; immutable).
+            exist_ok: Open an existing database instead of raising :class:`DatabaseExists`.
+            **settings: ``engine``, ``segment_bytes``, ``segment_ms``, ``compression``,
+                ``max_record_bytes``, ``index_interval_bytes``.
+
+        Raises:
+            ConfigMismatch: The database exists with different immutable settings.
+        """
+        self._check_open()
+        validate_db_name(name)
+        requested = dict(settings)
+        if shards is not None:
+            requested["shards"] = shards
+        known = set(DbConfig.__dataclass_fields__)
+        unknown = set(requested) - known
+        if unknown:
+            raise InvalidArgument(f"unknown database settings: {sorted(unknown)}")
+        async with self._db_lock:
+            directory = self._db_dir(name)
+            if (directory / _CONFIG_FILE).is_file():
+                if not exist_ok:
+                    raise DatabaseExists(f"database {name!r} already exists")
+                config = await asyncio.to_thread(self._read_config, name)
+                config.check_compatible(requested)
+                return await self._open_db_locked(name, config)
+            config = DbConfig(**requested).validate()
+            await asyncio.to_thread(self._create_blocking, name, config)
+            return await self._open_db_locked(name, config)
+
+    def _create_blocking(self, name: str, config: DbConfig) -> None:
+        final = self._db_dir(name)
+        staging = final.with_name(f".{name}.creating")
+        shutil.rmtree(staging, ignore_errors=True)
+        if final.exists():  # a crashed earlier create that never got its config
+            shutil.rmtree(final)
+        staging.mkdir(parents=True)
+        atomic_write(staging / _CONFIG_FILE, json.dumps(config.to_json(), indent=2).encode())
+        os.replace(staging, final)
+        fsync_dir(final.parent)
+
+    def _read_config(self, name: str) -> DbConfig:
+        try:
+            return DbConfig.from_json(json.loads((self._db_dir(name) / _CONFIG_FILE).read_text()))
+        except FileNotFoundError:
+            raise DatabaseNotFound(f"database {name!r} does not exist") from None
+        except (OSError, ValueError) as exc:
+            raise StorageError(f"cannot read the config of database {name!r}") from exc
+
+    async def open_db(self, name: str) -> Database:
+        """Open an existing database.
+
+        Raises:
+            DatabaseNotFound: No database of that name.
+        """
+        self._check_open()
+        validate_db_name(name)
+        async with self._db_lock:
+            config = await asyncio.to_thread(self._read_config, name)
+            return await self._open_db_locked(name, config)
+
+    async def _open_db_locked(self, name: str, config: DbConfig) -> Database:
+        db = self._dbs.get(name)
+        if db is not None:
+            return db
+        assert self._io_pool is not None and self._executor is not None
+        engine_config = EngineConfig(
+            directory=self._db_dir(name),
+            shards=config.shards,
+            segment_bytes=config.segment_bytes,
+            segment_ms=config.segment_ms,
+            compression=COMPRESSION_ZSTD if config.compression == "zstd" else COMPRESSION_NONE,
+            index_interval_bytes=config.index_interval_bytes,
+            max_record_bytes=config.max_record_bytes,
+            fsync=self.fsync,
+            fsync_interval_ms=self.fsync_interval_ms,
+            rebuild_indexes=self._rebuild_indexes,
+            clock_us=self.clock_us,
+        )
+        engine = await asyncio.to_thread(SegmentEngine.open_blocking, engine_config, self._io_pool, self._executor)
+        db = Database(name, config, engine)
+        self._dbs[name] = db
+        return db
+
+    def __repr__(self) -> str:
+        return f"<Store {str(self.path)!r} {self._state}>"
+
+
+def open(
+    path: str | os.PathLike[str],
+    *,
+    fsync: FsyncPolicy = "always",
+    fsync_interval_ms: int = 1000,
+    io_workers: int = DEFAULT_IO_WORKERS,
+    flush_interval_ms: float = 0.0,
+    max_items: int = 1024,
+    clock_us: Callable[[], int] | None = None,
+) -> Store:
+    """Open (creating if needed) the store at ``path``; use with ``async with`` or ``await``.
+
+    Args:
+        path: The data directory.
+        fsync: ``"always"`` (default): a write is acknowledged after ``fdatasync``; survives
+            power loss. ``"interval"``: acknowledged after ``write``; synced at most every
+            ``fsync_interval_ms`` (and when idle): a power loss can lose that much
+            acknowledged data, a process crash loses nothing. ``"never"``: synced only when a
+            segment is sealed and at close: a power loss can lose any acknowledged write
+            since then; a process crash loses nothing.
+        fsync_interval_ms: The ``"interval"`` period.
+        io_workers: I/O threads; shard ``n`` is written by worker ``n % io_workers``.
+        flush_interval_ms: How long a worker waits to grow a group commit (0: no wait).
+        max_items: Most requests one group commit takes.
+        clock_us: Time source in µs (injectable for tests).
+    """
+    return Store(
+        path,
+        fsync=fsync,
+        fsync_interval_ms=fsync_interval_ms,
+        io_workers=io_workers,
+        flush_interval_ms=flush_interval_ms,
+        max_items=max_items,
+        clock_us=clock_us,
+    )

@@ -1,0 +1,64 @@
+"""Tiering: sealed segments -> Parquet objects on S3/MinIO or a local directory.
+
+Building blocks (the DB layer wires them together, see :mod:`seglog.tiering.manifest` for
+the crash-safe protocol):
+
+* :func:`open_target` / :class:`TierTarget` -- where objects go;
+* :func:`segment_table_to_parquet` / :func:`parquet_to_segment_table` / :func:`object_key`
+  -- what an object is and where it lives;
+* :class:`Manifest` / :class:`ManifestEntry` -- what the tier holds, and in which state.
+"""
+
+from __future__ import annotations
+
+from seglog.tiering.manifest import (
+    MANIFEST_VERSION,
+    EntryState,
+    Manifest,
+    ManifestEntry,
+    manifest_key,
+)
+from seglog.tiering.parquet import (
+    SEGMENT_SCHEMA,
+    TIER_SCHEMA,
+    SegmentStats,
+    object_key,
+    parquet_to_segment_table,
+    parse_object_key,
+    segment_stats,
+    segment_table_to_parquet,
+)
+from seglog.tiering.targets import (
+    LocalTarget,
+    ObjectInfo,
+    ObjectMismatch,
+    ObjectNotFound,
+    S3Target,
+    S3Tuning,
+    TierTarget,
+    open_target,
+)
+
+__all__ = [
+    "MANIFEST_VERSION",
+    "SEGMENT_SCHEMA",
+    "TIER_SCHEMA",
+    "EntryState",
+    "LocalTarget",
+    "Manifest",
+    "ManifestEntry",
+    "ObjectInfo",
+    "ObjectMismatch",
+    "ObjectNotFound",
+    "S3Target",
+    "S3Tuning",
+    "SegmentStats",
+    "TierTarget",
+    "manifest_key",
+    "object_key",
+    "open_target",
+    "parquet_to_segment_table",
+    "parse_object_key",
+    "segment_stats",
+    "segment_table_to_parquet",
+]

@@ -1,0 +1,474 @@
+"""The per-database tier manifest: which Parquet objects the tier holds, and in what state.
+
+The manifest is one JSON document per database, stored in the tier at
+``<db>/_manifest.json`` (a leading ``_`` so Spark's Parquet reader skips it) and, when a
+path is given, as a local copy written atomically (temp file + fsync + rename + directory
+fsync). Every save increments ``seq``; :meth:`Manifest.load` takes whichever copy has the
+higher ``seq``, so a save that reached the local disk but not the tier is not lost. One
+process writes a database's manifest at a time (the DB's tiering task).
+
+Entry states (after KIP-405's remote log segment states)::
+
+    uploading --> committed --> deleting --> (removed)
+        \\-------------------------------------^   (aborted upload)
+
+Upload protocol for one sealed segment (each numbered step is durable before the next):
+
+1. Encode: ``data = segment_table_to_parquet(table)``; compute its size and sha256.
+2. ``manifest.begin_upload(entry)`` (state ``uploading``, with the expected size and
+   sha256), then ``manifest.save(...)``.
+3. ``target.put(key, data)``, then ``target.verify(key, expected)``.
+4. ``manifest.mark_committed(key)``, then ``manifest.save(...)``.
+5. Only now may the local segment be deleted; reads below the local log start are served
+   from ``committed`` entries.
+
+Deleting tiered data (remote retention):
+
+1. ``manifest.mark_deleting(key)`` and save -- readers stop using the object.
+2. ``target.delete(key)``.
+3. ``manifest.remove(key)`` and save.
+
+Crash recovery (:meth:`Manifest.recover`, run when the DB opens):
+
+* ``uploading``: the local segment still exists (step 5 was not reached). If the object
+  verifies against the entry's size and sha256, the crash hit between steps 3 and 4: the
+  entry is committed. Otherwise the object is missing, partial or stale: it is deleted and
+  the entry dropped, and the DB tiers the segment again.
+* ``deleting``: the object is deleted (idempotent) and the entry dropped.
+* ``committed``: nothing to do.
+
+An object is only ever written after its ``uploading`` entry is durable, and an entry is
+only dropped after its object is deleted, so the tier holds no unreferenced objects;
+:meth:`Manifest.orphans` finds any left by other writers or a lost local manifest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import json
+import logging
+import threading
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from seglog.errors import InvalidArgument, TierError
+from seglog.tiering._fs import atomic_write
+from seglog.tiering.parquet import SegmentStats, parse_object_key
+from seglog.tiering.targets import ObjectInfo, ObjectMismatch, ObjectNotFound, TierTarget
+
+__all__ = [
+    "MANIFEST_NAME",
+    "MANIFEST_VERSION",
+    "EntryState",
+    "Manifest",
+    "ManifestEntry",
+    "manifest_key",
+]
+
+log = logging.getLogger("seglog.tiering")
+
+MANIFEST_VERSION = 1
+MANIFEST_NAME = "_manifest.json"
+
+
+def manifest_key(db: str) -> str:
+    """Returns the tier key of ``db``'s manifest: ``<db>/_manifest.json``."""
+    if not db or "/" in db or db.startswith("."):
+        raise InvalidArgument(f"invalid database name {db!r}")
+    return f"{db}/{MANIFEST_NAME}"
+
+
+class EntryState(enum.StrEnum):
+    """Lifecycle of a tiered object."""
+
+    UPLOADING = "uploading"
+    COMMITTED = "committed"
+    DELETING = "deleting"
+
+
+_NEXT_STATE = {
+    EntryState.UPLOADING: EntryState.COMMITTED,
+    EntryState.COMMITTED: EntryState.DELETING,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ManifestEntry:
+    """One tiered Parquet object.
+
+    Attributes:
+        key: Object key, ``<db>/shard=<n>/<base>-<end>.parquet``.
+        shard: Shard number.
+        base_offset: First offset in the object.
+        end_offset: Last offset in the object (inclusive).
+        min_ts: Smallest record timestamp, µs since the epoch.
+        max_ts: Largest record timestamp, µs.
+        rows: Number of records.
+        bytes: Object size in bytes.
+        checksum: sha256 of the object, hex.
+        state: Lifecycle state.
+    """
+
+    key: str
+    shard: int
+    base_offset: int
+    end_offset: int
+    min_ts: int
+    max_ts: int
+    rows: int
+    bytes: int
+    checksum: str
+    state: EntryState = EntryState.UPLOADING
+
+    def __post_init__(self) -> None:
+        if self.shard < 0 or self.base_offset < 0 or self.end_offset < self.base_offset:
+            raise InvalidArgument(f"invalid offset range in manifest entry {self.key!r}")
+        if self.min_ts > self.max_ts or self.rows < 1 or self.bytes < 0:
+            raise InvalidArgument(f"invalid stats in manifest entry {self.key!r}")
+
+    @classmethod
+    def for_upload(
+        cls, shard: int, stats: SegmentStats, info: ObjectInfo
+    ) -> ManifestEntry:
+        """Builds an ``uploading`` entry from segment stats and the object's size/sha256."""
+        return cls(
+            key=info.key,
+            shard=shard,
+            base_offset=stats.base_offset,
+            end_offset=stats.end_offset,
+            min_ts=stats.min_ts,
+            max_ts=stats.max_ts,
+            rows=stats.rows,
+            bytes=info.size,
+            checksum=info.checksum,
+            state=EntryState.UPLOADING,
+        )
+
+    @property
+    def object_info(self) -> ObjectInfo:
+        """The expected :class:`ObjectInfo`, for ``target.verify``."""
+        return ObjectInfo(self.key, self.bytes, self.checksum)
+
+    def overlaps_offsets(self, start: int | None, end: int | None) -> bool:
+        """Whether ``[base_offset, end_offset]`` meets ``[start, end]`` (None = open)."""
+        return (start is None or self.end_offset >= start) and (
+            end is None or self.base_offset <= end
+        )
+
+    def overlaps_time(self, start_ts: int | None, end_ts: int | None) -> bool:
+        """Whether ``[min_ts, max_ts]`` meets ``[start_ts, end_ts]`` (µs, None = open)."""
+        return (start_ts is None or self.max_ts >= start_ts) and (
+            end_ts is None or self.min_ts <= end_ts
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """Returns the JSON-ready dict."""
+        d = asdict(self)
+        d["state"] = self.state.value
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> ManifestEntry:
+        """Parses one entry; raises ``KeyError``/``ValueError``/``TypeError`` if malformed."""
+        ints = ("shard", "base_offset", "end_offset", "min_ts", "max_ts", "rows", "bytes")
+        for name in ints:
+            if type(d[name]) is not int:
+                raise TypeError(f"{name} must be an integer")
+        if not isinstance(d["key"], str) or not isinstance(d["checksum"], str):
+            raise TypeError("key and checksum must be strings")
+        return cls(
+            key=d["key"],
+            shard=d["shard"],
+            base_offset=d["base_offset"],
+            end_offset=d["end_offset"],
+            min_ts=d["min_ts"],
+            max_ts=d["max_ts"],
+            rows=d["rows"],
+            bytes=d["bytes"],
+            checksum=d["checksum"],
+            state=EntryState(d["state"]),
+        )
+
+
+class Manifest:
+    """The set of tiered objects of one database. Methods are thread-safe.
+
+    Mutations change memory only; call :meth:`save` to make them durable, following the
+    protocol in the module docstring.
+    """
+
+    def __init__(self, db: str, entries: Iterable[ManifestEntry] = (), *, seq: int = 0) -> None:
+        """Args: db: database name; entries: initial entries; seq: save counter."""
+        manifest_key(db)  # validates
+        self._db = db
+        self._seq = seq
+        self._entries: dict[str, ManifestEntry] = {}
+        self._lock = threading.RLock()
+        for entry in entries:
+            self._add(entry)
+
+    @property
+    def db(self) -> str:
+        """The database name."""
+        return self._db
+
+    @property
+    def seq(self) -> int:
+        """How many times this manifest was saved (the higher copy wins on load)."""
+        return self._seq
+
+    # --- (de)serialisation ---------------------------------------------------------------
+
+    def to_json(self) -> str:
+        """Returns the JSON document (entries sorted by shard, then base offset)."""
+        with self._lock:
+            doc = {
+                "version": MANIFEST_VERSION,
+                "db": self._db,
+                "seq": self._seq,
+                "entries": [e.to_json() for e in self._sorted()],
+            }
+        return json.dumps(doc, indent=1, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str | bytes, *, db: str | None = None) -> Manifest:
+        """Parses a manifest document.
+
+        Raises:
+            TierError: If it is malformed, of an unknown version, or for another database.
+        """
+        try:
+            doc = json.loads(text)
+            version = doc["version"]
+            if version != MANIFEST_VERSION:
+                raise TierError(f"unsupported manifest version {version!r}")
+            if db is not None and doc["db"] != db:
+                raise TierError(f"manifest is for database {doc['db']!r}, not {db!r}")
+            seq = doc["seq"]
+            if type(seq) is not int:
+                raise TypeError("seq must be an integer")
+            entries = [ManifestEntry.from_json(e) for e in doc["entries"]]
+            return cls(doc["db"], entries, seq=seq)
+        except TierError:
+            raise
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise TierError(f"malformed manifest: {exc!r}") from exc
+
+    @classmethod
+    def load(cls, target: TierTarget, db: str, *, local_path: Path | None = None) -> Manifest:
+        """Loads ``db``'s manifest: the tier copy or the local copy, whichever is newer.
+
+        A missing copy counts as empty; an unreadable local copy is logged and ignored (the
+        tier copy is then authoritative). Errors reaching the tier propagate.
+
+        Raises:
+            TierError: If the tier fails or its copy is malformed.
+        """
+        remote: Manifest | None = None
+        with contextlib.suppress(ObjectNotFound):
+            remote = cls.from_json(target.get(manifest_key(db)), db=db)
+        local: Manifest | None = None
+        if local_path is not None:
+            try:
+                local = cls.from_json(local_path.read_bytes(), db=db)
+            except FileNotFoundError:
+                pass
+            except (OSError, TierError) as exc:
+                log.warning("ignoring unreadable local manifest %s: %s", local_path, exc)
+        candidates = [m for m in (remote, local) if m is not None]
+        if not candidates:
+            return cls(db)
+        return max(candidates, key=lambda m: m.seq)
+
+    def save(self, target: TierTarget, *, local_path: Path | None = None) -> None:
+        """Makes the current state durable: local copy first (atomically), then the tier.
+
+        Raises:
+            TierError: If either write fails (``seq`` stays incremented; save again).
+        """
+        with self._lock:
+            self._seq += 1
+            text = self.to_json().encode()
+            if local_path is not None:
+                try:
+                    with atomic_write(local_path) as f:
+                        f.write(text)
+                except OSError as exc:
+                    raise TierError(f"cannot write local manifest {local_path}: {exc}") from exc
+            target.put(manifest_key(self._db), text)
+
+    # --- mutations -----------------------------------------------------------------------
+
+    def _add(self, entry: ManifestEntry) -> None:
+        db, shard, base, end = parse_object_key(entry.key)
+        if (db, shard, base, end) != (self._db, entry.shard, entry.base_offset, entry.end_offset):
+            raise InvalidArgument(f"entry key {entry.key!r} does not match its db/shard/range")
+        for other in self._entries.values():
+            if (
+                other.key != entry.key
+                and other.shard == entry.shard
+                and other.overlaps_offsets(entry.base_offset, entry.end_offset)
+            ):
+                raise InvalidArgument(f"{entry.key!r} overlaps tiered object {other.key!r}")
+        self._entries[entry.key] = entry
+
+    def begin_upload(self, entry: ManifestEntry) -> ManifestEntry:
+        """Records the intent to upload ``entry`` (state forced to ``uploading``).
+
+        Re-beginning an ``uploading`` entry with the same key replaces it.
+
+        Raises:
+            InvalidArgument: If the key is already committed/deleting, does not match the
+                entry's db/shard/range, or the range overlaps another object of the shard.
+        """
+        with self._lock:
+            old = self._entries.get(entry.key)
+            if old is not None and old.state is not EntryState.UPLOADING:
+                raise InvalidArgument(f"{entry.key!r} is already {old.state}")
+            entry = replace(entry, state=EntryState.UPLOADING)
+            self._add(entry)
+            return entry
+
+    def _advance(self, key: str, to: EntryState) -> ManifestEntry:
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                raise InvalidArgument(f"{key!r} is not in the manifest of {self._db!r}")
+            if entry.state is to:
+                return entry
+            if _NEXT_STATE.get(entry.state) is not to:
+                raise InvalidArgument(f"{key!r}: cannot go from {entry.state} to {to}")
+            entry = replace(entry, state=to)
+            self._entries[key] = entry
+            return entry
+
+    def mark_committed(self, key: str) -> ManifestEntry:
+        """``uploading`` -> ``committed`` (after the object was put and verified)."""
+        return self._advance(key, EntryState.COMMITTED)
+
+    def mark_deleting(self, key: str) -> ManifestEntry:
+        """``committed`` -> ``deleting`` (before the object is deleted)."""
+        return self._advance(key, EntryState.DELETING)
+
+    def remove(self, key: str) -> None:
+        """Drops a ``deleting`` entry (object deleted) or an ``uploading`` one (aborted)."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                return
+            if entry.state is EntryState.COMMITTED:
+                raise InvalidArgument(f"{key!r} is committed: mark it deleting first")
+            del self._entries[key]
+
+    # --- queries -------------------------------------------------------------------------
+
+    def _sorted(self) -> list[ManifestEntry]:
+        return sorted(self._entries.values(), key=lambda e: (e.shard, e.base_offset))
+
+    def get(self, key: str) -> ManifestEntry | None:
+        """Returns the entry for ``key`` in any state, or ``None``."""
+        with self._lock:
+            return self._entries.get(key)
+
+    def entries(self, state: EntryState | None = None) -> list[ManifestEntry]:
+        """Returns entries (optionally only those in ``state``), by shard then offset."""
+        with self._lock:
+            return [e for e in self._sorted() if state is None or e.state is state]
+
+    def committed(
+        self,
+        shard: int | None = None,
+        *,
+        start_offset: int | None = None,
+        end_offset: int | None = None,
+        start_ts: int | None = None,
+        end_ts: int | None = None,
+    ) -> list[ManifestEntry]:
+        """Returns committed entries that may hold matching records.
+
+        Args:
+            shard: Only this shard (None: all).
+            start_offset: Entries whose ``end_offset >= start_offset``.
+            end_offset: Entries whose ``base_offset <= end_offset`` (inclusive).
+            start_ts: Entries whose ``max_ts >= start_ts`` (µs).
+            end_ts: Entries whose ``min_ts <= end_ts`` (µs, inclusive).
+
+        Returns:
+            Matching entries sorted by shard, then base offset.
+        """
+        return [
+            e
+            for e in self.entries(EntryState.COMMITTED)
+            if (shard is None or e.shard == shard)
+            and e.overlaps_offsets(start_offset, end_offset)
+            and e.overlaps_time(start_ts, end_ts)
+        ]
+
+    def find_offset(self, shard: int, offset: int) -> ManifestEntry | None:
+        """Returns the committed entry of ``shard`` holding ``offset``, or ``None``."""
+        found = self.committed(shard, start_offset=offset, end_offset=offset)
+        return found[0] if found else None
+
+    def tiered_end(self, shard: int) -> int | None:
+        """Returns the highest committed ``end_offset`` of ``shard`` (None if none)."""
+        ends = [e.end_offset for e in self.committed(shard)]
+        return max(ends) if ends else None
+
+    def shards(self) -> list[int]:
+        """Returns the shards with at least one entry, sorted."""
+        with self._lock:
+            return sorted({e.shard for e in self._entries.values()})
+
+    # --- recovery ------------------------------------------------------------------------
+
+    def recover(self, target: TierTarget) -> list[str]:
+        """Resolves ``uploading`` and ``deleting`` entries left by a crash (see module doc).
+
+        Changes memory only; save afterwards if the returned list is non-empty.
+
+        Returns:
+            One line per action taken, e.g. ``"committed db/shard=0/..."``.
+
+        Raises:
+            TierError: If the tier fails (the manifest is then partly recovered; retry).
+        """
+        actions: list[str] = []
+        with self._lock:
+            for entry in self.entries():
+                if entry.state is EntryState.UPLOADING:
+                    try:
+                        target.verify(entry.key, entry.object_info)
+                    except ObjectNotFound:
+                        self.remove(entry.key)
+                        actions.append(f"dropped {entry.key}")
+                        continue
+                    except ObjectMismatch as exc:
+                        log.warning("discarding unverifiable upload %s: %s", entry.key, exc)
+                        target.delete(entry.key)
+                        self.remove(entry.key)
+                        actions.append(f"deleted {entry.key}")
+                        continue
+                    self.mark_committed(entry.key)
+                    actions.append(f"committed {entry.key}")
+                elif entry.state is EntryState.DELETING:
+                    target.delete(entry.key)
+                    self.remove(entry.key)
+                    actions.append(f"removed {entry.key}")
+        return actions
+
+    def orphans(self, target: TierTarget) -> list[str]:
+        """Returns object keys under ``<db>/shard=`` that no entry references."""
+        with self._lock:
+            known = set(self._entries)
+        return [
+            k
+            for k in target.list(f"{self._db}/shard=")
+            if k.endswith(".parquet") and k not in known
+        ]
+
+    def __repr__(self) -> str:
+        with self._lock:
+            return f"Manifest(db={self._db!r}, seq={self._seq}, entries={len(self._entries)})"
