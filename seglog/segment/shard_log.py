@@ -111,9 +111,9 @@ class ShardLog:
                 segment_ms=segment_ms,
                 clock_ms=clock_ms,
             ), report
+        # Sealed segments below the checkpoint were fsynced before it was written: trusted.
+        # Everything from it on, the active segment always included, is validated frame by frame.
         recovery_base = int(checkpoint.get("recovery_base", -1))
-        recovery_pos = int(checkpoint.get("recovery_pos", 0))
-        recovery_next = int(checkpoint.get("recovery_next_offset", -1))
         segments: list[LogSegment] = []
         for i, path in enumerate(paths):
             last = i == len(paths) - 1
@@ -131,10 +131,7 @@ class ShardLog:
             if seg.base_offset < recovery_base and index + 1 < len(segments):
                 expected = segments[index + 1].base_offset
                 continue  # fully before the checkpoint: trusted
-            start, next_offset = 0, seg.base_offset
-            if seg.base_offset == recovery_base and recovery_next >= seg.base_offset:
-                start, next_offset = min(recovery_pos, seg.size), recovery_next
-            pos, next_offset, error = _scan(seg, start, next_offset, report)
+            pos, next_offset, error = _scan(seg, 0, seg.base_offset, report)
             seg.next_offset = next_offset
             expected = next_offset
             if error is not None:
@@ -286,15 +283,13 @@ class ShardLog:
         self.active.sync()
 
     def write_checkpoint(self) -> None:
-        """Record durably that everything before the active segment's end is valid."""
+        """Record durably the log start and that every segment before the active one is sealed."""
         active = self.active
         active.sync()
         data = {
             "version": _CHECKPOINT_VERSION,
             "log_start_offset": self.log_start_offset,
             "recovery_base": active.base_offset,
-            "recovery_pos": active.size,
-            "recovery_next_offset": active.next_offset,
         }
         atomic_write(self.directory / CHECKPOINT_FILE, json.dumps(data).encode())
 

@@ -1,0 +1,34 @@
+"""Small helpers shared by tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import seglog
+
+
+def make_records(n: int, *, start: int = 0, ts0: int = 1_000_000, keyed: bool = True) -> list[seglog.Record]:
+    return [
+        seglog.Record(
+            topic=f"sensors/site{i % 7}/dev{i % 50}/temp",
+            value=f"value-{i}".encode() * (1 + i % 5),
+            ts=ts0 + i * 10,
+            key=f"dev{i % 50}".encode() if keyed else None,
+        )
+        for i in range(start, start + n)
+    ]
+
+
+async def read_all(db: seglog.Database, shard: int) -> list[seglog.Record]:
+    out: list[seglog.Record] = []
+    offset = db.start_offset(shard)
+    while True:
+        batch = await db.read(shard, offset, max_records=5000)
+        if not batch:
+            return out
+        out.extend(batch)
+        offset = batch[-1].offset + 1  # type: ignore[operator]
+
+
+def segment_files(data: Path, db: str, shard: int) -> list[Path]:
+    return sorted((data / "dbs" / db / f"shard-{shard:04d}").glob("*.log"))

@@ -1,0 +1,49 @@
+from __future__ import annotations
+
+import inspect
+
+import seglog
+from seglog import errors
+
+
+def test_all_is_exact_and_importable() -> None:
+    expected = {
+        "ClosedResourceError",
+        "ConfigMismatch",
+        "Database",
+        "DbConfig",
+        "InvalidRecord",
+        "OffsetOutOfRange",
+        "Record",
+        "RecordMeta",
+        "SeglogError",
+        "StorageError",
+        "Store",
+        "StoreLocked",
+        "__version__",
+        "errors",
+        "open",
+    }
+    assert set(seglog.__all__) >= expected
+    for name in seglog.__all__:
+        assert hasattr(seglog, name), name
+    public = {
+        n for n in vars(seglog)
+        if not n.startswith("_") and n != "annotations" and not inspect.ismodule(getattr(seglog, n))
+    }
+    # Nothing public leaks in without being declared.
+    assert public <= set(seglog.__all__)
+
+
+def test_error_tree_is_rooted_and_split() -> None:
+    for name in errors.__all__:
+        cls = getattr(errors, name)
+        assert issubclass(cls, errors.SeglogError), name
+    assert issubclass(errors.InvalidTopic, errors.InvalidRecord)
+    assert issubclass(errors.InvalidRecord, errors.UsageError)
+    assert issubclass(errors.StoreLocked, errors.BusyResourceError)
+    assert issubclass(errors.CorruptFrame, errors.StorageError)
+    assert issubclass(errors.TierError, errors.StorageError)
+    assert not issubclass(errors.OffsetOutOfRange, errors.UsageError)
+    e = errors.OffsetOutOfRange(5, 10, 20, shard=1)
+    assert (e.offset, e.start, e.end, e.shard) == (5, 10, 20, 1)
