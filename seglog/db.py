@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Final, Literal
 
-import crc32c
 import numpy as np
 import pyarrow as pa
 
+from seglog._routing import routing_hashes, shard_for
 from seglog.engines.base import DEFAULT_SEGMENT_BYTES, DEFAULT_SEGMENT_MS, Engine, ShardStats
 from seglog.errors import ClosedResourceError, ConfigMismatch, InvalidArgument, InvalidName
 from seglog.record import (
@@ -28,10 +29,11 @@ __all__ = ["Database", "DbConfig", "shard_for", "validate_db_name"]
 EngineName = Literal["segment"]
 Compression = Literal["none", "zstd"]
 _NAME_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-_ROUTE_CACHE_MAX: Final = 100_000
 # Reads larger than this convert to Record objects off the event loop.
 _INLINE_RECORDS_MAX: Final = 4096
 MAX_SHARDS: Final = 4096
+# Builds RecordMeta tuples without a Python-level __new__ per record.
+_META: Final = functools.partial(tuple.__new__, RecordMeta)
 
 
 def validate_db_name(name: object) -> str:
@@ -46,11 +48,6 @@ def validate_db_name(name: object) -> str:
             "starting with a letter or digit, without '..'"
         )
     return name
-
-
-def shard_for(routing_key: bytes, shards: int) -> int:
-    """The shard a key (or topic, UTF-8) routes to: CRC-32C of the bytes modulo ``shards``."""
-    return int(crc32c.crc32c(routing_key)) % shards
 
 
 @dataclass(frozen=True)
@@ -117,7 +114,6 @@ class Database:
         self.config = config
         self._engine = engine
         self._closed = False
-        self._route_cache: dict[str, int] = {}
 
     @property
     def shards(self) -> int:
@@ -140,7 +136,7 @@ class Database:
         """Append records durably; return where each went, in input order.
 
         Records go to ``shard`` if given, else to their own ``shard`` attribute if set, else
-        to ``hash(key or topic) % shards`` (CRC-32C). Within a shard, records keep their
+        to the routing hash of the key or topic (see :mod:`seglog._routing`). Within a shard, records keep their
         order. Either every record is validated and written or, on a validation error,
         nothing is.
 
@@ -155,20 +151,15 @@ class Database:
         if shard is not None:
             self._check_shard(shard)
         batch = records_to_batch(recs, max_record_bytes=self.config.max_record_bytes)
-        ts = batch.column(0).to_pylist()
-        routes = self._route_records(recs, shard)
-        if isinstance(routes, int):
-            base = await engine.append(routes, batch)
-            return [RecordMeta(routes, base + i, t) for i, t in enumerate(ts)]
-        metas: list[RecordMeta] = [None] * len(recs)  # type: ignore[list-item]
-        groups = _group(routes)
-        bases = await asyncio.gather(
-            *(engine.append(s, batch.take(pa.array(idx, pa.int64()))) for s, idx in groups.items())
-        )
-        for (s, idx), base in zip(groups.items(), bases, strict=True):
-            for j, i in enumerate(idx):
-                metas[i] = RecordMeta(s, base + j, ts[i])
-        return metas
+        explicit = [r.shard for r in recs]
+        if shard is None and explicit.count(None) != len(explicit):
+            for s in explicit:
+                if s is not None:
+                    self._check_shard(s)
+        else:
+            explicit = []
+        shard_col, offset_col = await self._append_routed(engine, batch, shard, explicit)
+        return list(map(_META, zip(shard_col.tolist(), offset_col.tolist(), batch.column(0).to_pylist(), strict=True)))
 
     async def append_arrow(self, data: pa.Table | pa.RecordBatch, *, shard: int | None = None) -> pa.Table:
         """Append columns ``ts, topic, key, value[, headers]`` durably.
@@ -182,56 +173,49 @@ class Database:
         if shard is not None:
             self._check_shard(shard)
         batch = table_to_batch(data, max_record_bytes=self.config.max_record_bytes)
+        shard_col, offset_col = await self._append_routed(engine, batch, shard, [])
+        return pa.table({"shard": pa.array(shard_col), "offset": pa.array(offset_col)})
+
+    async def _append_routed(
+        self, engine: Engine, batch: pa.RecordBatch, shard: int | None, explicit: list[int | None]
+    ) -> tuple[np.ndarray[Any, np.dtype[np.int32]], np.ndarray[Any, np.dtype[np.int64]]]:
+        """Split a validated batch by shard, append the parts concurrently, return positions."""
         n = batch.num_rows
         if n == 0:
-            return pa.table({"shard": pa.array([], pa.int32()), "offset": pa.array([], pa.int64())})
-        if shard is None and self.config.shards == 1:
+            return np.empty(0, np.int32), np.empty(0, np.int64)
+        if shard is None and self.config.shards == 1 and not explicit:
             shard = 0
         if shard is not None:
             base = await engine.append(shard, batch)
-            return pa.table(
-                {
-                    "shard": pa.array(np.full(n, shard, dtype=np.int32)),
-                    "offset": pa.array(np.arange(base, base + n, dtype=np.int64)),
-                }
-            )
-        keys = batch.column(2).to_pylist()
-        topics = batch.column(1).to_pylist()
-        routes = [self._route_one(k, t) for k, t in zip(keys, topics, strict=True)]
-        groups = _group(routes)
-        bases = await asyncio.gather(
-            *(engine.append(s, batch.take(pa.array(idx, pa.int64()))) for s, idx in groups.items())
-        )
-        shard_col = np.empty(n, dtype=np.int32)
-        offset_col = np.empty(n, dtype=np.int64)
-        for (s, idx), base in zip(groups.items(), bases, strict=True):
-            where = np.asarray(idx, dtype=np.int64)
-            shard_col[where] = s
-            offset_col[where] = np.arange(base, base + len(idx), dtype=np.int64)
-        return pa.table({"shard": pa.array(shard_col), "offset": pa.array(offset_col)})
+            return np.full(n, shard, np.int32), np.arange(base, base + n, dtype=np.int64)
+        routes = self._routes(batch, explicit)
+        order = np.argsort(routes, kind="stable")
+        counts = np.bincount(routes, minlength=self.config.shards)
+        parts: list[tuple[int, np.ndarray[Any, np.dtype[np.intp]]]] = []
+        start = 0
+        for s, c in enumerate(counts.tolist()):
+            if c:
+                parts.append((s, order[start : start + c]))
+                start += c
+        bases = await asyncio.gather(*(engine.append(s, batch.take(pa.array(idx))) for s, idx in parts))
+        offset_col = np.empty(n, np.int64)
+        for (_, idx), base in zip(parts, bases, strict=True):
+            offset_col[idx] = np.arange(base, base + len(idx), dtype=np.int64)
+        return routes, offset_col
 
-    def _route_one(self, key: bytes | None, topic: str) -> int:
-        if key is not None:
-            return shard_for(key, self.config.shards)
-        cached = self._route_cache.get(topic)
-        if cached is None:
-            if len(self._route_cache) >= _ROUTE_CACHE_MAX:
-                self._route_cache.clear()
-            cached = self._route_cache[topic] = shard_for(topic.encode(), self.config.shards)
-        return cached
-
-    def _route_records(self, recs: Sequence[Record], shard: int | None) -> int | list[int]:
-        if shard is not None:
-            return shard
-        if self.config.shards == 1 and all(r.shard in (None, 0) for r in recs):
-            return 0
-        routes = []
-        for r in recs:
-            if r.shard is not None:
-                routes.append(self._check_shard(r.shard))
-            else:
-                routes.append(self._route_one(r.key, r.topic))
-        return routes
+    def _routes(self, batch: pa.RecordBatch, explicit: list[int | None]) -> np.ndarray[Any, np.dtype[np.int32]]:
+        """Shard of every row: explicit, else the routing hash of the key, else of the topic."""
+        shards = np.uint64(self.config.shards)
+        routes = routing_hashes(batch.column(1)) % shards
+        keys = batch.column(2)
+        if keys.null_count != len(keys):
+            key_routes = routing_hashes(keys) % shards
+            routes = np.where(keys.is_valid().to_numpy(zero_copy_only=False), key_routes, routes)
+        out = routes.astype(np.int32)
+        if explicit:
+            forced = np.array([-1 if s is None else s for s in explicit], np.int32)
+            out = np.where(forced >= 0, forced, out).astype(np.int32)
+        return out
 
     # --- reads -------------------------------------------------------------------------
 
@@ -301,13 +285,6 @@ class Database:
 
     def __repr__(self) -> str:
         return f"<Database {self.name!r} shards={self.config.shards} engine={self.config.engine}>"
-
-
-def _group(routes: list[int]) -> dict[int, list[int]]:
-    groups: dict[int, list[int]] = {}
-    for i, s in enumerate(routes):
-        groups.setdefault(s, []).append(i)
-    return groups
 
 
 def _check_int(name: str, value: object, *, minimum: int = 0) -> None:
