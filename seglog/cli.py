@@ -1,0 +1,200 @@
+"""The ``seglog`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import shutil
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+import seglog
+from seglog._routing import shard_for
+from seglog.errors import CorruptFrame, SeglogError
+from seglog.record import parse_header, verify_frame
+
+__all__ = ["main"]
+
+DEMO_RECORDS = 1_000_000
+DEMO_DEVICES = 1000
+DEMO_SITES = 10
+DEMO_METRICS = ("temp", "humidity", "pressure", "co2")
+DEMO_BATCH_RECORDS = 1000
+DEMO_PRODUCERS = 4
+
+
+def _demo_records(n: int, start_us: int, seed: int = 7) -> list[seglog.Record]:
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        device = i % DEMO_DEVICES
+        site = device % DEMO_SITES
+        metric = DEMO_METRICS[(i // DEMO_DEVICES) % len(DEMO_METRICS)]
+        out.append(
+            seglog.Record(
+                topic=f"sensors/site{site:02d}/dev{device:04d}/{metric}",
+                value=f"{20 + 10 * rng.random():.3f}".encode(),
+                ts=start_us + i * 1000,  # one record per ms across the fleet
+                key=f"dev{device:04d}".encode(),
+            )
+        )
+    return out
+
+
+async def _demo(args: argparse.Namespace) -> int:
+    data = Path(args.data)
+    if data.exists():
+        shutil.rmtree(data)
+    n = args.records
+    start_us = 1_767_225_600_000_000  # 2026-01-01T00:00:00Z
+    print(f"generating {n:,} records from {DEMO_DEVICES} devices ...")
+    records = _demo_records(n, start_us)
+    batches = [records[i : i + DEMO_BATCH_RECORDS] for i in range(0, n, DEMO_BATCH_RECORDS)]
+    async with seglog.open(data, fsync="always") as store:
+        db = await store.create_db("telemetry", shards=args.shards, segment_bytes=16 << 20)
+        bar = tqdm(total=n, unit="rec", unit_scale=True, desc="ingest (fsync=always)")
+
+        async def produce(k: int) -> None:
+            for b in batches[k::DEMO_PRODUCERS]:
+                await db.append(b)
+                bar.update(len(b))
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(produce(k) for k in range(DEMO_PRODUCERS)))
+        ingest_s = time.perf_counter() - t0
+        bar.close()
+    async with seglog.open(data) as store:
+        db = await store.open_db("telemetry")
+        t0 = time.perf_counter()
+        total = 0
+        for shard in range(db.shards):
+            offset = db.start_offset(shard)
+            while True:
+                table = await db.read_arrow(shard, offset, max_records=200_000)
+                if table.num_rows == 0:
+                    break
+                total += table.num_rows
+                offset += table.num_rows
+        read_s = time.perf_counter() - t0
+        if total != n:
+            print(f"error: read back {total} records, wrote {n}", file=sys.stderr)
+            return 1
+        mid_ts = start_us + (n // 2) * 1000
+        shard0_mid = await db.offset_for_time(0, mid_ts)
+        first = (await db.read(0, shard0_mid, 1))[0]
+        device = b"dev0042"
+        key_shard = shard_for(device, db.shards)
+        by_key = await db.read_key(key_shard, device)
+        expected_key = len([r for r in records if r.key == device])
+        stats = db.stats()
+    print()
+    print(f"{'ingested':<22}{n:>14,} records in {ingest_s:6.2f} s  = {n / ingest_s:>12,.0f} records/s (durable)")
+    print(f"{'read back (arrow)':<22}{total:>14,} records in {read_s:6.2f} s  = {total / read_s:>12,.0f} records/s")
+    print(f"{'offset_for_time':<22}shard 0 at {time.strftime('%H:%M:%S', time.gmtime(mid_ts / 1e6))}Z -> offset "
+          f"{shard0_mid:,} ({first.topic}, ts {first.ts})")
+    print(f"{'read_key':<22}{device.decode()} -> {len(by_key):,} records on shard {key_shard} "
+          f"(expected {expected_key:,})")
+    for s in stats:
+        print(f"  shard {s.shard}: offsets {s.start_offset:,}..{s.end_offset:,}, {s.segments} segment(s), "
+              f"{s.bytes / 1e6:.1f} MB")
+    if len(by_key) != expected_key:
+        print("error: key lookup mismatch", file=sys.stderr)
+        return 1
+    print(f"\ndata directory: {data}")
+    return 0
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    path = Path(args.segment)
+    data = path.read_bytes()
+    pos = 0
+    frames = records = 0
+    bad: str | None = None
+    while pos < len(data):
+        try:
+            header = parse_header(data, pos)
+            verify_frame(data, pos, header)
+        except CorruptFrame as exc:
+            bad = str(exc)
+            break
+        frames += 1
+        records += header.record_count
+        if not args.quiet:
+            print(json.dumps({
+                "pos": pos, "base_offset": header.base_offset, "records": header.record_count,
+                "leader_epoch": header.leader_epoch, "min_ts": header.min_ts, "max_ts": header.max_ts,
+                "body_bytes": header.body_len, "compression": ["none", "zstd"][header.compression],
+                "crc": f"{header.crc:08x}",
+            }))
+        pos += header.size
+    print(f"{path.name}: {frames} frames, {records} records, {pos} valid bytes of {len(data)}")
+    if bad is not None:
+        print(f"error: corrupt at position {pos}: {bad}", file=sys.stderr)
+        return 1
+    return 0
+
+
+async def _stats(args: argparse.Namespace) -> int:
+    async with seglog.open(args.data) as store:
+        rows: list[dict[str, Any]] = []
+        for name in store.list_dbs():
+            db = await store.open_db(name)
+            for s in db.stats():
+                rows.append({"db": name, "shard": s.shard, "start": s.start_offset, "end": s.end_offset,
+                             "segments": s.segments, "bytes": s.bytes})
+    if args.json:
+        print(json.dumps(rows))
+        return 0
+    print(f"{'db':<20}{'shard':>6}{'start':>14}{'end':>14}{'segments':>10}{'bytes':>16}")
+    for r in rows:
+        print(f"{r['db']:<20}{r['shard']:>6}{r['start']:>14,}{r['end']:>14,}{r['segments']:>10}{r['bytes']:>16,}")
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="seglog", description="A durable segmented log for MQTT-style data.")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    sub = p.add_subparsers(dest="command", required=True)
+    d = sub.add_parser("demo", help="ingest synthetic MQTT telemetry, reopen and read it back")
+    d.add_argument("data", help="data directory (wiped first)")
+    d.add_argument("--records", type=int, default=DEMO_RECORDS)
+    d.add_argument("--shards", type=int, default=4)
+    i = sub.add_parser("inspect", help="dump frame headers of a segment file and verify every CRC")
+    i.add_argument("segment")
+    i.add_argument("--quiet", "-q", action="store_true", help="only the summary line")
+    s = sub.add_parser("stats", help="databases, shards, offsets, segments and bytes")
+    s.add_argument("data")
+    s.add_argument("--json", action="store_true")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``seglog`` console script."""
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "demo":
+            return asyncio.run(_demo(args))
+        if args.command == "inspect":
+            return _inspect(args)
+        if args.command == "stats":
+            return asyncio.run(_stats(args))
+    except (SeglogError, OSError) as exc:
+        if args.debug:
+            raise
+        print(f"seglog: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
