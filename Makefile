@@ -36,3 +36,7 @@ clean:
 # Fragments add targets and prerequisites of `test-deps` (MinIO, Spark jars, peers).
 test-deps: venv
 include $(wildcard mk/*.mk)
+
+.PHONY: bench-core
+bench-core: venv
+	$(BIN)/python -m bench.core
