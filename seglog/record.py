@@ -31,6 +31,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Final, NamedTuple
 
 import crc32c
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import zstandard
@@ -217,18 +218,24 @@ _PADDING = tuple(b"\0" * n for n in range(8))
 
 
 def _check_topics(topics: pa.Array, first_bad: Any) -> None:
-    lengths = pc.binary_length(topics)
     if topics.null_count:
         raise InvalidTopic("topic must be a non-empty str", index=first_bad(pc.is_null(topics)))
-    if pc.min(lengths).as_py() == 0:
-        raise InvalidTopic("topic must not be empty", index=first_bad(pc.equal(lengths, 0)))
-    if pc.max(lengths).as_py() > MAX_TOPIC_BYTES:
+    n = len(topics)
+    if n == 0:
+        return
+    _validity, offsets_buf, data_buf = topics.buffers()
+    offsets = np.frombuffer(offsets_buf, np.int32, n + 1, topics.offset * 4)
+    lengths = np.diff(offsets)
+    if lengths.min() == 0:
+        raise InvalidTopic("topic must not be empty", index=int(np.argmin(lengths)))
+    if lengths.max() > MAX_TOPIC_BYTES:
         raise InvalidTopic(
-            f"topic is longer than {MAX_TOPIC_BYTES} UTF-8 bytes",
-            index=first_bad(pc.greater(lengths, MAX_TOPIC_BYTES)),
+            f"topic is longer than {MAX_TOPIC_BYTES} UTF-8 bytes", index=int(np.argmax(lengths > MAX_TOPIC_BYTES))
         )
-    bad = pc.match_substring_regex(topics, r"[+#\x00]")
-    if pc.any(bad).as_py():
+    # memchr over the whole character buffer; only a hit pays for the exact per-row search.
+    raw = memoryview(data_buf)[offsets[0] : offsets[-1]].tobytes()
+    if b"+" in raw or b"#" in raw or b"\0" in raw:
+        bad = pc.match_substring_regex(topics, r"[+#\x00]")
         raise InvalidTopic(
             "topic name must not contain '+', '#' or U+0000 (wildcards belong in filters)",
             index=first_bad(bad),
