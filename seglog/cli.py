@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime as dt
 import json
 import random
 import shutil
@@ -17,7 +18,7 @@ from tqdm import tqdm
 
 import seglog
 from seglog._routing import shard_for
-from seglog.errors import CorruptFrame, SeglogError
+from seglog.errors import CorruptFrame, InvalidArgument, SeglogError
 from seglog.record import parse_header, verify_frame
 
 __all__ = ["main"]
@@ -158,6 +159,82 @@ async def _stats(args: argparse.Namespace) -> int:
     return 0
 
 
+def _parse_time(text: str) -> int:
+    """ISO 8601 (naive means UTC) -> µs since the epoch."""
+    try:
+        moment = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise InvalidArgument(f"--from-time: not an ISO 8601 time: {text!r}") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=dt.UTC)
+    return int(moment.timestamp() * 1_000_000)
+
+
+async def _produce(args: argparse.Namespace) -> int:
+    source = open(args.file, "rb") if args.file else sys.stdin.buffer  # noqa: SIM115
+    key = args.key.encode() if args.key is not None else None
+    total = 0
+    try:
+        async with seglog.open(args.data) as store:
+            db = await store.create_db(args.db, args.shards, exist_ok=True)
+            bar = tqdm(unit="rec", unit_scale=True, desc="produce", disable=not args.file)
+            batch: list[seglog.Record] = []
+            for line in source:
+                batch.append(seglog.Record(topic=args.topic, value=line.rstrip(b"\r\n"), key=key))
+                if len(batch) >= 1000:
+                    await db.append(batch, shard=args.shard)
+                    total += len(batch)
+                    bar.update(len(batch))
+                    batch = []
+            if batch:
+                await db.append(batch, shard=args.shard)
+                total += len(batch)
+                bar.update(len(batch))
+            bar.close()
+    finally:
+        if args.file:
+            source.close()
+    print(f"appended {total} records to {args.db}", file=sys.stderr)
+    return 0
+
+
+def _format(rec: seglog.Record, fmt: str) -> bytes:
+    if fmt == "raw":
+        return rec.value + b"\n"
+    doc = {
+        "shard": rec.shard, "offset": rec.offset, "ts": rec.ts, "topic": rec.topic,
+        "key": None if rec.key is None else rec.key.decode("utf-8", "backslashreplace"),
+        "value": rec.value.decode("utf-8", "backslashreplace"),
+        "headers": None if not rec.headers else {k: v.decode("utf-8", "backslashreplace") for k, v in rec.headers.items()},
+    }
+    return json.dumps(doc, ensure_ascii=False).encode() + b"\n"
+
+
+async def _consume(args: argparse.Namespace) -> int:
+    out = sys.stdout.buffer
+    async with seglog.open(args.data) as store:
+        db = await store.open_db(args.db)
+        shard = args.shard
+        if args.from_time is not None:
+            offset = await db.offset_for_time(shard, _parse_time(args.from_time))
+        elif args.from_offset is not None:
+            offset = args.from_offset
+        else:
+            offset = db.start_offset(shard)
+        remaining = args.max if args.max is not None else None
+        while remaining is None or remaining > 0:
+            want = 1000 if remaining is None else min(1000, remaining)
+            recs = await db.read(shard, offset, max_records=want)
+            if not recs:
+                break
+            out.write(b"".join(_format(r, args.format) for r in recs))
+            offset += len(recs)
+            if remaining is not None:
+                remaining -= len(recs)
+        out.flush()
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="seglog", description="A durable segmented log for MQTT-style data.")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
@@ -169,6 +246,23 @@ def _parser() -> argparse.ArgumentParser:
     i = sub.add_parser("inspect", help="dump frame headers of a segment file and verify every CRC")
     i.add_argument("segment")
     i.add_argument("--quiet", "-q", action="store_true", help="only the summary line")
+    pr = sub.add_parser("produce", help="append lines of stdin (or --file) as records")
+    pr.add_argument("data")
+    pr.add_argument("db")
+    pr.add_argument("--topic", required=True)
+    pr.add_argument("--file", help="read lines from this file instead of stdin")
+    pr.add_argument("--key", help="record key for every line")
+    pr.add_argument("--shard", type=int, help="append to this shard (default: route by key/topic)")
+    pr.add_argument("--shards", type=int, default=None, help="shards when the database is created")
+    co = sub.add_parser("consume", help="print records of one shard")
+    co.add_argument("data")
+    co.add_argument("db")
+    co.add_argument("--shard", type=int, default=0)
+    start = co.add_mutually_exclusive_group()
+    start.add_argument("--from", dest="from_offset", type=int, help="first offset (default: the start)")
+    start.add_argument("--from-time", help="first record at or after this ISO 8601 time (UTC if naive)")
+    co.add_argument("--max", type=int, help="stop after this many records")
+    co.add_argument("--format", choices=("json", "raw"), default="json")
     s = sub.add_parser("stats", help="databases, shards, offsets, segments and bytes")
     s.add_argument("data")
     s.add_argument("--json", action="store_true")
@@ -185,6 +279,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _inspect(args)
         if args.command == "stats":
             return asyncio.run(_stats(args))
+        if args.command == "produce":
+            return asyncio.run(_produce(args))
+        if args.command == "consume":
+            return asyncio.run(_consume(args))
     except (SeglogError, OSError) as exc:
         if args.debug:
             raise
