@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import re
-from collections.abc import Iterable
-from dataclasses import asdict, dataclass, fields
+from collections.abc import AsyncGenerator, Callable, Iterable
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Final, Literal
 
 import numpy as np
@@ -15,10 +15,12 @@ import pyarrow as pa
 from seglog._routing import routing_hashes, shard_for
 from seglog.engines.base import DEFAULT_SEGMENT_BYTES, DEFAULT_SEGMENT_MS, Engine, ShardStats
 from seglog.errors import ClosedResourceError, ConfigMismatch, InvalidArgument, InvalidName
+from seglog.groups import GroupStore, validate_group_name
 from seglog.record import (
     DEFAULT_MAX_RECORD_BYTES,
     Record,
     RecordMeta,
+    now_us,
     records_from_table,
     records_to_batch,
     table_to_batch,
@@ -61,8 +63,21 @@ class DbConfig:
     compression: Compression = "none"
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
     index_interval_bytes: int = 4096
+    retention_bytes: int | None = None
+    retention_ms: int | None = None
+    retention_overrides_groups: bool = False
 
     IMMUTABLE: Final = ("shards", "engine")  # type: ignore[misc]
+    # What Database.configure may change (``compression`` and ``index_interval_bytes`` are
+    # fixed at creation too, like the immutable ones).
+    MUTABLE: Final = (  # type: ignore[misc]
+        "segment_bytes",
+        "segment_ms",
+        "max_record_bytes",
+        "retention_bytes",
+        "retention_ms",
+        "retention_overrides_groups",
+    )
 
     def validate(self) -> DbConfig:
         """Check every setting's domain.
@@ -84,6 +99,12 @@ class DbConfig:
             raise InvalidArgument("max_record_bytes must be an int in 1..64 MiB")
         if not isinstance(self.index_interval_bytes, int) or self.index_interval_bytes < 1:
             raise InvalidArgument("index_interval_bytes must be an int >= 1")
+        for name in ("retention_bytes", "retention_ms"):
+            value = getattr(self, name)
+            if value is not None and (type(value) is not int or value < 0):
+                raise InvalidArgument(f"{name} must be None or an int >= 0")
+        if type(self.retention_overrides_groups) is not bool:
+            raise InvalidArgument("retention_overrides_groups must be a bool")
         return self
 
     def to_json(self) -> dict[str, Any]:
@@ -109,10 +130,30 @@ class DbConfig:
 class Database:
     """One database of a :class:`~seglog.Store`; get it from ``store.create_db``/``open_db``."""
 
-    def __init__(self, name: str, config: DbConfig, engine: Engine) -> None:
+    def __init__(
+        self,
+        name: str,
+        config: DbConfig,
+        engine: Engine,
+        *,
+        groups: GroupStore | None = None,
+        clock_us: Callable[[], int] = now_us,
+        persist_config: Callable[[DbConfig], None] | None = None,
+        admit: Callable[[int], None] | None = None,
+        on_freed: Callable[[int], None] | None = None,
+    ) -> None:
         self.name = name
         self.config = config
         self._engine = engine
+        self._groups = groups
+        self._clock_us = clock_us
+        self._persist_config = persist_config
+        self._admit = admit
+        self._on_freed = on_freed
+        self._wakeups: dict[int, asyncio.Event] = {}
+        self._active_tails = 0
+        engine.listener = self._wake
+        self._config_lock = asyncio.Lock()
         self._closed = False
 
     @property
@@ -186,7 +227,7 @@ class Database:
         if shard is None and self.config.shards == 1 and not explicit:
             shard = 0
         if shard is not None:
-            base = await engine.append(shard, batch)
+            (base,) = await engine.append_many([(shard, batch)], self._admit)
             return np.full(n, shard, np.int32), np.arange(base, base + n, dtype=np.int64)
         routes = self._routes(batch, explicit)
         order = np.argsort(routes, kind="stable")
@@ -197,7 +238,7 @@ class Database:
             if c:
                 parts.append((s, order[start : start + c]))
                 start += c
-        bases = await asyncio.gather(*(engine.append(s, batch.take(pa.array(idx))) for s, idx in parts))
+        bases = await engine.append_many([(s, batch.take(pa.array(idx))) for s, idx in parts], self._admit)
         offset_col = np.empty(n, np.int64)
         for (_, idx), base in zip(parts, bases, strict=True):
             offset_col[idx] = np.arange(base, base + len(idx), dtype=np.int64)
@@ -276,12 +317,185 @@ class Database:
         engine = self._check()
         return [engine.stats(s) for s in range(self.config.shards)]
 
+    # --- settings ----------------------------------------------------------------------
+
+    async def configure(self, **settings: Any) -> DbConfig:
+        """Change mutable settings durably; new segment sizes apply to segments rolled from now.
+
+        Mutable: ``segment_bytes``, ``segment_ms``, ``max_record_bytes``, ``retention_bytes``,
+        ``retention_ms``, ``retention_overrides_groups``.
+
+        Returns:
+            The new configuration.
+
+        Raises:
+            ConfigMismatch: A setting fixed at creation (``shards``, ``engine``,
+                ``compression``, ``index_interval_bytes``) differs from the current value.
+            InvalidArgument: Unknown setting or value out of range; nothing changed.
+        """
+        engine = self._check()
+        known = {f.name for f in fields(DbConfig)}
+        unknown = set(settings) - known
+        if unknown:
+            raise InvalidArgument(f"unknown database settings: {sorted(unknown)}")
+        for name, value in settings.items():
+            if name not in DbConfig.MUTABLE and value != getattr(self.config, name):
+                raise ConfigMismatch(f"{name} cannot be changed after creation (it is {getattr(self.config, name)!r})")
+        async with self._config_lock:
+            new = replace(self.config, **settings).validate()
+            if self._persist_config is not None:
+                await asyncio.to_thread(self._persist_config, new)
+            self.config = new
+            engine.reconfigure(segment_bytes=new.segment_bytes, segment_ms=new.segment_ms)
+        return new
+
+    # --- retention ---------------------------------------------------------------------
+
+    async def truncate_before(self, shard: int, offset: int) -> int:
+        """Make ``offset`` the first readable offset of ``shard`` and delete sealed segments below it.
+
+        Ignores consumer groups. The start never moves backwards (a lower ``offset`` is a no-op).
+
+        Returns:
+            Bytes of segment files removed.
+
+        Raises:
+            OffsetOutOfRange: ``offset`` is past the end offset.
+        """
+        engine = self._check()
+        self._check_shard(shard)
+        _check_int("offset", offset)
+        freed = await engine.truncate_before(shard, offset)
+        self._after_delete(freed)
+        return freed
+
+    async def enforce_retention(self) -> int:
+        """Apply ``retention_bytes``/``retention_ms`` now (the store also runs it periodically).
+
+        Only whole sealed segments go, oldest first; the active segment never does. A segment
+        goes by bytes if the shard stays at or above ``retention_bytes`` without it, and by time
+        if its largest record timestamp is older than ``retention_ms`` on the store clock.
+        Unless ``retention_overrides_groups``, a segment holding offsets at or above the
+        smallest offset any group committed on the shard is kept.
+
+        Returns:
+            Bytes of segment files removed.
+        """
+        engine = self._check()
+        cfg = self.config
+        if cfg.retention_bytes is None and cfg.retention_ms is None:
+            return 0
+        floors: list[int | None] = [None] * cfg.shards
+        if not cfg.retention_overrides_groups and self._groups is not None:
+            groups = self._groups
+            floors = await asyncio.to_thread(lambda: [groups.min_committed(s) for s in range(cfg.shards)])
+        freed = await engine.enforce_retention(cfg.retention_bytes, cfg.retention_ms, self._clock_us(), floors)
+        self._after_delete(freed)
+        return freed
+
+    def _after_delete(self, freed: int) -> None:
+        """Tell the store's space accounting that ``freed`` bytes of files are gone."""
+        if freed and self._on_freed is not None:
+            self._on_freed(freed)
+
+    # --- live tail -----------------------------------------------------------------------
+
+    def _wake(self, shard: int) -> None:
+        event = self._wakeups.pop(shard, None)
+        if event is not None:
+            event.set()
+
+    def _wakeup(self, shard: int) -> asyncio.Event:
+        event = self._wakeups.get(shard)
+        if event is None:
+            event = self._wakeups[shard] = asyncio.Event()
+        return event
+
+    async def tail_arrow(
+        self, shard: int, offset: int, *, max_records: int = 100_000
+    ) -> AsyncGenerator[pa.Table, None]:
+        """Tables of records from ``offset`` on: what exists, then new records as they become durable.
+
+        Waits on an event set when an append to ``shard`` completes (no polling). The
+        iteration ends when the database is closed; closing or cancelling it releases
+        everything.
+
+        Raises:
+            OffsetOutOfRange: ``offset`` is outside the shard (or retention passed it).
+        """
+        self._check()
+        self._check_shard(shard)
+        _check_int("offset", offset)
+        _check_int("max_records", max_records, minimum=1)
+        self._active_tails += 1
+        try:
+            while not self._closed:
+                event = self._wakeup(shard)  # taken before reading: no lost wake-up
+                if offset < self._engine.end_offset(shard):
+                    table = await self._engine.read_arrow(shard, offset, max_records)
+                    if table.num_rows:
+                        offset += table.num_rows
+                        yield table
+                        continue
+                await event.wait()
+        finally:
+            self._active_tails -= 1
+
+    async def tail(self, shard: int, offset: int, *, batch_records: int = 1000) -> AsyncGenerator[Record, None]:
+        """Records from ``offset`` on, then new ones as they become durable (see :meth:`tail_arrow`)."""
+        tables = self.tail_arrow(shard, offset, max_records=batch_records)
+        try:
+            async for table in tables:
+                for rec in await self._to_records(table, shard):
+                    yield rec
+        finally:
+            await tables.aclose()
+
+    # --- consumer groups ---------------------------------------------------------------
+
+    def _group_store(self) -> GroupStore:
+        self._check()
+        if self._groups is None:
+            raise InvalidArgument(f"database {self.name!r} has no group store")
+        return self._groups
+
+    async def commit(self, group: str, shard: int, offset: int) -> None:
+        """Commit ``offset`` (the next one to consume) for ``group`` on ``shard``, durably.
+
+        A commit may move backwards (rewind, as in Kafka); it is not checked against the
+        shard's end offset.
+
+        Raises:
+            InvalidName: Bad group name.
+            InvalidArgument: Bad shard or offset.
+        """
+        groups = self._group_store()
+        validate_group_name(group)
+        self._check_shard(shard)
+        _check_int("offset", offset)
+        await asyncio.to_thread(groups.commit, group, shard, offset)
+
+    async def committed(self, group: str, shard: int) -> int | None:
+        """The offset ``group`` last committed on ``shard``, or ``None``."""
+        groups = self._group_store()
+        validate_group_name(group)
+        self._check_shard(shard)
+        return await asyncio.to_thread(groups.committed, group, shard)
+
     async def close(self) -> None:
         """Close the database (the store closes its databases itself)."""
         if self._closed:
             return
         self._closed = True
-        await self._engine.close()
+        for event in self._wakeups.values():
+            event.set()
+        self._wakeups.clear()
+        try:
+            await self._engine.drain()
+            await self._engine.close()
+        finally:
+            if self._groups is not None:
+                await asyncio.to_thread(self._groups.close)
 
     def __repr__(self) -> str:
         return f"<Database {self.name!r} shards={self.config.shards} engine={self.config.engine}>"

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
+import functools
 import json
 import logging
 import os
 import shutil
+import uuid
 from collections.abc import Callable, Generator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -23,11 +26,15 @@ from seglog.errors import (
     DatabaseExists,
     DatabaseNotFound,
     InvalidArgument,
+    QuotaExceeded,
+    SeglogError,
     StorageError,
     StoreLocked,
 )
+from seglog.groups import GroupStore
 from seglog.io_pool import DEFAULT_IO_WORKERS, IoPool
 from seglog.record import COMPRESSION_NONE, COMPRESSION_ZSTD, now_us
+from seglog.segment.log_segment import SEGMENT_SUFFIX
 
 __all__ = ["Store", "open"]
 
@@ -41,6 +48,7 @@ _DBS_DIR: Final = "dbs"
 _CONFIG_FILE: Final = "config.json"
 _READ_THREADS: Final = 4
 _BOOT_ID_PATH: Final = Path("/proc/sys/kernel/random/boot_id")
+DEFAULT_RETENTION_INTERVAL_MS: Final = 300_000
 
 
 def _boot_id() -> str:
@@ -63,7 +71,13 @@ class Store:
         flush_interval_ms: float = 0.0,
         max_items: int = 1024,
         clock_us: Callable[[], int] | None = None,
+        quota_bytes: int | None = None,
+        retention_interval_ms: int | None = DEFAULT_RETENTION_INTERVAL_MS,
     ) -> None:
+        if quota_bytes is not None and (type(quota_bytes) is not int or quota_bytes < 0):
+            raise InvalidArgument("quota_bytes must be None or an int >= 0")
+        if retention_interval_ms is not None and (type(retention_interval_ms) is not int or retention_interval_ms < 1):
+            raise InvalidArgument("retention_interval_ms must be None or an int >= 1")
         if fsync not in ("always", "interval", "never"):
             raise InvalidArgument("fsync must be 'always', 'interval' or 'never'")
         if type(fsync_interval_ms) is not int or fsync_interval_ms < 1:
@@ -84,6 +98,10 @@ class Store:
         self._rebuild_indexes = False
         self._io_pool: IoPool | None = None
         self._executor: ThreadPoolExecutor | None = None
+        self.quota_bytes = quota_bytes
+        self.used_bytes = 0
+        self.retention_interval_ms = retention_interval_ms
+        self._retention_task: asyncio.Task[None] | None = None
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -107,8 +125,54 @@ class Store:
             self.io_workers, max_items=self._max_items, flush_interval_ms=self._flush_interval_ms
         )
         self._executor = ThreadPoolExecutor(_READ_THREADS, thread_name_prefix="seglog-read")
+        self.used_bytes = await asyncio.to_thread(self._measure_blocking)
         self._state = "open"
+        if self.retention_interval_ms is not None:
+            self._retention_task = asyncio.create_task(self._retention_loop(self.retention_interval_ms / 1000))
         return self
+
+    # --- retention and space -------------------------------------------------------------
+
+    async def _retention_loop(self, interval_s: float) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            await self.enforce_retention()
+
+    async def enforce_retention(self) -> int:
+        """Run retention on every open database now; return the bytes freed."""
+        freed = 0
+        for db in list(self._dbs.values()):
+            try:
+                freed += await db.enforce_retention()
+            except SeglogError:
+                log.exception("retention of database %r failed", db.name)
+        return freed
+
+    def _measure_blocking(self) -> int:
+        """Bytes of every segment file. LMDB files (indexes, groups) are not counted: they
+        never shrink, so counting them would keep a store over quota after data was freed."""
+        total = 0
+        for root, _dirs, files in os.walk(self.path / _DBS_DIR):
+            for f in files:
+                if not f.endswith(SEGMENT_SUFFIX):
+                    continue
+                with contextlib.suppress(OSError):  # removed while walking
+                    total += os.stat(os.path.join(root, f)).st_size
+        return total
+
+    async def _remeasure(self) -> None:
+        self.used_bytes = await asyncio.to_thread(self._measure_blocking)
+
+    def _admit(self, nbytes: int) -> None:
+        quota = self.quota_bytes
+        if quota is not None and self.used_bytes + nbytes > quota:
+            raise QuotaExceeded(
+                f"append of {nbytes} bytes would exceed the quota ({self.used_bytes} of {quota} bytes used)"
+            )
+        self.used_bytes += nbytes
+
+    def _freed(self, nbytes: int) -> None:
+        self.used_bytes = max(0, self.used_bytes - nbytes)
 
     def _open_blocking(self) -> None:
         try:
@@ -132,6 +196,8 @@ class Store:
         else:
             (self.path / _DBS_DIR).mkdir(exist_ok=True)
             atomic_write(store_file, json.dumps({"format": STORE_FORMAT}).encode())
+        for stale in (self.path / _DBS_DIR).glob(".*.dropped-*"):
+            shutil.rmtree(stale, ignore_errors=True)  # a drop_db interrupted by a crash
         running = self.path / _RUNNING_FILE
         boot = _boot_id()
         if running.exists():
@@ -151,6 +217,11 @@ class Store:
             self._state = "closed"
             return
         self._state = "closing"
+        if self._retention_task is not None:
+            self._retention_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._retention_task
+            self._retention_task = None
         try:
             if self._io_pool is not None:
                 await asyncio.to_thread(self._io_pool.close)
@@ -202,7 +273,8 @@ class Store:
             shards: Number of shards (default 1; immutable).
             exist_ok: Open an existing database instead of raising :class:`DatabaseExists`.
             **settings: ``engine``, ``segment_bytes``, ``segment_ms``, ``compression``,
-                ``max_record_bytes``, ``index_interval_bytes``.
+                ``max_record_bytes``, ``index_interval_bytes``, ``retention_bytes``,
+                ``retention_ms``, ``retention_overrides_groups``.
 
         Raises:
             ConfigMismatch: The database exists with different immutable settings.
@@ -238,6 +310,12 @@ class Store:
         atomic_write(staging / _CONFIG_FILE, json.dumps(config.to_json(), indent=2).encode())
         os.replace(staging, final)
         fsync_dir(final.parent)
+
+    def _write_config(self, name: str, config: DbConfig) -> None:
+        try:
+            atomic_write(self._db_dir(name) / _CONFIG_FILE, json.dumps(config.to_json(), indent=2).encode())
+        except OSError as exc:
+            raise StorageError(f"cannot write the config of database {name!r}") from exc
 
     def _read_config(self, name: str) -> DbConfig:
         try:
@@ -278,9 +356,53 @@ class Store:
             clock_us=self.clock_us,
         )
         engine = await asyncio.to_thread(SegmentEngine.open_blocking, engine_config, self._io_pool, self._executor)
-        db = Database(name, config, engine)
+        try:
+            groups = await asyncio.to_thread(GroupStore, self._db_dir(name))
+        except BaseException:
+            await engine.close()
+            raise
+        db = Database(
+            name,
+            config,
+            engine,
+            groups=groups,
+            clock_us=self.clock_us,
+            persist_config=functools.partial(self._write_config, name),
+            admit=self._admit,
+            on_freed=self._freed,
+        )
         self._dbs[name] = db
         return db
+
+    async def drop_db(self, name: str) -> None:
+        """Delete a database and all its data durably; its open handle is closed first.
+
+        The directory is renamed to a tombstone (durable: directory fsync), then removed; a
+        crash in between leaves a tombstone that the next open removes.
+
+        Raises:
+            DatabaseNotFound: No database of that name.
+        """
+        self._check_open()
+        validate_db_name(name)
+        async with self._db_lock:
+            if not (self._db_dir(name) / _CONFIG_FILE).is_file():
+                raise DatabaseNotFound(f"database {name!r} does not exist")
+            db = self._dbs.pop(name, None)
+            if db is not None:
+                await db.close()
+            await asyncio.to_thread(self._drop_blocking, name)
+        await self._remeasure()
+
+    def _drop_blocking(self, name: str) -> None:
+        directory = self._db_dir(name)
+        tomb = directory.with_name(f".{name}.dropped-{uuid.uuid4().hex}")
+        try:
+            os.replace(directory, tomb)
+            fsync_dir(directory.parent)
+            shutil.rmtree(tomb)
+        except OSError as exc:
+            raise StorageError(f"cannot drop database {name!r}") from exc
 
     def __repr__(self) -> str:
         return f"<Store {str(self.path)!r} {self._state}>"
@@ -295,6 +417,8 @@ def open(
     flush_interval_ms: float = 0.0,
     max_items: int = 1024,
     clock_us: Callable[[], int] | None = None,
+    quota_bytes: int | None = None,
+    retention_interval_ms: int | None = DEFAULT_RETENTION_INTERVAL_MS,
 ) -> Store:
     """Open (creating if needed) the store at ``path``; use with ``async with`` or ``await``.
 
@@ -311,6 +435,13 @@ def open(
         flush_interval_ms: How long a worker waits to grow a group commit (0: no wait).
         max_items: Most requests one group commit takes.
         clock_us: Time source in µs (injectable for tests).
+        quota_bytes: Soft cap on the bytes of every database's files (segments, indexes,
+            groups; see below). An append that would pass it raises :class:`~seglog.errors.QuotaExceeded`
+            before anything is written; reads, retention, ``truncate_before`` and
+            ``drop_db`` keep working so space can be freed. Only segment files count: the
+            LMDB index and group files are excluded because they never shrink.
+        retention_interval_ms: How often retention runs on open databases (``None``: only
+            when :meth:`Store.enforce_retention` or ``Database.enforce_retention`` is called).
     """
     return Store(
         path,
@@ -320,4 +451,6 @@ def open(
         flush_interval_ms=flush_interval_ms,
         max_items=max_items,
         clock_us=clock_us,
+        quota_bytes=quota_bytes,
+        retention_interval_ms=retention_interval_ms,
     )

@@ -44,7 +44,7 @@ def test_acknowledged_records_survive_sigkill(run, data_dir: Path) -> None:
         lines = _run_and_kill(data_dir, "records", 3000 + round_ * 500)
         acked = [tuple(map(int, ln.split())) for ln in lines if ln[0].isdigit() and ln.endswith("\n")]
 
-        async def verify() -> None:
+        async def verify(acked: list[tuple[int, ...]] = acked) -> None:
             async with seglog.open(data_dir) as store:
                 db = await store.open_db("crash")
                 by_shard = {s: await read_all(db, s) for s in range(db.shards)}

@@ -8,7 +8,7 @@ layer never knows which engine it drives.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, Literal, Protocol
@@ -79,6 +79,18 @@ class Engine(Protocol):
     async def append(self, shard: int, batch: pa.RecordBatch) -> int:
         """Append a validated batch durably; return the offset of its first record."""
 
+    async def append_many(
+        self, parts: Sequence[tuple[int, pa.RecordBatch]], admit: Callable[[int], None] | None = None
+    ) -> list[int]:
+        """Append batches to distinct shards; return each one's base offset.
+
+        ``admit`` gets the bytes the append will write and may raise to reject it before
+        any offset is assigned or anything is queued.
+        """
+
+    listener: Callable[[int], None] | None
+    """Called on the event loop with a shard number after an append to it completed."""
+
     async def read_arrow(self, shard: int, offset: int, max_records: int) -> pa.Table:
         """Up to ``max_records`` records from ``offset`` (:data:`READ_SCHEMA`)."""
 
@@ -90,6 +102,27 @@ class Engine(Protocol):
 
     def stats(self, shard: int) -> ShardStats:
         """Offsets and on-disk size of ``shard``."""
+
+    async def truncate_before(self, shard: int, offset: int) -> int:
+        """Move the start of ``shard`` up to ``offset``; return the bytes freed."""
+
+    async def enforce_retention(
+        self,
+        retention_bytes: int | None,
+        retention_ms: int | None,
+        now_us: int,
+        floors: Sequence[int | None],
+    ) -> int:
+        """Drop whole sealed segments past retention (below ``floors[shard]``); return bytes freed."""
+
+    def reconfigure(self, *, segment_bytes: int, segment_ms: int) -> None:
+        """Apply new rolling settings to segments created from now on."""
+
+    async def drain(self) -> None:
+        """Wait for every append queued so far."""
+
+    def disk_bytes(self) -> int:
+        """Bytes the engine's data files take (from memory)."""
 
     async def close(self) -> None:
         """Flush and release everything; idempotent."""

@@ -10,6 +10,8 @@ reopened, which recovers the shard from disk.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import logging
 import shutil
 import time
@@ -48,6 +50,16 @@ class _PendingFrames(NamedTuple):
     tags: list[list[int]]
 
 
+class _Maintenance:
+    """Runs callables on a shard's I/O worker, ordered with its appends (a :class:`BatchWriter`)."""
+
+    def write_batch(self, items: Sequence[Callable[[], Any]]) -> Sequence[Any]:
+        return [item() for item in items]
+
+    def flush_idle(self) -> None:
+        pass
+
+
 class _Shard:
     """One shard: its log, its index and its write state (a :class:`BatchWriter`)."""
 
@@ -59,6 +71,7 @@ class _Shard:
         self.next_offset = log_.next_offset  # assigned (event-loop thread)
         self.durable_end = log_.next_offset  # written and synced per policy (worker thread)
         self.failed: BaseException | None = None
+        self.maintenance = _Maintenance()
         self._last_sync_s = time.monotonic()
         self._unsynced = False
 
@@ -108,6 +121,46 @@ class _Shard:
             else:
                 self._unsynced = True
         # "never": the OS writes back when it likes; seal and close still fsync.
+
+    # maintenance (the shard's I/O worker) ---------------------------------------------
+
+    def drop_before(self, start: int) -> int:
+        """Move the log start to ``start``; delete what it covers; return the bytes freed."""
+        doomed = self.log.drop_before(start)
+        try:
+            self.index.delete_below(self.log.log_start_offset)
+        except Exception:  # derived data: a stale entry is skipped by lookups
+            log.exception("shard %d: index cleanup below %d failed", self.number, self.log.log_start_offset)
+        return sum(seg.size for seg in doomed)
+
+    def retention_start(
+        self, retention_bytes: int | None, retention_ms: int | None, now_us: int, floor: int | None
+    ) -> int | None:
+        """The start offset retention allows (whole sealed segments only), ``None``: no change."""
+        segments = self.log.segments_snapshot()
+        total = sum(seg.size for seg in segments)
+        new_start: int | None = None
+        for seg in segments[:-1]:
+            if floor is not None and seg.next_offset > floor:
+                break
+            by_bytes = retention_bytes is not None and total - seg.size >= retention_bytes
+            by_time = False
+            if retention_ms is not None:
+                ts = seg.largest_ts()
+                by_time = ts is None or now_us - ts > retention_ms * 1000
+            if not (by_bytes or by_time):
+                break
+            total -= seg.size
+            new_start = seg.next_offset
+        return new_start
+
+    def enforce_retention(
+        self, retention_bytes: int | None, retention_ms: int | None, now_us: int, floor: int | None
+    ) -> int:
+        start = self.retention_start(retention_bytes, retention_ms, now_us, floor)
+        if start is None or start <= self.log.log_start_offset:
+            return 0
+        return self.drop_before(start)
 
     # reading (any thread) --------------------------------------------------------------
 
@@ -170,6 +223,8 @@ class SegmentEngine:
         self._io_pool = io_pool
         self._executor = executor
         self._closed = False
+        # Called on the event loop with the shard number when an append to it completed.
+        self.listener: Callable[[int], None] | None = None
 
     @classmethod
     def open_blocking(cls, config: EngineConfig, io_pool: IoPool, executor: Executor) -> SegmentEngine:
@@ -206,25 +261,46 @@ class SegmentEngine:
     # --- append ------------------------------------------------------------------------
 
     async def append(self, shard: int, batch: pa.RecordBatch) -> int:
-        s = self._shard(shard)
-        if s.failed is not None:
-            raise StorageError(f"shard {shard} failed earlier; reopen the store") from s.failed
-        n = batch.num_rows
-        if n == 0:
-            return s.next_offset
+        return (await self.append_many([(shard, batch)]))[0]
+
+    def _encode(self, base: int, batch: pa.RecordBatch) -> tuple[_PendingFrames, int]:
         frames: list[EncodedFrame] = []
         keys: list[list[tuple[bytes, int]]] = []
         tags: list[list[int]] = []
-        base = s.next_offset
         offset = base
         for part in _split(batch):
             frames.append(encode_frame(part, offset, compression=self.config.compression))
             keys.append(_frame_keys(part, offset))
             tags.append(_frame_tags(part))
             offset += part.num_rows
-        s.next_offset = offset
-        await self._io_pool.submit(shard, s, _PendingFrames(frames, keys, tags))
-        return base
+        return _PendingFrames(frames, keys, tags), offset
+
+    async def append_many(
+        self, parts: Sequence[tuple[int, pa.RecordBatch]], admit: Callable[[int], None] | None = None
+    ) -> list[int]:
+        """Append batches to distinct shards; ``admit(encoded_bytes)`` may veto before anything is queued."""
+        shards = [self._shard(n) for n, _ in parts]
+        for s in shards:
+            if s.failed is not None:
+                raise StorageError(f"shard {s.number} failed earlier; reopen the store") from s.failed
+        # Encoding, admission and offset assignment run without awaiting: no interleaving.
+        encoded = [self._encode(s.next_offset, batch) for s, (_, batch) in zip(shards, parts, strict=True)]
+        if admit is not None:
+            admit(sum(f.size for pending, _ in encoded for f in pending.frames))
+        bases: list[int] = []
+        futures: list[asyncio.Future[Any]] = []
+        for s, (pending, end) in zip(shards, encoded, strict=True):
+            bases.append(s.next_offset)
+            if end == s.next_offset:
+                continue
+            s.next_offset = end
+            fut = self._io_pool.submit(s.number, s, pending)
+            listener = self.listener
+            if listener is not None:
+                fut.add_done_callback(functools.partial(_notify, listener, s.number))
+            futures.append(fut)
+        await asyncio.gather(*futures)
+        return bases
 
     # --- reads -------------------------------------------------------------------------
 
@@ -322,6 +398,58 @@ class SegmentEngine:
 
     # --- lifecycle ---------------------------------------------------------------------
 
+    # --- maintenance --------------------------------------------------------------------
+
+    async def _on_worker(self, s: _Shard, fn: Callable[[], Any]) -> Any:
+        return await self._io_pool.submit(s.number, s.maintenance, fn)
+
+    async def truncate_before(self, shard: int, offset: int) -> int:
+        """Make ``offset`` the first readable offset (never lowers it); return bytes freed.
+
+        Raises:
+            OffsetOutOfRange: ``offset`` is past the end offset.
+        """
+        s = self._shard(shard)
+        end = s.durable_end
+        if offset > end:
+            raise OffsetOutOfRange(offset, s.log.log_start_offset, end, shard=shard)
+        freed: int = await self._on_worker(s, lambda: s.drop_before(offset))
+        return freed
+
+    async def enforce_retention(
+        self,
+        retention_bytes: int | None,
+        retention_ms: int | None,
+        now_us: int,
+        floors: Sequence[int | None],
+    ) -> int:
+        """Drop whole sealed segments past retention, never at/above ``floors[shard]``; return bytes freed."""
+        if retention_bytes is None and retention_ms is None:
+            return 0
+        freed = await asyncio.gather(*(
+            self._on_worker(s, functools.partial(
+                s.enforce_retention, retention_bytes, retention_ms, now_us, floors[s.number]))
+            for s in self._shards
+        ))
+        return sum(freed)
+
+    def reconfigure(self, *, segment_bytes: int, segment_ms: int) -> None:
+        """Apply new segment rolling settings (they take effect on the next append)."""
+        for s in self._shards:
+            s.log.segment_bytes = segment_bytes
+            s.log.segment_ms = segment_ms
+
+    async def drain(self) -> None:
+        """Wait until every append queued so far has completed."""
+        if self._closed:
+            return
+        with contextlib.suppress(ClosedResourceError):  # a closed pool is drained
+            await asyncio.gather(*(self._on_worker(s, lambda: None) for s in self._shards))
+
+    def disk_bytes(self) -> int:
+        """Bytes of the segment files (fast, from memory)."""
+        return sum(s.log.size_bytes() for s in self._shards)
+
     def close_blocking(self) -> None:
         """Checkpoint and close every shard (after the I/O pool drained)."""
         if self._closed:
@@ -339,6 +467,10 @@ class SegmentEngine:
 
     async def close(self) -> None:
         await self._run(self.close_blocking)
+
+
+def _notify(listener: Callable[[int], None], shard: int, _fut: asyncio.Future[Any]) -> None:
+    listener(shard)
 
 
 def _split(batch: pa.RecordBatch) -> list[pa.RecordBatch]:

@@ -86,6 +86,25 @@ class LogSegment:
         self.close()
         self.path.unlink(missing_ok=True)
 
+    def retire(self) -> None:
+        """Unlink the file but keep it readable: readers holding this object still work."""
+        if self.size and self._fd >= 0:
+            mapped = self._map
+            if mapped is None or len(mapped) < self.size:
+                self._remap(self.size)
+        if self._fd >= 0:
+            os.close(self._fd)  # the mapping holds its own descriptor
+            self._fd = -1
+        self.path.unlink(missing_ok=True)
+
+    def largest_ts(self) -> int | None:
+        """:attr:`max_ts`, scanning frame headers when it is not known yet (trusted segments)."""
+        if self.max_ts is None and self.size:
+            for _pos, header in self.headers():
+                if self.max_ts is None or header.max_ts > self.max_ts:
+                    self.max_ts = header.max_ts
+        return self.max_ts
+
     # --- writing -----------------------------------------------------------------------
 
     def append(self, buffers: list[object]) -> int:

@@ -68,8 +68,8 @@ class ShardLog:
         clock_ms: Callable[[], int],
     ) -> None:
         self.directory = directory
-        self._segments = segments
-        self._bases = [s.base_offset for s in segments]
+        # One attribute, swapped whole, so readers never see segments and bases disagree.
+        self._snap: tuple[list[LogSegment], list[int]] = (segments, [s.base_offset for s in segments])
         self.log_start_offset = log_start_offset
         self.segment_bytes = segment_bytes
         self.segment_ms = segment_ms
@@ -143,6 +143,8 @@ class ShardLog:
             segments[-1] = LogSegment.open(segments[-1].path, sealed=False)
         segments[-1].next_offset = expected
         log_start = max(log_start, segments[0].base_offset)
+        while len(segments) > 1 and segments[0].next_offset <= log_start:
+            segments.pop(0).delete()  # retention checkpointed the start, then crashed
         shard = cls(
             directory,
             segments,
@@ -194,6 +196,10 @@ class ShardLog:
     # --- state -------------------------------------------------------------------------
 
     @property
+    def _segments(self) -> list[LogSegment]:
+        return self._snap[0]
+
+    @property
     def active(self) -> LogSegment:
         """The segment being appended."""
         return self._segments[-1]
@@ -213,7 +219,7 @@ class ShardLog:
         Raises:
             OffsetOutOfRange: ``offset`` is below the first segment or at/after the end.
         """
-        segments, bases = self._segments, self._bases
+        segments, bases = self._snap
         i = bisect.bisect_right(bases, offset) - 1
         if i < 0 or offset >= segments[-1].next_offset:
             raise OffsetOutOfRange(offset, self.log_start_offset, self.next_offset)
@@ -273,8 +279,8 @@ class ShardLog:
         old.seal()
         new = LogSegment.create(self.directory, old.next_offset)
         new.created_ms = self._clock_ms()
-        self._segments = [*self._segments, new]
-        self._bases = [*self._bases, new.base_offset]
+        segments, bases = self._snap
+        self._snap = ([*segments, new], [*bases, new.base_offset])
         self.write_checkpoint()
         return new
 
@@ -293,6 +299,32 @@ class ShardLog:
         }
         atomic_write(self.directory / CHECKPOINT_FILE, json.dumps(data).encode())
 
+    def drop_before(self, start: int) -> list[LogSegment]:
+        """Move the log start up to ``start`` and delete sealed segments wholly below it.
+
+        The new start is checkpointed before any file is removed. Readers holding a removed
+        segment keep reading it through its mapping. Run on the shard's writer thread.
+
+        Returns:
+            The removed segments.
+        """
+        start = min(start, self.next_offset)
+        if start > self.log_start_offset:
+            self.log_start_offset = start
+            self.write_checkpoint()
+        segments, bases = self._snap
+        k = 0
+        while k < len(segments) - 1 and segments[k].next_offset <= self.log_start_offset:
+            k += 1
+        if not k:
+            return []
+        doomed = segments[:k]
+        self._snap = (segments[k:], bases[k:])
+        for seg in doomed:
+            seg.retire()
+        fsync_dir(self.directory)
+        return doomed
+
     def close(self) -> None:
         """Sync, checkpoint and close every segment."""
         try:
@@ -305,8 +337,8 @@ class ShardLog:
 
     def frames_from(self, seg: LogSegment, pos: int, end_offset: int) -> Iterator[FramePosition]:
         """Yield frames from ``seg`` at ``pos`` onwards, across later segments, below ``end_offset``."""
-        segments = self._segments
-        i = bisect.bisect_left(self._bases, seg.base_offset)
+        segments, bases = self._snap
+        i = bisect.bisect_left(bases, seg.base_offset)
         while i < len(segments):
             current = segments[i]
             limit = current.size

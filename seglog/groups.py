@@ -1,0 +1,105 @@
+"""Durable consumer-group positions: one LMDB environment per database, fsynced per commit."""
+
+from __future__ import annotations
+
+import re
+import struct
+import threading
+from pathlib import Path
+from typing import Final
+
+import lmdb
+
+from seglog.errors import ClosedResourceError, InvalidName, StorageError
+
+__all__ = ["GROUPS_DIR", "GroupStore", "validate_group_name"]
+
+GROUPS_DIR: Final = "groups"
+_NAME_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+_MAP_SIZE_BYTES: Final = 1 << 30
+_SHARD: Final = struct.Struct(">I")
+_OFFSET: Final = struct.Struct(">Q")
+
+
+def validate_group_name(name: object) -> str:
+    """Check a group name (same rules as database names).
+
+    Raises:
+        InvalidName: The name is empty, too long or has unusable characters.
+    """
+    if not isinstance(name, str) or not _NAME_RE.match(name) or ".." in name:
+        raise InvalidName(
+            f"invalid group name {name!r}: use 1-128 characters of letters, digits, '_', '.', '-', "
+            "starting with a letter or digit, without '..'"
+        )
+    return name
+
+
+def _key(group: str, shard: int) -> bytes:
+    return group.encode() + b"\x00" + _SHARD.pack(shard)
+
+
+class GroupStore:
+    """Committed offsets per (group, shard); a commit is durable when :meth:`commit` returns.
+
+    Commits may move backwards (rewind), like Kafka's. Thread-safe.
+    """
+
+    def __init__(self, directory: Path) -> None:
+        self.path = directory / GROUPS_DIR
+        self._lock = threading.Lock()
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            self._env: lmdb.Environment | None = lmdb.open(
+                str(self.path), map_size=_MAP_SIZE_BYTES, max_dbs=1, sync=True, metasync=True, lock=True
+            )
+        except (OSError, lmdb.Error) as exc:
+            raise StorageError(f"cannot open group store at {self.path}") from exc
+
+    def _env_or_raise(self) -> lmdb.Environment:
+        env = self._env
+        if env is None:
+            raise ClosedResourceError("the group store is closed")
+        return env
+
+    def commit(self, group: str, shard: int, offset: int) -> None:
+        """Store ``offset`` for ``(group, shard)`` durably (fsync before returning)."""
+        env = self._env_or_raise()
+        try:
+            with env.begin(write=True) as txn:
+                txn.put(_key(group, shard), _OFFSET.pack(offset))
+        except lmdb.Error as exc:
+            raise StorageError(f"commit of group {group!r} failed") from exc
+
+    def committed(self, group: str, shard: int) -> int | None:
+        """The committed offset of ``(group, shard)``, or ``None``."""
+        env = self._env_or_raise()
+        with env.begin() as txn:
+            raw = txn.get(_key(group, shard))
+        return None if raw is None else int(_OFFSET.unpack(raw)[0])
+
+    def min_committed(self, shard: int) -> int | None:
+        """The smallest offset any group committed for ``shard`` (``None``: no group did)."""
+        env = self._env_or_raise()
+        best: int | None = None
+        suffix = b"\x00" + _SHARD.pack(shard)
+        with env.begin() as txn:
+            for k, v in txn.cursor().iternext():
+                if k.endswith(suffix):
+                    off = int(_OFFSET.unpack(v)[0])
+                    best = off if best is None else min(best, off)
+        return best
+
+    def groups(self) -> list[str]:
+        """Names of every group with a commit, sorted."""
+        env = self._env_or_raise()
+        with env.begin() as txn:
+            names = {bytes(k[:-5]).decode() for k in txn.cursor().iternext(values=False)}
+        return sorted(names)
+
+    def close(self) -> None:
+        """Close the environment; idempotent."""
+        with self._lock:
+            env, self._env = self._env, None
+        if env is not None:
+            env.close()

@@ -1,0 +1,90 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import seglog
+from seglog import errors
+from tests.helpers import make_records, segment_files
+
+
+def test_configure_mutable_durable_and_immutable_rejected(run, data_dir: Path) -> None:
+    async def main() -> None:
+        async with seglog.open(data_dir) as store:
+            db = await store.create_db("c", shards=2, segment_bytes=1 << 20)
+            new = await db.configure(retention_bytes=10_000, retention_ms=5000, segment_bytes=4096,
+                                     max_record_bytes=100)
+            assert new.retention_bytes == 10_000 and db.config.segment_bytes == 4096
+            with pytest.raises(errors.RecordTooLarge):
+                await db.append([seglog.Record(topic="a", value=b"x" * 101)])
+            for i in range(0, 400, 50):
+                await db.append(make_records(50, start=i), shard=0)
+            assert len(segment_files(data_dir, "c", 0)) > 1  # the new segment size applies
+            with pytest.raises(errors.ConfigMismatch):
+                await db.configure(shards=3)
+            with pytest.raises(errors.ConfigMismatch):
+                await db.configure(engine="lmdb", retention_ms=1)
+            with pytest.raises(errors.InvalidArgument):
+                await db.configure(bogus=1)
+            with pytest.raises(errors.InvalidArgument):
+                await db.configure(retention_ms=-1)
+            assert db.config.retention_ms == 5000  # rejected calls changed nothing
+            await db.configure(shards=2)  # same value: fine
+        async with seglog.open(data_dir) as store:
+            db = await store.open_db("c")
+            assert (db.config.retention_bytes, db.config.retention_ms, db.config.segment_bytes) == (10_000, 5000, 4096)
+            assert db.config.max_record_bytes == 100
+
+    run(main())
+
+
+def test_drop_db_closes_and_removes(run, data_dir: Path) -> None:
+    async def main() -> None:
+        async with seglog.open(data_dir) as store:
+            db = await store.create_db("a")
+            await store.create_db("b")
+            await db.append(make_records(100))
+            await db.commit("g", 0, 5)
+            assert store.list_dbs() == ["a", "b"]
+            await store.drop_db("a")
+            assert store.list_dbs() == ["b"]
+            assert not (data_dir / "dbs" / "a").exists()
+            assert [p.name for p in (data_dir / "dbs").iterdir()] == ["b"]  # no tombstone left
+            with pytest.raises(errors.ClosedResourceError):
+                await db.append(make_records(1))
+            with pytest.raises(errors.ClosedResourceError):
+                await db.read(0, 0)
+            with pytest.raises(errors.DatabaseNotFound):
+                await store.drop_db("a")
+            with pytest.raises(errors.DatabaseNotFound):
+                await store.open_db("a")
+            for bad in ("../b", "..", "b/../b", "/etc", ".b", "", "a\x00"):
+                with pytest.raises(errors.InvalidName):
+                    await store.drop_db(bad)
+                with pytest.raises(errors.InvalidName):
+                    await store.open_db(bad)
+            assert store.list_dbs() == ["b"]
+            a2 = await store.create_db("a")  # the name is free again, empty
+            assert a2.end_offset(0) == 0 and await a2.committed("g", 0) is None
+        async with seglog.open(data_dir) as store:
+            assert store.list_dbs() == ["a", "b"]
+
+    run(main())
+
+
+def test_drop_db_waits_for_inflight_appends(run, data_dir: Path) -> None:
+    import asyncio
+
+    async def main() -> None:
+        async with seglog.open(data_dir) as store:
+            db = await store.create_db("busy", shards=4)
+            appends = [asyncio.ensure_future(db.append(make_records(200, start=i * 200))) for i in range(10)]
+            await asyncio.sleep(0)  # let them queue their frames
+            await store.drop_db("busy")
+            results = await asyncio.gather(*appends, return_exceptions=True)
+            for r in results:
+                assert isinstance(r, (list, errors.ClosedResourceError)), r
+            assert store.list_dbs() == []
+
+    run(main())
