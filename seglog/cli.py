@@ -10,16 +10,17 @@ import random
 import shutil
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncGenerator, Sequence
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 from tqdm import tqdm
 
 import seglog
 from seglog._routing import shard_for
 from seglog.errors import CorruptFrame, InvalidArgument, SeglogError
-from seglog.record import parse_header, verify_frame
+from seglog.record import parse_header, records_from_table, verify_frame
 
 __all__ = ["main"]
 
@@ -212,27 +213,45 @@ def _format(rec: seglog.Record, fmt: str) -> bytes:
 
 async def _consume(args: argparse.Namespace) -> int:
     out = sys.stdout.buffer
-    async with seglog.open(args.data) as store:
+    async with seglog.open(args.data, retention_interval_ms=None) as store:
         db = await store.open_db(args.db)
         shard = args.shard
+        committed = await db.committed(args.group, shard) if args.group else None
         if args.from_time is not None:
             offset = await db.offset_for_time(shard, _parse_time(args.from_time))
         elif args.from_offset is not None:
             offset = args.from_offset
+        elif committed is not None:
+            offset = max(committed, db.start_offset(shard))
         else:
             offset = db.start_offset(shard)
-        remaining = args.max if args.max is not None else None
-        while remaining is None or remaining > 0:
-            want = 1000 if remaining is None else min(1000, remaining)
-            recs = await db.read(shard, offset, max_records=want)
-            if not recs:
-                break
-            out.write(b"".join(_format(r, args.format) for r in recs))
-            offset += len(recs)
-            if remaining is not None:
-                remaining -= len(recs)
-        out.flush()
+        remaining: int | None = args.max
+        tables = _until_end(db, shard, offset)
+        try:
+            async for table in tables:
+                if remaining is not None:
+                    table = table.slice(0, remaining)
+                    remaining -= table.num_rows
+                recs = records_from_table(table, shard)
+                out.write(b"".join(_format(r, args.format) for r in recs))
+                out.flush()
+                if args.group and recs:
+                    # Committed after the records are written out: at-least-once delivery.
+                    await db.commit(args.group, shard, recs[-1].offset + 1)  # type: ignore[operator]
+                if remaining is not None and remaining <= 0:
+                    break
+        finally:
+            await tables.aclose()
     return 0
+
+
+async def _until_end(db: seglog.Database, shard: int, offset: int) -> AsyncGenerator[pa.Table, None]:
+    while True:
+        table = await db.read_arrow(shard, offset, max_records=1000)
+        if table.num_rows == 0:
+            return
+        offset += table.num_rows
+        yield table
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -262,6 +281,7 @@ def _parser() -> argparse.ArgumentParser:
     start.add_argument("--from", dest="from_offset", type=int, help="first offset (default: the start)")
     start.add_argument("--from-time", help="first record at or after this ISO 8601 time (UTC if naive)")
     co.add_argument("--max", type=int, help="stop after this many records")
+    co.add_argument("--group", help="consumer group: start at its committed offset, commit as records print")
     co.add_argument("--format", choices=("json", "raw"), default="json")
     s = sub.add_parser("stats", help="databases, shards, offsets, segments and bytes")
     s.add_argument("data")

@@ -28,7 +28,9 @@ def test_produce_consume_stats_inspect(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     r = sh("consume", data, "db1", "--shard", "0", "--from", "10", "--max", "3")
     docs = [json.loads(x) for x in r.stdout.splitlines()]
-    assert [(d["offset"], d["value"], d["topic"]) for d in docs] == [(10 + i, f"line {10 + i}", "cli/test") for i in range(3)]
+    assert [(d["offset"], d["value"], d["topic"]) for d in docs] == [
+        (10 + i, f"line {10 + i}", "cli/test") for i in range(3)
+    ]
     r = sh("consume", data, "db1", "--shard", "0", "--format", "raw")
     assert r.stdout == lines
     r = sh("consume", data, "db1", "--shard", "0", "--from-time", "2000-01-01T00:00:00", "--max", "1")
@@ -46,6 +48,15 @@ def test_produce_consume_stats_inspect(tmp_path: Path) -> None:
         f.write(bytes([b[0] ^ 1]))
     r = sh("inspect", str(seg), "-q")
     assert r.returncode == 1 and b"corrupt" in r.stderr
+
+
+def test_consume_group_resumes_where_it_committed(tmp_path: Path) -> None:
+    data = str(tmp_path / "d")
+    sh("produce", data, "g", "--topic", "t", stdin=b"".join(b"r%d\n" % i for i in range(10)))
+    first = sh("consume", data, "g", "--group", "readers", "--max", "4", "--format", "raw")
+    assert first.stdout == b"r0\nr1\nr2\nr3\n"
+    rest = sh("consume", data, "g", "--group", "readers", "--format", "raw")
+    assert rest.stdout == b"".join(b"r%d\n" % i for i in range(4, 10))
 
 
 def test_errors_are_one_line(tmp_path: Path) -> None:
