@@ -28,7 +28,8 @@ from seglog.record import (
 
 __all__ = ["Database", "DbConfig", "shard_for", "validate_db_name"]
 
-EngineName = Literal["segment"]
+EngineName = Literal["segment", "memory", "lmdb"]
+ENGINES: Final = ("segment", "memory", "lmdb")
 Compression = Literal["none", "zstd"]
 _NAME_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 # Reads larger than this convert to Record objects off the event loop.
@@ -87,8 +88,8 @@ class DbConfig:
         """
         if not isinstance(self.shards, int) or not 1 <= self.shards <= MAX_SHARDS:
             raise InvalidArgument(f"shards must be an int in 1..{MAX_SHARDS}")
-        if self.engine not in ("segment",):
-            raise InvalidArgument(f"unknown engine {self.engine!r} (known: 'segment')")
+        if self.engine not in ENGINES:
+            raise InvalidArgument(f"unknown engine {self.engine!r} (known: {', '.join(map(repr, ENGINES))})")
         if not isinstance(self.segment_bytes, int) or self.segment_bytes < 4096:
             raise InvalidArgument("segment_bytes must be an int >= 4096")
         if not isinstance(self.segment_ms, int) or self.segment_ms < 1:

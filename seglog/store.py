@@ -19,7 +19,9 @@ from typing import Any, Final
 
 from seglog._fs import atomic_write, fsync_dir
 from seglog.db import Database, DbConfig, validate_db_name
-from seglog.engines.base import EngineConfig, FsyncPolicy
+from seglog.engines.base import Engine, EngineConfig, FsyncPolicy
+from seglog.engines.lmdb_engine import LmdbEngine
+from seglog.engines.memory import MemoryEngine
 from seglog.engines.segment import SegmentEngine
 from seglog.errors import (
     ClosedResourceError,
@@ -274,7 +276,10 @@ class Store:
             exist_ok: Open an existing database instead of raising :class:`DatabaseExists`.
             **settings: ``engine``, ``segment_bytes``, ``segment_ms``, ``compression``,
                 ``max_record_bytes``, ``index_interval_bytes``, ``retention_bytes``,
-                ``retention_ms``, ``retention_overrides_groups``.
+                ``retention_ms``, ``retention_overrides_groups``. ``engine`` (immutable) is
+                ``"segment"`` (default: segment files + LMDB indexes), ``"memory"`` (frames
+                in RAM; nothing survives a close) or ``"lmdb"`` (frames in one LMDB
+                environment under ``<db>/frames/``); see :mod:`seglog.engines`.
 
         Raises:
             ConfigMismatch: The database exists with different immutable settings.
@@ -355,7 +360,13 @@ class Store:
             rebuild_indexes=self._rebuild_indexes,
             clock_us=self.clock_us,
         )
-        engine = await asyncio.to_thread(SegmentEngine.open_blocking, engine_config, self._io_pool, self._executor)
+        engine: Engine
+        if config.engine == "memory":
+            engine = MemoryEngine(engine_config, self._executor)
+        elif config.engine == "lmdb":
+            engine = await asyncio.to_thread(LmdbEngine.open_blocking, engine_config, self._io_pool, self._executor)
+        else:
+            engine = await asyncio.to_thread(SegmentEngine.open_blocking, engine_config, self._io_pool, self._executor)
         try:
             groups = await asyncio.to_thread(GroupStore, self._db_dir(name))
         except BaseException:

@@ -1,6 +1,7 @@
 """Child process for crash tests: appends forever, printing each acknowledged record.
 
-Usage: python -m tests.crash_child DATA_DIR MODE
+Usage: python -m tests.crash_child DATA_DIR MODE [ENGINE]
+(ENGINE: the database engine, default ``segment``.)
 Each acknowledged record is printed as ``shard offset producer seq`` and flushed, after the
 append returned (so after fdatasync under fsync="always").
 """
@@ -41,9 +42,9 @@ async def commit_loop(db: seglog.Database) -> None:
         i += 1
 
 
-async def main(data: str, mode: str) -> None:
+async def main(data: str, mode: str, engine: str = "segment") -> None:
     async with seglog.open(data, fsync="always") as store:
-        db = await store.create_db("crash", shards=3, segment_bytes=16 * 1024, exist_ok=True)
+        db = await store.create_db("crash", shards=3, segment_bytes=16 * 1024, engine=engine, exist_ok=True)
         tasks = [producer(db, p, asyncio.Queue()) for p in range(4)]
         if mode == "commits":
             tasks.append(commit_loop(db))
@@ -51,4 +52,4 @@ async def main(data: str, mode: str) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1], sys.argv[2]))
+    asyncio.run(main(*sys.argv[1:4]))

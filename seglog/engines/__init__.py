@@ -1,4 +1,4 @@
-"""Storage engines behind one protocol: ``segment`` (default)."""
+"""Storage engines behind one protocol: ``segment`` (default), ``memory``, ``lmdb``."""
 
 from seglog.engines.base import Engine, EngineConfig, FsyncPolicy, ShardStats
 

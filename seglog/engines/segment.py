@@ -19,11 +19,13 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor
 from typing import Any, Final, NamedTuple
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from seglog.engines.base import READ_SCHEMA, EngineConfig, ShardStats, empty_read_table
+from seglog.engines.frames import frame_keys as _frame_keys
+from seglog.engines.frames import split_batch as _split
+from seglog.engines.frames import with_offsets as _with_offsets
 from seglog.errors import ClosedResourceError, CorruptFrame, InvalidArgument, OffsetOutOfRange, StorageError
 from seglog.index import FrameEntry, ShardIndex
 from seglog.io_pool import IoPool
@@ -33,11 +35,6 @@ from seglog.segment import FramePosition, LogSegment, ShardLog
 __all__ = ["SegmentEngine", "shard_dir_name"]
 
 log = logging.getLogger("seglog.engines.segment")
-
-# A batch is cut into frames of at most this many records / value bytes.
-MAX_FRAME_RECORDS: Final = 16_384
-MAX_FRAME_VALUE_BYTES: Final = 8 << 20
-
 
 def shard_dir_name(shard: int) -> str:
     """Directory name of a shard inside a database directory."""
@@ -188,19 +185,6 @@ class _Shard:
 def _entry(p: FramePosition, keys: list[tuple[bytes, int]], tags: list[int]) -> FrameEntry:
     h = p.header
     return FrameEntry(h.base_offset, h.next_offset, h.max_ts, p.segment.base_offset, p.pos, h.size, keys, tags)
-
-
-def _with_offsets(batch: pa.RecordBatch, base: int, start_row: int, stop_row: int) -> pa.RecordBatch:
-    part = batch.slice(start_row, stop_row - start_row)
-    offsets = pa.array(np.arange(base + start_row, base + stop_row, dtype=np.int64))
-    return pa.RecordBatch.from_arrays([offsets, *part.columns], schema=READ_SCHEMA)
-
-
-def _frame_keys(batch: pa.RecordBatch, base: int) -> list[tuple[bytes, int]]:
-    keys = batch.column(2)
-    if keys.null_count == len(keys):
-        return []
-    return [(k, base + i) for i, k in enumerate(keys.to_pylist()) if k is not None]
 
 
 def _frame_tags(batch: pa.RecordBatch) -> list[int]:
@@ -471,18 +455,6 @@ class SegmentEngine:
 
 def _notify(listener: Callable[[int], None], shard: int, _fut: asyncio.Future[Any]) -> None:
     listener(shard)
-
-
-def _split(batch: pa.RecordBatch) -> list[pa.RecordBatch]:
-    n = batch.num_rows
-    value_bytes = batch.column(3).buffers()[2]
-    total = value_bytes.size if value_bytes is not None else 0
-    per_frame = MAX_FRAME_RECORDS
-    if total > MAX_FRAME_VALUE_BYTES:
-        per_frame = max(1, min(per_frame, n * MAX_FRAME_VALUE_BYTES // total))
-    if n <= per_frame:
-        return [batch]
-    return [batch.slice(i, per_frame) for i in range(0, n, per_frame)]
 
 
 def _catch_up_index(s: _Shard) -> None:

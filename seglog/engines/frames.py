@@ -1,0 +1,303 @@
+"""Helpers shared by the engines: cutting batches into frames and an in-memory frame directory.
+
+The ``memory`` and ``lmdb`` engines keep, per shard, a :class:`FrameTable`: the headers of
+its frames in offset order (plus a running maximum timestamp for time lookups) and a start
+offset. :class:`FrameTableEngine` implements every read of the :class:`~seglog.engines.base.Engine`
+protocol on top of it; the subclasses say how frame bytes and key lookups are fetched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
+from typing import Any, Final
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from seglog.engines.base import READ_SCHEMA, EngineConfig, ShardStats, empty_read_table
+from seglog.errors import ClosedResourceError, CorruptFrame, InvalidArgument, OffsetOutOfRange, StorageError
+from seglog.record import EncodedFrame, FrameHeader, decode_body, verify_frame
+
+__all__ = [
+    "MAX_FRAME_RECORDS",
+    "MAX_FRAME_VALUE_BYTES",
+    "FrameTable",
+    "FrameTableEngine",
+    "frame_bytes",
+    "frame_keys",
+    "split_batch",
+    "with_offsets",
+]
+
+# A batch is cut into frames of at most this many records / value bytes.
+MAX_FRAME_RECORDS: Final = 16_384
+MAX_FRAME_VALUE_BYTES: Final = 8 << 20
+
+
+def split_batch(batch: pa.RecordBatch) -> list[pa.RecordBatch]:
+    """Cut a batch into frame-sized parts."""
+    n = batch.num_rows
+    value_bytes = batch.column(3).buffers()[2]
+    total = value_bytes.size if value_bytes is not None else 0
+    per_frame = MAX_FRAME_RECORDS
+    if total > MAX_FRAME_VALUE_BYTES:
+        per_frame = max(1, min(per_frame, n * MAX_FRAME_VALUE_BYTES // total))
+    if n <= per_frame:
+        return [batch]
+    return [batch.slice(i, per_frame) for i in range(0, n, per_frame)]
+
+
+def frame_keys(batch: pa.RecordBatch, base: int) -> list[tuple[bytes, int]]:
+    """``(key, offset)`` of every keyed record of a frame starting at ``base``."""
+    keys = batch.column(2)
+    if keys.null_count == len(keys):
+        return []
+    return [(k, base + i) for i, k in enumerate(keys.to_pylist()) if k is not None]
+
+
+def with_offsets(batch: pa.RecordBatch, base: int, start_row: int, stop_row: int) -> pa.RecordBatch:
+    """Rows ``start_row:stop_row`` of a frame batch with an ``offset`` column (:data:`READ_SCHEMA`)."""
+    part = batch.slice(start_row, stop_row - start_row)
+    offsets = pa.array(np.arange(base + start_row, base + stop_row, dtype=np.int64))
+    return pa.RecordBatch.from_arrays([offsets, *part.columns], schema=READ_SCHEMA)
+
+
+def frame_bytes(frame: EncodedFrame) -> bytes:
+    """The frame exactly as the segment engine writes it (header, body, padding)."""
+    return b"".join(frame.buffers)
+
+
+def decode_frame(buf: bytes, header: FrameHeader) -> pa.RecordBatch:
+    """Check the CRC of a stored frame and decode its batch."""
+    verify_frame(buf, 0, header)
+    return decode_body(buf, 0, header)
+
+
+class FrameTable:
+    """The frames of one shard in offset order, with their sizes and a running max timestamp.
+
+    ``extra`` holds one engine-defined value per frame (the memory engine keeps the frame
+    bytes there). Every access goes through :attr:`lock`.
+    """
+
+    def __init__(self, start: int = 0) -> None:
+        self.lock = threading.Lock()
+        self.headers: list[FrameHeader] = []
+        self.bases: list[int] = []
+        self.run_max: list[int] = []
+        self.extra: list[Any] = []
+        self.start = start
+        self.end = start
+        self.bytes = 0
+
+    def add(self, header: FrameHeader, extra: Any = None) -> None:
+        """Append a frame (caller holds the lock)."""
+        prev = self.run_max[-1] if self.run_max else header.max_ts
+        self.headers.append(header)
+        self.bases.append(header.base_offset)
+        self.run_max.append(max(prev, header.max_ts))
+        self.extra.append(extra)
+        self.end = header.next_offset
+        self.bytes += header.size
+
+    def index_of(self, offset: int) -> int:
+        """Index of the frame holding ``offset`` (``-1``: before the first frame)."""
+        return bisect.bisect_right(self.bases, offset) - 1
+
+    def span(self, offset: int, stop: int) -> list[tuple[FrameHeader, Any]]:
+        """Frames overlapping ``[offset, stop)``."""
+        i = max(0, self.index_of(offset))
+        out = []
+        while i < len(self.headers) and self.bases[i] < stop:
+            h = self.headers[i]
+            if h.next_offset > offset:
+                out.append((h, self.extra[i]))
+            i += 1
+        return out
+
+    def time_candidate(self, ts: int, after: int) -> tuple[int, FrameHeader, Any] | None:
+        """The first frame at index ``>= after`` past the start that has a record with ``ts >=`` the given one."""
+        i = max(after, bisect.bisect_left(self.run_max, ts), self.index_of(self.start), 0)
+        while i < len(self.headers):
+            h = self.headers[i]
+            if h.max_ts >= ts and h.next_offset > self.start:
+                return i, h, self.extra[i]
+            i += 1
+        return None
+
+    def doomed_before(self, start: int) -> list[tuple[FrameHeader, Any]]:
+        """Frames wholly below ``start``."""
+        return [(h, e) for h, e in zip(self.headers, self.extra, strict=True) if h.next_offset <= start]
+
+    def drop_before(self, start: int) -> int:
+        """Move the start up to ``start``; forget the frames wholly below it; return their bytes."""
+        self.start = max(self.start, start)
+        k = 0
+        while k < len(self.headers) and self.headers[k].next_offset <= self.start:
+            k += 1
+        freed = sum(h.size for h in self.headers[:k])
+        if k:
+            del self.headers[:k], self.bases[:k], self.run_max[:k], self.extra[:k]
+        self.bytes -= freed
+        self.end = max(self.end, self.start)
+        return freed
+
+    def retention_start(
+        self, retention_bytes: int | None, retention_ms: int | None, now_us: int, floor: int | None
+    ) -> int | None:
+        """The start offset retention allows (whole frames, oldest first); ``None``: no change."""
+        total = self.bytes
+        new_start: int | None = None
+        for h in self.headers:
+            if floor is not None and h.next_offset > floor:
+                break
+            by_bytes = retention_bytes is not None and total - h.size >= retention_bytes
+            by_time = retention_ms is not None and now_us - h.max_ts > retention_ms * 1000
+            if not (by_bytes or by_time):
+                break
+            total -= h.size
+            new_start = h.next_offset
+        if new_start is None or new_start <= self.start:
+            return None
+        return new_start
+
+
+class FrameTableEngine:
+    """Reads of the engine protocol over :class:`FrameTable` shards (see the module docstring)."""
+
+    name: str = "frames"
+
+    def __init__(self, config: EngineConfig, tables: list[FrameTable], executor: Executor | None) -> None:
+        self.config = config
+        self._tables = tables
+        self._executor = executor
+        self._closed = False
+        self.listener: Callable[[int], None] | None = None
+
+    # --- for subclasses ----------------------------------------------------------------
+
+    def _fetch(self, shard: int, frames: Sequence[tuple[FrameHeader, Any]]) -> list[bytes]:
+        """The bytes of ``frames`` (a frame that is gone raises :class:`OffsetOutOfRange`)."""
+        raise NotImplementedError
+
+    def _key_offsets(self, shard: int, key: bytes) -> list[int]:
+        """Offsets that may hold ``key`` (a superset; filtered against the real key)."""
+        raise NotImplementedError
+
+    # --- common ------------------------------------------------------------------------
+
+    def _table(self, shard: int) -> FrameTable:
+        if self._closed:
+            raise ClosedResourceError("the database is closed")
+        if not 0 <= shard < len(self._tables):
+            raise InvalidArgument(f"shard {shard} out of range 0..{len(self._tables) - 1}")
+        return self._tables[shard]
+
+    def start_offset(self, shard: int) -> int:
+        return self._table(shard).start
+
+    def end_offset(self, shard: int) -> int:
+        return self._table(shard).end
+
+    def stats(self, shard: int) -> ShardStats:
+        """``segments`` is always 0: these engines keep no segment files; ``bytes`` are frame bytes."""
+        t = self._table(shard)
+        with t.lock:
+            return ShardStats(shard, t.start, t.end, 0, t.bytes)
+
+    async def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, fn, *args)
+
+    def _decode(self, shard: int, buf: bytes, h: FrameHeader) -> pa.RecordBatch:
+        try:
+            return decode_frame(buf, h)
+        except CorruptFrame as exc:
+            raise StorageError(f"shard {shard}: corrupt frame at offset {h.base_offset}") from exc
+
+    def read_arrow_blocking(self, shard: int, offset: int, max_records: int) -> pa.Table:
+        t = self._table(shard)
+        if max_records < 1:
+            raise InvalidArgument("max_records must be >= 1")
+        with t.lock:
+            start, end = t.start, t.end
+            if not start <= offset <= end:
+                raise OffsetOutOfRange(offset, start, end, shard=shard)
+            stop = min(end, offset + max_records)
+            picked = t.span(offset, stop) if offset < stop else []
+        if not picked:
+            return empty_read_table()
+        out: list[pa.RecordBatch] = []
+        for (h, _), buf in zip(picked, self._fetch(shard, picked), strict=True):
+            batch = self._decode(shard, buf, h)
+            lo = max(offset, h.base_offset) - h.base_offset
+            hi = min(stop, h.next_offset) - h.base_offset
+            out.append(with_offsets(batch, h.base_offset, lo, hi))
+        return pa.Table.from_batches(out, schema=READ_SCHEMA)
+
+    async def read_arrow(self, shard: int, offset: int, max_records: int) -> pa.Table:
+        return await self._run(self.read_arrow_blocking, shard, offset, max_records)
+
+    def offset_for_time_blocking(self, shard: int, ts: int) -> int:
+        t = self._table(shard)
+        after = 0
+        while True:
+            with t.lock:
+                start, end = t.start, t.end
+                found = t.time_candidate(ts, after)
+                if found is not None:
+                    # Indexes shift when the front is dropped: continue by offset, not index.
+                    i, h, extra = found
+                    after_offset = h.next_offset
+            if found is None:
+                return end
+            buf = self._fetch(shard, [(h, extra)])[0]
+            batch = self._decode(shard, buf, h)
+            first_row = max(start, h.base_offset) - h.base_offset
+            mask = pc.greater_equal(batch.column(0).slice(first_row), ts)
+            idx = int(pc.index(mask, True).as_py())
+            if idx >= 0:
+                return h.base_offset + first_row + idx
+            with t.lock:
+                after = max(i + 1, t.index_of(after_offset))
+
+    async def offset_for_time(self, shard: int, ts: int) -> int:
+        offset: int = await self._run(self.offset_for_time_blocking, shard, ts)
+        return offset
+
+    def read_key_blocking(self, shard: int, key: bytes) -> pa.Table:
+        t = self._table(shard)
+        candidates = self._key_offsets(shard, key)
+        with t.lock:
+            start, end = t.start, t.end
+            offsets = sorted({o for o in candidates if start <= o < end})
+            groups: list[tuple[tuple[FrameHeader, Any], list[int]]] = []
+            for o in offsets:
+                if groups and o < groups[-1][0][0].next_offset:
+                    groups[-1][1].append(o)
+                    continue
+                i = t.index_of(o)
+                groups.append(((t.headers[i], t.extra[i]), [o]))
+        if not groups:
+            return empty_read_table()
+        out: list[pa.RecordBatch] = []
+        bufs = self._fetch(shard, [g[0] for g in groups])
+        for ((h, _), offs), buf in zip(groups, bufs, strict=True):
+            batch = self._decode(shard, buf, h)
+            rows_arr = pa.array([o - h.base_offset for o in offs], pa.int64())
+            picked = batch.take(rows_arr)
+            keep = pc.equal(picked.column(2), pa.scalar(key, pa.binary()))
+            offs_arr = pc.add(rows_arr, h.base_offset).filter(keep)
+            out.append(pa.RecordBatch.from_arrays([offs_arr, *picked.filter(keep).columns], schema=READ_SCHEMA))
+        return pa.Table.from_batches(out, schema=READ_SCHEMA)
+
+    async def read_key(self, shard: int, key: bytes) -> pa.Table:
+        return await self._run(self.read_key_blocking, shard, key)
+
+    def reconfigure(self, *, segment_bytes: int, segment_ms: int) -> None:
+        """No segments to roll: accepted and ignored."""

@@ -1,0 +1,165 @@
+"""The ``memory`` engine: encoded frames in RAM, nothing on disk."""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
+from typing import Any, Final
+
+import pyarrow as pa
+
+from seglog.engines.base import EngineConfig
+from seglog.engines.frames import FrameTable, FrameTableEngine, frame_bytes, frame_keys, split_batch
+from seglog.errors import OffsetOutOfRange
+from seglog.record import EncodedFrame, FrameHeader, encode_frame
+
+__all__ = ["MemoryEngine"]
+
+
+class _MemFrame:
+    """What the memory engine keeps per frame: its bytes and its keyed records."""
+
+    __slots__ = ("data", "keys")
+
+    def __init__(self, data: bytes, keys: list[tuple[bytes, int]]) -> None:
+        self.data = data
+        self.keys = keys
+
+
+class MemoryEngine(FrameTableEngine):
+    """Frames in RAM per shard: the same encoded frames (and CRCs) as the segment engine.
+
+    Per shard it keeps the frames in offset order with a bisectable list of base offsets,
+    a running max timestamp (time lookups) and a dict key -> offsets (key lookups).
+
+    What it cannot do:
+
+    * **Nothing is durable.** Every frame lives in process memory; closing the database (or
+      the store, or the process dying) loses all records. Reopening a ``memory`` database
+      yields an empty database whose offsets start again at 0 (its config is kept on disk
+      like any database's; consumer-group commits are kept too and may point past the end).
+    * The store's fsync policy does not apply; an append completes as soon as it is encoded.
+    * ``stats().segments`` is 0 and :meth:`disk_bytes` is 0 (no files). The bytes appended
+      do count against the store quota until retention, ``truncate_before`` or
+      ``drop_db`` frees them (a reopen of the store re-measures and forgets them).
+    * Retention and ``truncate_before`` free whole frames (there are no segments; every
+      frame, even the newest, is eligible for retention); ``segment_bytes``/``segment_ms``
+      are accepted and ignored.
+    """
+
+    name: Final = "memory"
+
+    def __init__(self, config: EngineConfig, executor: Executor | None = None) -> None:
+        super().__init__(config, [FrameTable() for _ in range(config.shards)], executor)
+        self._keys: list[dict[bytes, list[int]]] = [{} for _ in range(config.shards)]
+
+    # --- append ------------------------------------------------------------------------
+
+    async def append(self, shard: int, batch: pa.RecordBatch) -> int:
+        return (await self.append_many([(shard, batch)]))[0]
+
+    def _encode(self, base: int, batch: pa.RecordBatch) -> list[tuple[EncodedFrame, list[tuple[bytes, int]]]]:
+        out = []
+        offset = base
+        for part in split_batch(batch):
+            out.append((encode_frame(part, offset, compression=self.config.compression), frame_keys(part, offset)))
+            offset += part.num_rows
+        return out
+
+    async def append_many(
+        self, parts: Sequence[tuple[int, pa.RecordBatch]], admit: Callable[[int], None] | None = None
+    ) -> list[int]:
+        """Append batches to distinct shards; ``admit(encoded_bytes)`` may veto before anything changes."""
+        tables = [self._table(n) for n, _ in parts]
+        # No await between encoding and storing: offsets cannot interleave.
+        encoded = [self._encode(t.end, batch) for t, (_, batch) in zip(tables, parts, strict=True)]
+        if admit is not None:
+            admit(sum(f.size for frames in encoded for f, _ in frames))
+        bases: list[int] = []
+        for (n, _), t, frames in zip(parts, tables, encoded, strict=True):
+            bases.append(t.end)
+            keys = self._keys[n]
+            with t.lock:
+                for frame, fkeys in frames:
+                    t.add(frame.header, _MemFrame(frame_bytes(frame), fkeys))
+                    for k, o in fkeys:
+                        keys.setdefault(k, []).append(o)
+        listener = self.listener
+        if listener is not None:
+            for (n, _), frames in zip(parts, encoded, strict=True):
+                if frames:
+                    listener(n)
+        return bases
+
+    # --- reads -------------------------------------------------------------------------
+
+    def _fetch(self, shard: int, frames: Sequence[tuple[FrameHeader, Any]]) -> list[bytes]:
+        return [extra.data for _, extra in frames]
+
+    def _key_offsets(self, shard: int, key: bytes) -> list[int]:
+        t = self._table(shard)
+        with t.lock:
+            return list(self._keys[shard].get(key, ()))
+
+    # --- maintenance -------------------------------------------------------------------
+
+    def _drop_before(self, shard: int, start: int) -> int:
+        t = self._tables[shard]
+        keys = self._keys[shard]
+        with t.lock:
+            doomed = t.doomed_before(max(t.start, start))
+            freed = t.drop_before(start)
+            for _, extra in doomed:
+                for k, _o in extra.keys:
+                    offs = keys.get(k)
+                    if offs is None:
+                        continue
+                    cut = bisect.bisect_left(offs, t.start)
+                    if cut >= len(offs):
+                        del keys[k]
+                    elif cut:
+                        del offs[:cut]
+        return freed
+
+    async def truncate_before(self, shard: int, offset: int) -> int:
+        """Make ``offset`` the first readable offset (never lowers it); return the frame bytes freed."""
+        t = self._table(shard)
+        if offset > t.end:
+            raise OffsetOutOfRange(offset, t.start, t.end, shard=shard)
+        return self._drop_before(shard, offset)
+
+    async def enforce_retention(
+        self,
+        retention_bytes: int | None,
+        retention_ms: int | None,
+        now_us: int,
+        floors: Sequence[int | None],
+    ) -> int:
+        """Drop whole frames past retention, oldest first, never at/above ``floors[shard]``."""
+        if retention_bytes is None and retention_ms is None:
+            return 0
+        freed = 0
+        for n, t in enumerate(self._tables):
+            with t.lock:
+                start = t.retention_start(retention_bytes, retention_ms, now_us, floors[n])
+            if start is not None:
+                freed += self._drop_before(n, start)
+        return freed
+
+    async def drain(self) -> None:
+        """Appends complete synchronously: nothing to wait for."""
+
+    def disk_bytes(self) -> int:
+        """0: nothing is on disk."""
+        return 0
+
+    async def close(self) -> None:
+        """Forget every frame (see the class docstring); idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for t, keys in zip(self._tables, self._keys, strict=True):
+            with t.lock:
+                t.drop_before(t.end)
+            keys.clear()
