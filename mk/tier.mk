@@ -37,6 +37,11 @@ export SPARK_JARS_POM_XML
 
 minio: $(MINIO_STAMP)
 
+# A stamp without its binary (deleted by hand) must not count as built.
+ifeq ($(wildcard $(MINIO_BIN)),)
+.PHONY: $(MINIO_STAMP)
+endif
+
 $(MINIO_STAMP):
 	@mkdir -p $(CACHE)/bin
 	@echo "building minio $(MINIO_VERSION) (takes a few minutes cold)"
@@ -57,7 +62,7 @@ spark-jars: venv
 		mvn -q -B -f $(SPARK_JARS_POM) dependency:copy-dependencies \
 			-DincludeScope=runtime -DoutputDirectory=$(SPARK_JARS_DIR); \
 		touch $(SPARK_JARS_DIR)/.hadoop-$(HADOOP_VERSION); \
+		ls $(SPARK_JARS_DIR); \
 	fi
-	@ls $(SPARK_JARS_DIR)
 
 test-deps: minio spark-jars

@@ -79,12 +79,11 @@ def _health_ok(endpoint: str) -> bool:
         return False
 
 
-@pytest.fixture(scope="session")
-def minio(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MinioServer]:
-    """Starts MinIO for the test session; yields :class:`MinioServer`."""
+@contextlib.contextmanager
+def run_minio(data: Path) -> Iterator[MinioProcess]:
+    """Runs a MinIO server storing into ``data`` until the block exits (or ``stop()``)."""
     if not MINIO_BIN.is_file():
         pytest.fail(f"MinIO binary {MINIO_BIN} is missing: run `make minio` (make test does)")
-    data = tmp_path_factory.mktemp("minio-data")
     port, console_port = free_port(), free_port()
     endpoint = f"http://127.0.0.1:{port}"
     access_key = "seglog-" + secrets.token_hex(4)
@@ -111,7 +110,8 @@ def minio(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MinioServer]:
         stderr=subprocess.STDOUT,
     )
     # Readiness is event-driven: a thread copies MinIO's output to a log and signals when
-    # the process exits; the main thread waits on the health endpoint's own HTTP timeout.
+    # the process exits; the main thread polls the health endpoint, waiting on that event
+    # between tries, until a deadline.
     exited = threading.Event()
 
     def pump() -> None:
@@ -123,6 +123,7 @@ def minio(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MinioServer]:
         exited.set()
 
     threading.Thread(target=pump, name="minio-log", daemon=True).start()
+    handle = MinioProcess(MinioServer(endpoint, access_key, secret_key, proc.pid), proc)
     deadline = time.monotonic() + MINIO_START_DEADLINE_S
     try:
         while not _health_ok(endpoint):
@@ -130,14 +131,35 @@ def minio(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MinioServer]:
                 pytest.fail(f"MinIO exited with {proc.wait()}; log: {log_path.read_text()}")
             if time.monotonic() > deadline:
                 pytest.fail(f"MinIO not healthy after {MINIO_START_DEADLINE_S}s; log: {log_path}")
-        yield MinioServer(endpoint, access_key, secret_key, proc.pid)
+        yield handle
     finally:
-        proc.terminate()
+        handle.stop()
+
+
+class MinioProcess:
+    """A MinIO server process started by :func:`run_minio`."""
+
+    def __init__(self, server: MinioServer, proc: subprocess.Popen[bytes]) -> None:
+        self.server = server
+        self._proc = proc
+
+    def stop(self) -> None:
+        """Stops the server (SIGTERM, then SIGKILL after a timeout) and reaps it."""
+        if self._proc.poll() is not None:
+            return
+        self._proc.terminate()
         try:
-            proc.wait(timeout=MINIO_STOP_TIMEOUT_S)
+            self._proc.wait(timeout=MINIO_STOP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+            self._proc.kill()
+            self._proc.wait()
+
+
+@pytest.fixture(scope="session")
+def minio(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MinioServer]:
+    """Starts MinIO for the test session; yields :class:`MinioServer`."""
+    with run_minio(tmp_path_factory.mktemp("minio-data")) as handle:
+        yield handle.server
 
 
 @pytest.fixture

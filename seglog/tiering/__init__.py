@@ -6,7 +6,9 @@ the crash-safe protocol):
 * :func:`open_target` / :class:`TierTarget` -- where objects go;
 * :func:`segment_table_to_parquet` / :func:`parquet_to_segment_table` / :func:`object_key`
   -- what an object is and where it lives;
-* :class:`Manifest` / :class:`ManifestEntry` -- what the tier holds, and in which state.
+* :class:`Manifest` / :class:`ManifestEntry` -- what the tier holds, and in which state;
+* :func:`upload_segment` / :func:`read_tiered` / :func:`delete_tiered` /
+  :func:`recover_manifest` -- the protocol steps, ready to call from a worker thread.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from seglog.tiering.manifest import (
     ManifestEntry,
     manifest_key,
 )
+from seglog.tiering.ops import delete_tiered, read_tiered, recover_manifest, upload_segment
 from seglog.tiering.parquet import (
     SEGMENT_SCHEMA,
     TIER_SCHEMA,
@@ -37,6 +40,7 @@ from seglog.tiering.targets import (
     S3Tuning,
     TierTarget,
     open_target,
+    verify_bytes,
 )
 
 __all__ = [
@@ -54,11 +58,16 @@ __all__ = [
     "S3Tuning",
     "SegmentStats",
     "TierTarget",
+    "delete_tiered",
     "manifest_key",
     "object_key",
     "open_target",
     "parquet_to_segment_table",
     "parse_object_key",
+    "read_tiered",
+    "recover_manifest",
     "segment_stats",
     "segment_table_to_parquet",
+    "upload_segment",
+    "verify_bytes",
 ]

@@ -51,6 +51,7 @@ __all__ = [
     "TierTarget",
     "open_target",
     "validate_key",
+    "verify_bytes",
 ]
 
 log = logging.getLogger("seglog.tiering")
@@ -190,6 +191,15 @@ def _check_matches(key: str, actual: ObjectInfo | None, expected: ObjectInfo) ->
             f"verify {key!r}: sha256 {actual.checksum or '<none>'} != expected "
             f"{expected.checksum or '<none>'}"
         )
+
+
+def verify_bytes(key: str, data: bytes | memoryview, expected: ObjectInfo) -> None:
+    """Raises :class:`ObjectMismatch` unless ``data`` has ``expected``'s size and sha256.
+
+    Use it on bytes returned by ``get`` to catch corruption in transit or at rest.
+    """
+    view = memoryview(data).cast("B")
+    _check_matches(key, ObjectInfo(key, len(view), hashlib.sha256(view).hexdigest()), expected)
 
 
 # --- local directory -------------------------------------------------------------------
@@ -573,9 +583,7 @@ class S3Target:
         info = self.head(key)
         _check_matches(key, info, expected)
         if deep:
-            data = self.get(key)
-            _check_matches(key, ObjectInfo(key, len(data), hashlib.sha256(data).hexdigest()),
-                           expected)
+            verify_bytes(key, self.get(key), expected)
 
     def close(self) -> None:
         """Closes the client's connection pool."""
