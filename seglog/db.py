@@ -13,8 +13,9 @@ import numpy as np
 import pyarrow as pa
 
 from seglog._routing import routing_hashes, shard_for
-from seglog.engines.base import DEFAULT_SEGMENT_BYTES, DEFAULT_SEGMENT_MS, Engine, ShardStats
-from seglog.errors import ClosedResourceError, ConfigMismatch, InvalidArgument, InvalidName
+from seglog.engines.base import DEFAULT_SEGMENT_BYTES, DEFAULT_SEGMENT_MS, READ_SCHEMA, Engine, ShardStats
+from seglog.engines.segment import SegmentEngine
+from seglog.errors import ClosedResourceError, ConfigMismatch, InvalidArgument, InvalidName, OffsetOutOfRange
 from seglog.groups import GroupStore, validate_group_name
 from seglog.record import (
     DEFAULT_MAX_RECORD_BYTES,
@@ -25,8 +26,10 @@ from seglog.record import (
     records_to_batch,
     table_to_batch,
 )
+from seglog.tiering.db_tier import DbTier
+from seglog.tiering.manifest import ManifestEntry
 
-__all__ = ["Database", "DbConfig", "shard_for", "validate_db_name"]
+__all__ = ["Database", "DbConfig", "TierShardStats", "shard_for", "validate_db_name"]
 
 EngineName = Literal["segment", "memory", "lmdb"]
 ENGINES: Final = ("segment", "memory", "lmdb")
@@ -67,6 +70,12 @@ class DbConfig:
     retention_bytes: int | None = None
     retention_ms: int | None = None
     retention_overrides_groups: bool = False
+    # Tiering (``segment`` engine in a store opened with ``tier=...``): after a sealed
+    # segment is committed in the tier, its local copy goes when the shard's local bytes stay
+    # at or above ``local_retention_bytes`` without it, or its newest record is older than
+    # ``local_retention_ms``. ``None`` (both): keep every local copy.
+    local_retention_bytes: int | None = None
+    local_retention_ms: int | None = None
 
     IMMUTABLE: Final = ("shards", "engine")  # type: ignore[misc]
     # What Database.configure may change (``compression`` and ``index_interval_bytes`` are
@@ -78,6 +87,8 @@ class DbConfig:
         "retention_bytes",
         "retention_ms",
         "retention_overrides_groups",
+        "local_retention_bytes",
+        "local_retention_ms",
     )
 
     def validate(self) -> DbConfig:
@@ -100,10 +111,14 @@ class DbConfig:
             raise InvalidArgument("max_record_bytes must be an int in 1..64 MiB")
         if not isinstance(self.index_interval_bytes, int) or self.index_interval_bytes < 1:
             raise InvalidArgument("index_interval_bytes must be an int >= 1")
-        for name in ("retention_bytes", "retention_ms"):
+        for name in ("retention_bytes", "retention_ms", "local_retention_bytes", "local_retention_ms"):
             value = getattr(self, name)
             if value is not None and (type(value) is not int or value < 0):
                 raise InvalidArgument(f"{name} must be None or an int >= 0")
+        if self.engine != "segment" and (
+            self.local_retention_bytes is not None or self.local_retention_ms is not None
+        ):
+            raise InvalidArgument("local_retention_bytes/local_retention_ms need the 'segment' engine (tiering)")
         if type(self.retention_overrides_groups) is not bool:
             raise InvalidArgument("retention_overrides_groups must be a bool")
         return self
@@ -142,6 +157,7 @@ class Database:
         persist_config: Callable[[DbConfig], None] | None = None,
         admit: Callable[[int], None] | None = None,
         on_freed: Callable[[int], None] | None = None,
+        tier: DbTier | None = None,
     ) -> None:
         self.name = name
         self.config = config
@@ -151,6 +167,10 @@ class Database:
         self._persist_config = persist_config
         self._admit = admit
         self._on_freed = on_freed
+        if tier is not None and not isinstance(engine, SegmentEngine):
+            raise ConfigMismatch(f"database {name!r}: tiering needs the 'segment' engine, not {config.engine!r}")
+        self._tier = tier
+        self._tier_lock = asyncio.Lock()
         self._wakeups: dict[int, asyncio.Event] = {}
         self._active_tails = 0
         engine.listener = self._wake
@@ -276,6 +296,22 @@ class Database:
         self._check_shard(shard)
         _check_int("offset", offset)
         _check_int("max_records", max_records, minimum=1)
+        tier = self._tier
+        for _ in range(3):
+            local_start = engine.start_offset(shard)
+            if tier is not None and offset < local_start:
+                start = tier.logical_start(shard, local_start)
+                if offset < start:
+                    raise OffsetOutOfRange(offset, start, engine.end_offset(shard), shard=shard)
+                table = await asyncio.to_thread(tier.read, shard, offset, local_start, max_records)
+                if table is not None:
+                    return table.cast(READ_SCHEMA)
+            try:
+                return await engine.read_arrow(shard, offset, max_records)
+            except OffsetOutOfRange:
+                # Local retention moved the local start meanwhile: read through the tier.
+                if tier is None or offset >= engine.start_offset(shard):
+                    raise
         return await engine.read_arrow(shard, offset, max_records)
 
     async def offset_for_time(self, shard: int, ts: int) -> int:
@@ -283,7 +319,18 @@ class Database:
         engine = self._check()
         self._check_shard(shard)
         _check_int("ts", ts, minimum=-(1 << 63))
-        return await engine.offset_for_time(shard, ts)
+        tier = self._tier
+        if tier is None:
+            return await engine.offset_for_time(shard, ts)
+        while True:
+            local_start = engine.start_offset(shard)
+            start = tier.logical_start(shard, local_start)
+            found = await asyncio.to_thread(tier.offset_for_time, shard, ts, start, local_start)
+            if found is not None:
+                return found
+            offset = await engine.offset_for_time(shard, ts)
+            if engine.start_offset(shard) == local_start:
+                return offset
 
     async def read_key(self, shard: int, key: bytes) -> list[Record]:
         """Every record of ``shard`` with ``key``, in offset order."""
@@ -295,7 +342,16 @@ class Database:
         self._check_shard(shard)
         if not isinstance(key, bytes):
             raise InvalidArgument("key must be bytes")
-        return await engine.read_key(shard, key)
+        tier = self._tier
+        if tier is None:
+            return await engine.read_key(shard, key)
+        while True:
+            local_start = engine.start_offset(shard)
+            start = tier.logical_start(shard, local_start)
+            cold = await asyncio.to_thread(tier.read_key, shard, key, start, local_start)
+            hot = await engine.read_key(shard, key)
+            if engine.start_offset(shard) == local_start:
+                return hot if cold is None else pa.concat_tables([cold.cast(READ_SCHEMA), hot])
 
     async def _to_records(self, table: pa.Table, shard: int) -> list[Record]:
         if table.num_rows <= _INLINE_RECORDS_MAX:
@@ -304,7 +360,16 @@ class Database:
         return await loop.run_in_executor(None, records_from_table, table, shard)
 
     def start_offset(self, shard: int) -> int:
-        """First readable offset of ``shard``."""
+        """First readable offset of ``shard`` (with a tier: the first tiered offset that runs
+        contiguously into the local log)."""
+        self._check_shard(shard)
+        local_start = self._check().start_offset(shard)
+        if self._tier is None:
+            return local_start
+        return self._tier.logical_start(shard, local_start)
+
+    def local_start_offset(self, shard: int) -> int:
+        """First offset of ``shard`` held on local disk (equals :meth:`start_offset` untiered)."""
         self._check_shard(shard)
         return self._check().start_offset(shard)
 
@@ -316,7 +381,113 @@ class Database:
     def stats(self) -> list[ShardStats]:
         """Offsets and sizes of every shard."""
         engine = self._check()
-        return [engine.stats(s) for s in range(self.config.shards)]
+        out = [engine.stats(s) for s in range(self.config.shards)]
+        if self._tier is not None:
+            tier = self._tier
+            out = [replace(st, start_offset=tier.logical_start(st.shard, st.start_offset)) for st in out]
+        return out
+
+    # --- tiering -----------------------------------------------------------------------
+
+    @property
+    def tiered(self) -> bool:
+        """Whether this database tiers (a ``segment`` DB in a store opened with ``tier=``)."""
+        return self._tier is not None
+
+    def _tier_parts(self) -> tuple[SegmentEngine, DbTier]:
+        engine = self._check()
+        if self._tier is None or not isinstance(engine, SegmentEngine):
+            raise InvalidArgument(
+                f"database {self.name!r} has no tier: open the store with tier=... (segment engine only)"
+            )
+        return engine, self._tier
+
+    async def tier_now(self) -> list[ManifestEntry]:
+        """Upload every sealed, not yet committed local segment, then apply local retention.
+
+        Segments are read as Arrow tables and uploaded in a worker thread; appends go on
+        meanwhile. A local segment is only deleted once its records are committed in the
+        tier, and only as ``local_retention_bytes``/``local_retention_ms`` allow.
+
+        Returns:
+            The manifest entries committed by this call.
+
+        Raises:
+            InvalidArgument: The database does not tier.
+            TierError: The tier failed (nothing local is lost; call again later).
+        """
+        engine, tier = self._tier_parts()
+        async with self._tier_lock:
+            if not tier.recovered:
+                await asyncio.to_thread(tier.recover)
+            done: list[ManifestEntry] = []
+            for shard in range(self.config.shards):
+                for seg in engine.segment_ranges(shard):
+                    if not seg.sealed or seg.end <= seg.start:
+                        continue
+                    lo = tier.covered_end(shard, seg.start)
+                    if lo >= seg.end:
+                        continue
+                    try:
+                        table = await engine.read_arrow(shard, lo, seg.end - lo)
+                    except OffsetOutOfRange:
+                        continue  # retention removed it meanwhile
+                    if table.num_rows:
+                        done.append(await asyncio.to_thread(tier.upload, shard, table))
+            freed = 0
+            for shard in range(self.config.shards):
+                freed += await self._local_retention(engine, tier, shard)
+            self._after_delete(freed)
+            return done
+
+    async def _local_retention(self, engine: SegmentEngine, tier: DbTier, shard: int) -> int:
+        """Delete committed local segments past local retention (oldest first); bytes freed."""
+        cfg = self.config
+        if cfg.local_retention_bytes is None and cfg.local_retention_ms is None:
+            return 0
+        with_ts = cfg.local_retention_ms is not None
+        segs = await asyncio.to_thread(engine.segment_ranges, shard, with_ts=with_ts)
+        total = sum(seg.size for seg in segs)
+        now = self._clock_us()
+        new_start: int | None = None
+        for seg in segs[:-1]:
+            if seg.end > seg.start and tier.covered_end(shard, seg.start) < seg.end:
+                break  # not committed: never deleted locally
+            by_bytes = cfg.local_retention_bytes is not None and total - seg.size >= cfg.local_retention_bytes
+            by_time = cfg.local_retention_ms is not None and (
+                seg.max_ts is None or now - seg.max_ts > cfg.local_retention_ms * 1000
+            )
+            if not (by_bytes or by_time):
+                break
+            total -= seg.size
+            new_start = seg.end
+        if new_start is None:
+            return 0
+        freed: int = await engine.truncate_before(shard, new_start)
+        return freed
+
+    def tier_stats(self) -> list[TierShardStats]:
+        """Per shard: hot (active segment), warm (sealed local) and cold (committed in the
+        tier) bytes, plus logical and local start offsets. Without a tier (or for other
+        engines) everything local counts as hot and cold is 0."""
+        engine = self._check()
+        out = []
+        for shard in range(self.config.shards):
+            end = engine.end_offset(shard)
+            local_start = engine.start_offset(shard)
+            if not isinstance(engine, SegmentEngine):
+                st = engine.stats(shard)
+                out.append(TierShardStats(shard, st.bytes, 0, 0, local_start, local_start, end, 0))
+                continue
+            segs = engine.segment_ranges(shard)
+            hot = segs[-1].size if segs else 0
+            warm = sum(seg.size for seg in segs[:-1])
+            tier = self._tier
+            cold = tier.cold_bytes(shard) if tier is not None else 0
+            objects = len(tier.manifest.committed(shard)) if tier is not None else 0
+            start = tier.logical_start(shard, local_start) if tier is not None else local_start
+            out.append(TierShardStats(shard, hot, warm, cold, start, local_start, end, objects))
+        return out
 
     # --- settings ----------------------------------------------------------------------
 
@@ -324,7 +495,8 @@ class Database:
         """Change mutable settings durably; new segment sizes apply to segments rolled from now.
 
         Mutable: ``segment_bytes``, ``segment_ms``, ``max_record_bytes``, ``retention_bytes``,
-        ``retention_ms``, ``retention_overrides_groups``.
+        ``retention_ms``, ``retention_overrides_groups``, ``local_retention_bytes``,
+        ``local_retention_ms`` (the last two: ``segment`` engine only).
 
         Returns:
             The new configuration.
@@ -433,7 +605,7 @@ class Database:
             while not self._closed:
                 event = self._wakeup(shard)  # taken before reading: no lost wake-up
                 if offset < self._engine.end_offset(shard):
-                    table = await self._engine.read_arrow(shard, offset, max_records)
+                    table = await self.read_arrow(shard, offset, max_records)
                     if table.num_rows:
                         offset += table.num_rows
                         yield table
@@ -500,6 +672,20 @@ class Database:
 
     def __repr__(self) -> str:
         return f"<Database {self.name!r} shards={self.config.shards} engine={self.config.engine}>"
+
+
+@dataclass(frozen=True)
+class TierShardStats:
+    """Where a shard's bytes live (see :meth:`Database.tier_stats`)."""
+
+    shard: int
+    hot_bytes: int
+    warm_bytes: int
+    cold_bytes: int
+    start_offset: int
+    local_start_offset: int
+    end_offset: int
+    tier_objects: int
 
 
 def _check_int(name: str, value: object, *, minimum: int = 0) -> None:

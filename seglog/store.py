@@ -25,6 +25,7 @@ from seglog.engines.memory import MemoryEngine
 from seglog.engines.segment import SegmentEngine
 from seglog.errors import (
     ClosedResourceError,
+    ConfigMismatch,
     DatabaseExists,
     DatabaseNotFound,
     InvalidArgument,
@@ -37,6 +38,8 @@ from seglog.groups import GroupStore
 from seglog.io_pool import DEFAULT_IO_WORKERS, IoPool
 from seglog.record import COMPRESSION_NONE, COMPRESSION_ZSTD, now_us
 from seglog.segment.log_segment import SEGMENT_SUFFIX
+from seglog.tiering.db_tier import DbTier
+from seglog.tiering.targets import TierTarget, open_target
 
 __all__ = ["Store", "open"]
 
@@ -75,7 +78,19 @@ class Store:
         clock_us: Callable[[], int] | None = None,
         quota_bytes: int | None = None,
         retention_interval_ms: int | None = DEFAULT_RETENTION_INTERVAL_MS,
+        tier: str | None = None,
+        s3_endpoint: str | None = None,
+        s3_access_key: str | None = None,
+        s3_secret_key: str | None = None,
+        s3_region: str | None = None,
+        tier_interval_ms: int | None = None,
     ) -> None:
+        if tier is not None and not isinstance(tier, str):
+            raise InvalidArgument("tier must be None or a 'file:///abs/dir' or 's3://bucket/prefix' URI")
+        if tier_interval_ms is not None and (type(tier_interval_ms) is not int or tier_interval_ms < 1):
+            raise InvalidArgument("tier_interval_ms must be None or an int >= 1")
+        if tier is None and tier_interval_ms is not None:
+            raise InvalidArgument("tier_interval_ms needs tier=...")
         if quota_bytes is not None and (type(quota_bytes) is not int or quota_bytes < 0):
             raise InvalidArgument("quota_bytes must be None or an int >= 0")
         if retention_interval_ms is not None and (type(retention_interval_ms) is not int or retention_interval_ms < 1):
@@ -104,6 +119,11 @@ class Store:
         self.used_bytes = 0
         self.retention_interval_ms = retention_interval_ms
         self._retention_task: asyncio.Task[None] | None = None
+        self.tier = tier
+        self._s3 = (s3_endpoint, s3_access_key, s3_secret_key, s3_region)
+        self.tier_interval_ms = tier_interval_ms
+        self._tier_target: TierTarget | None = None
+        self._tier_task: asyncio.Task[None] | None = None
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -122,6 +142,23 @@ class Store:
         if self._state != "new":
             raise ClosedResourceError(f"store at {self.path} was already opened")
         self._state = "opening"
+        if self.tier is not None:
+            uri = self.tier
+            try:
+                endpoint, access_key, secret_key, region = self._s3
+                self._tier_target = await asyncio.to_thread(
+                    functools.partial(
+                        open_target,
+                        uri,
+                        s3_endpoint=endpoint,
+                        access_key=access_key,
+                        secret_key=secret_key,
+                        region=region,
+                    )
+                )
+            except BaseException:
+                self._state = "closed"
+                raise
         await asyncio.to_thread(self._open_blocking)
         self._io_pool = IoPool(
             self.io_workers, max_items=self._max_items, flush_interval_ms=self._flush_interval_ms
@@ -131,7 +168,32 @@ class Store:
         self._state = "open"
         if self.retention_interval_ms is not None:
             self._retention_task = asyncio.create_task(self._retention_loop(self.retention_interval_ms / 1000))
+        if self.tier_interval_ms is not None:
+            self._tier_task = asyncio.create_task(self._tier_loop(self.tier_interval_ms / 1000))
         return self
+
+    # --- tiering -------------------------------------------------------------------------
+
+    async def _tier_loop(self, interval_s: float) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            await self.tier_now()
+
+    async def tier_now(self) -> int:
+        """Run ``tier_now`` on every open tiered database; failures are logged, not raised.
+
+        Returns:
+            How many segments were committed.
+        """
+        count = 0
+        for db in list(self._dbs.values()):
+            if not db.tiered:
+                continue
+            try:
+                count += len(await db.tier_now())
+            except Exception:
+                log.exception("tiering database %r failed; retrying next time", db.name)
+        return count
 
     # --- retention and space -------------------------------------------------------------
 
@@ -219,11 +281,12 @@ class Store:
             self._state = "closed"
             return
         self._state = "closing"
-        if self._retention_task is not None:
-            self._retention_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._retention_task
-            self._retention_task = None
+        for task in (self._retention_task, self._tier_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._retention_task = self._tier_task = None
         try:
             if self._io_pool is not None:
                 await asyncio.to_thread(self._io_pool.close)
@@ -233,6 +296,8 @@ class Store:
         finally:
             if self._executor is not None:
                 self._executor.shutdown(wait=True)
+            if self._tier_target is not None:
+                self._tier_target.close()
             await asyncio.to_thread(self._release)
             self._state = "closed"
 
@@ -302,6 +367,7 @@ class Store:
                 config.check_compatible(requested)
                 return await self._open_db_locked(name, config)
             config = DbConfig(**requested).validate()
+            self._check_tier_engine(name, config)
             await asyncio.to_thread(self._create_blocking, name, config)
             return await self._open_db_locked(name, config)
 
@@ -342,10 +408,17 @@ class Store:
             config = await asyncio.to_thread(self._read_config, name)
             return await self._open_db_locked(name, config)
 
+    def _check_tier_engine(self, name: str, config: DbConfig) -> None:
+        if self._tier_target is not None and config.engine != "segment":
+            raise ConfigMismatch(
+                f"database {name!r} uses the {config.engine!r} engine: tiering (tier=...) needs 'segment'"
+            )
+
     async def _open_db_locked(self, name: str, config: DbConfig) -> Database:
         db = self._dbs.get(name)
         if db is not None:
             return db
+        self._check_tier_engine(name, config)
         assert self._io_pool is not None and self._executor is not None
         engine_config = EngineConfig(
             directory=self._db_dir(name),
@@ -367,8 +440,12 @@ class Store:
             engine = await asyncio.to_thread(LmdbEngine.open_blocking, engine_config, self._io_pool, self._executor)
         else:
             engine = await asyncio.to_thread(SegmentEngine.open_blocking, engine_config, self._io_pool, self._executor)
+        tier: DbTier | None = None
         try:
             groups = await asyncio.to_thread(GroupStore, self._db_dir(name))
+            target = self._tier_target
+            if target is not None:
+                tier = await asyncio.to_thread(DbTier.open_blocking, target, name, self._db_dir(name))
         except BaseException:
             await engine.close()
             raise
@@ -381,6 +458,7 @@ class Store:
             persist_config=functools.partial(self._write_config, name),
             admit=self._admit,
             on_freed=self._freed,
+            tier=tier,
         )
         self._dbs[name] = db
         return db
@@ -430,6 +508,12 @@ def open(
     clock_us: Callable[[], int] | None = None,
     quota_bytes: int | None = None,
     retention_interval_ms: int | None = DEFAULT_RETENTION_INTERVAL_MS,
+    tier: str | None = None,
+    s3_endpoint: str | None = None,
+    s3_access_key: str | None = None,
+    s3_secret_key: str | None = None,
+    s3_region: str | None = None,
+    tier_interval_ms: int | None = None,
 ) -> Store:
     """Open (creating if needed) the store at ``path``; use with ``async with`` or ``await``.
 
@@ -453,6 +537,15 @@ def open(
             LMDB index and group files are excluded because they never shrink.
         retention_interval_ms: How often retention runs on open databases (``None``: only
             when :meth:`Store.enforce_retention` or ``Database.enforce_retention`` is called).
+        tier: Where sealed segments of ``segment``-engine databases are tiered as Parquet:
+            ``file:///abs/dir`` or ``s3://bucket[/prefix]`` (objects under
+            ``<root>/<db>/shard=<n>/``). Opening a ``memory``/``lmdb`` database in such a
+            store raises :class:`~seglog.errors.ConfigMismatch`. Each tiered database runs
+            manifest recovery when opened; see ``Database.tier_now``.
+        s3_endpoint, s3_access_key, s3_secret_key, s3_region: S3/MinIO connection (defaults:
+            the usual ``AWS_*`` environment / boto3 chain).
+        tier_interval_ms: How often every open tiered database runs ``tier_now`` in the
+            background (``None``: only when called). Failures are logged and retried.
     """
     return Store(
         path,
@@ -464,4 +557,10 @@ def open(
         clock_us=clock_us,
         quota_bytes=quota_bytes,
         retention_interval_ms=retention_interval_ms,
+        tier=tier,
+        s3_endpoint=s3_endpoint,
+        s3_access_key=s3_access_key,
+        s3_secret_key=s3_secret_key,
+        s3_region=s3_region,
+        tier_interval_ms=tier_interval_ms,
     )

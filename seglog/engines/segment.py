@@ -32,13 +32,23 @@ from seglog.io_pool import IoPool
 from seglog.record import EncodedFrame, decode_body, encode_frame, verify_frame
 from seglog.segment import FramePosition, LogSegment, ShardLog
 
-__all__ = ["SegmentEngine", "shard_dir_name"]
+__all__ = ["SegmentEngine", "SegmentRange", "shard_dir_name"]
 
 log = logging.getLogger("seglog.engines.segment")
 
 def shard_dir_name(shard: int) -> str:
     """Directory name of a shard inside a database directory."""
     return f"shard-{shard:04d}"
+
+
+class SegmentRange(NamedTuple):
+    """One local segment of a shard, for tiering: readable offsets ``[start, end)``."""
+
+    start: int
+    end: int
+    size: int
+    sealed: bool
+    max_ts: int | None
 
 
 class _PendingFrames(NamedTuple):
@@ -375,6 +385,24 @@ class SegmentEngine:
         s = self._shard(shard)
         segments = s.log.segments_snapshot()
         return ShardStats(shard, s.log.log_start_offset, s.durable_end, len(segments), sum(x.size for x in segments))
+
+    def segment_ranges(self, shard: int, *, with_ts: bool = False) -> list[SegmentRange]:
+        """The local segments of ``shard``, oldest first (``max_ts`` only with ``with_ts``;
+        it may scan the headers of segments trusted at open, so call it off the loop then)."""
+        s = self._shard(shard)
+        segments = s.log.segments_snapshot()
+        start = s.log.log_start_offset
+        last = len(segments) - 1
+        return [
+            SegmentRange(
+                max(seg.base_offset, start),
+                seg.next_offset,
+                seg.size,
+                i < last,
+                seg.largest_ts() if with_ts else None,
+            )
+            for i, seg in enumerate(segments)
+        ]
 
     async def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
         loop = asyncio.get_running_loop()
