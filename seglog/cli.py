@@ -59,7 +59,11 @@ async def _demo(args: argparse.Namespace) -> int:
     print(f"generating {n:,} records from {DEMO_DEVICES} devices ...")
     records = _demo_records(n, start_us)
     batches = [records[i : i + DEMO_BATCH_RECORDS] for i in range(0, n, DEMO_BATCH_RECORDS)]
-    async with seglog.open(data, fsync="always") as store:
+    tier_dir = Path(str(data) + "-tier")
+    if tier_dir.exists():
+        shutil.rmtree(tier_dir)
+    tier_uri = f"file://{tier_dir.absolute()}"
+    async with seglog.open(data, fsync="always", tier=tier_uri) as store:
         db = await store.create_db("telemetry", shards=args.shards, segment_bytes=16 << 20)
         bar = tqdm(total=n, unit="rec", unit_scale=True, desc="ingest (fsync=always)")
 
@@ -72,7 +76,12 @@ async def _demo(args: argparse.Namespace) -> int:
         await asyncio.gather(*(produce(k) for k in range(DEMO_PRODUCERS)))
         ingest_s = time.perf_counter() - t0
         bar.close()
-    async with seglog.open(data) as store:
+        t0 = time.perf_counter()
+        await db.seal()
+        entries = await db.tier_now()
+        tier_s = time.perf_counter() - t0
+        tier_bytes = sum(e.bytes for e in entries)
+    async with seglog.open(data, tier=tier_uri) as store:
         db = await store.open_db("telemetry")
         t0 = time.perf_counter()
         total = 0
@@ -109,8 +118,34 @@ async def _demo(args: argparse.Namespace) -> int:
     if len(by_key) != expected_key:
         print("error: key lookup mismatch", file=sys.stderr)
         return 1
+    print(f"{'tiered':<22}{len(entries)} Parquet objects, {tier_bytes / 1e6:.1f} MB in {tier_s:.2f} s -> {tier_uri}")
+    if not args.no_spark:
+        _demo_spark(tier_uri, Path(str(data) + "-sites.png"))
     print(f"\ndata directory: {data}")
     return 0
+
+
+def _demo_spark(tier_uri: str, chart: Path) -> None:
+    """Per site and minute: message count, mean and max of the metric, over the tier."""
+    from seglog.spark import build_spark_session, site_minute_stats, write_site_minute_chart
+
+    print("\nstarting Spark (local mode) over the tier ...")
+    spark = build_spark_session(app_name="seglog-demo")
+    try:
+        t0 = time.perf_counter()
+        table = site_minute_stats(spark, tier_uri, "telemetry")
+        spark_s = time.perf_counter() - t0
+    finally:
+        spark.stop()
+    rows = table.to_pylist()
+    print(f"{'site':<8}{'minute (UTC)':<18}{'messages':>10}{'avg':>10}{'max':>10}")
+    for r in rows[:12]:
+        print(f"{r['site']:<8}{r['minute'].strftime('%Y-%m-%d %H:%M'):<18}{r['messages']:>10,}"
+              f"{r['avg_value']:>10.3f}{r['max_value']:>10.3f}")
+    if len(rows) > 12:
+        print(f"... {len(rows) - 12} more rows")
+    write_site_minute_chart(table, chart)
+    print(f"Spark job: {len(rows)} (site, minute) rows in {spark_s:.1f} s; chart written to {chart}")
 
 
 def _inspect(args: argparse.Namespace) -> int:
@@ -143,20 +178,49 @@ def _inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _open_with_tier(args: argparse.Namespace) -> seglog.Store:
+    return seglog.open(
+        args.data,
+        tier=args.tier,
+        s3_endpoint=args.s3_endpoint,
+        retention_interval_ms=None,
+    )
+
+
 async def _stats(args: argparse.Namespace) -> int:
-    async with seglog.open(args.data) as store:
+    async with _open_with_tier(args) as store:
         rows: list[dict[str, Any]] = []
         for name in store.list_dbs():
             db = await store.open_db(name)
+            tiers = {t.shard: t for t in db.tier_stats()}
             for s in db.stats():
+                t = tiers[s.shard]
                 rows.append({"db": name, "shard": s.shard, "start": s.start_offset, "end": s.end_offset,
-                             "segments": s.segments, "bytes": s.bytes})
+                             "segments": s.segments, "bytes": s.bytes, "hot": t.hot_bytes,
+                             "warm": t.warm_bytes, "cold": t.cold_bytes})
     if args.json:
         print(json.dumps(rows))
         return 0
-    print(f"{'db':<20}{'shard':>6}{'start':>14}{'end':>14}{'segments':>10}{'bytes':>16}")
+    print(f"{'db':<16}{'shard':>6}{'start':>12}{'end':>12}{'segments':>9}{'hot':>14}{'warm':>14}{'cold':>14}")
     for r in rows:
-        print(f"{r['db']:<20}{r['shard']:>6}{r['start']:>14,}{r['end']:>14,}{r['segments']:>10}{r['bytes']:>16,}")
+        print(f"{r['db']:<16}{r['shard']:>6}{r['start']:>12,}{r['end']:>12,}{r['segments']:>9}"
+              f"{r['hot']:>14,}{r['warm']:>14,}{r['cold']:>14,}")
+    return 0
+
+
+async def _tier(args: argparse.Namespace) -> int:
+    if not args.tier:
+        raise InvalidArgument("--tier is required (file:///abs/dir or s3://bucket/prefix)")
+    async with _open_with_tier(args) as store:
+        db = await store.open_db(args.db)
+        if args.seal:
+            await db.seal()
+        entries = await db.tier_now()
+        for e in entries:
+            print(f"committed {e.key}: offsets {e.base_offset}..{e.end_offset}, {e.rows:,} rows, {e.bytes:,} bytes")
+        for t in db.tier_stats():
+            print(f"shard {t.shard}: hot {t.hot_bytes:,} B, warm {t.warm_bytes:,} B, cold {t.cold_bytes:,} B "
+                  f"({t.tier_objects} objects)")
     return 0
 
 
@@ -262,6 +326,7 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("data", help="data directory (wiped first)")
     d.add_argument("--records", type=int, default=DEMO_RECORDS)
     d.add_argument("--shards", type=int, default=4)
+    d.add_argument("--no-spark", action="store_true", help="skip the PySpark job over the tier")
     i = sub.add_parser("inspect", help="dump frame headers of a segment file and verify every CRC")
     i.add_argument("segment")
     i.add_argument("--quiet", "-q", action="store_true", help="only the summary line")
@@ -283,9 +348,16 @@ def _parser() -> argparse.ArgumentParser:
     co.add_argument("--max", type=int, help="stop after this many records")
     co.add_argument("--group", help="consumer group: start at its committed offset, commit as records print")
     co.add_argument("--format", choices=("json", "raw"), default="json")
-    s = sub.add_parser("stats", help="databases, shards, offsets, segments and bytes")
+    s = sub.add_parser("stats", help="databases, shards, offsets, segments and hot/warm/cold bytes")
     s.add_argument("data")
     s.add_argument("--json", action="store_true")
+    t = sub.add_parser("tier", help="upload sealed segments of a database to the tier now")
+    t.add_argument("data")
+    t.add_argument("db")
+    t.add_argument("--seal", action="store_true", help="seal the active segments first")
+    for cmd in (s, t):
+        cmd.add_argument("--tier", help="tier URI: file:///abs/dir or s3://bucket/prefix")
+        cmd.add_argument("--s3-endpoint", help="S3 endpoint (credentials from the AWS_* environment)")
     return p
 
 
@@ -299,6 +371,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _inspect(args)
         if args.command == "stats":
             return asyncio.run(_stats(args))
+        if args.command == "tier":
+            return asyncio.run(_tier(args))
         if args.command == "produce":
             return asyncio.run(_produce(args))
         if args.command == "consume":

@@ -466,6 +466,26 @@ class Database:
         freed: int = await engine.truncate_before(shard, new_start)
         return freed
 
+    async def seal(self, shard: int | None = None) -> int:
+        """Seal the active segment of ``shard`` (or of every shard) so it can be tiered.
+
+        Only the ``segment`` engine has segments to seal.
+
+        Returns:
+            How many segments were sealed.
+
+        Raises:
+            InvalidArgument: The database's engine has no segments.
+        """
+        engine = self._check()
+        if not isinstance(engine, SegmentEngine):
+            raise InvalidArgument(f"the {self.config.engine!r} engine has no segments to seal")
+        shards = range(self.config.shards) if shard is None else [self._check_shard(shard)]
+        sealed = 0
+        for s in shards:
+            sealed += int(await engine.seal(s))
+        return sealed
+
     def tier_stats(self) -> list[TierShardStats]:
         """Per shard: hot (active segment), warm (sealed local) and cold (committed in the
         tier) bytes, plus logical and local start offsets. Without a tier (or for other

@@ -69,7 +69,23 @@ def test_errors_are_one_line(tmp_path: Path) -> None:
     assert b"Traceback" in r.stderr
 
 
-def test_demo_small(tmp_path: Path) -> None:
+def test_demo_small_with_spark_pipeline(tmp_path: Path) -> None:
     r = sh("demo", str(tmp_path / "demo"), "--records", "20000")
     assert r.returncode == 0, r.stderr
-    assert b"read_key" in r.stdout and b"records/s" in r.stdout
+    assert b"read_key" in r.stdout and b"records/s" in r.stdout and b"Parquet objects" in r.stdout
+    assert b"Spark job" in r.stdout
+    chart = tmp_path / "demo-sites.png"
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_tier_command_and_stats(tmp_path: Path) -> None:
+    data = str(tmp_path / "d")
+    tier = f"file://{tmp_path / 'tier'}"
+    sh("produce", data, "db1", "--topic", "t/x", "--shard", "0", stdin=b"".join(b"%d\n" % i for i in range(500)))
+    r = sh("tier", data, "db1", "--tier", tier, "--seal")
+    assert r.returncode == 0, r.stderr
+    assert b"committed db1/shard=0/" in r.stdout and b"500 rows" in r.stdout
+    rows = json.loads(sh("stats", data, "--json", "--tier", tier).stdout)
+    assert rows[0]["cold"] > 0 and rows[0]["end"] == 500
+    r = sh("tier", data, "db1")
+    assert r.returncode == 1 and b"--tier is required" in r.stderr

@@ -290,3 +290,21 @@ def test_spark_reads_what_tier_now_uploaded(spark: SparkSession, tmp_path: Path)
     got = sorted(r["offset"] for r in ours.select("offset").collect())
     assert got == list(range(rows))
     assert sorted(r["offset"] for r in plain.select("offset").collect()) == got
+
+
+def test_seal_makes_the_active_segment_tierable(run, data_dir: Path, tmp_path: Path) -> None:
+    tier = tmp_path / "tier"
+
+    async def main() -> None:
+        async with seglog.open(data_dir, tier=f"file://{tier}") as store:
+            db = await store.create_db("s", shards=2)
+            await db.append([seglog.Record(topic=f"a/{i}", value=b"v%d" % i) for i in range(100)])
+            assert await db.tier_now() == []  # nothing sealed yet
+            assert await db.seal() == 2
+            assert await db.seal() == 0  # already empty active segments
+            entries = await db.tier_now()
+            assert sum(e.rows for e in entries) == 100
+            m = await db.append([seglog.Record(topic="a/x", value=b"after")], shard=0)
+            assert m[0].offset == db.end_offset(0) - 1
+
+    run(main())

@@ -415,6 +415,25 @@ class SegmentEngine:
     async def _on_worker(self, s: _Shard, fn: Callable[[], Any]) -> Any:
         return await self._io_pool.submit(s.number, s.maintenance, fn)
 
+    async def seal(self, shard: int) -> bool:
+        """Seal the active segment of ``shard`` if it holds data (a new empty one follows).
+
+        Runs on the shard's I/O worker, after every append queued before it.
+
+        Returns:
+            Whether a segment was sealed.
+        """
+        s = self._shard(shard)
+
+        def roll() -> bool:
+            if s.log.active.size == 0:
+                return False
+            s.log.roll()
+            return True
+
+        sealed: bool = await self._on_worker(s, roll)
+        return sealed
+
     async def truncate_before(self, shard: int, offset: int) -> int:
         """Make ``offset`` the first readable offset (never lowers it); return bytes freed.
 
