@@ -10,21 +10,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, BinaryIO
 
+from seglog._fs import fsync_dir
+
 __all__ = ["TMP_PREFIX", "atomic_write", "copy_and_hash", "fsync_dir", "makedirs_durable"]
 
 TMP_PREFIX = ".tmp-"
 """Temporary files start with this (a dot, so Spark and Hadoop ignore them)."""
 
 COPY_CHUNK_BYTES = 1 << 20
-
-
-def fsync_dir(path: Path) -> None:
-    """Makes renames and new entries in directory ``path`` durable."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def makedirs_durable(path: Path) -> None:
