@@ -7,9 +7,8 @@ MINIO_BIN := $(CACHE)/bin/minio
 MINIO_STAMP := $(CACHE)/bin/.minio-$(MINIO_VERSION)
 
 # hadoop-aws must match the Hadoop bundled in pyspark (jars/hadoop-client-api-<ver>.jar);
-# it is read from the installed pyspark, so a pyspark bump picks the matching jars.
-HADOOP_VERSION = $(patsubst hadoop-client-api-%.jar,%,$(notdir $(firstword \
-	$(wildcard $(VENV)/lib/python3*/site-packages/pyspark/jars/hadoop-client-api-*.jar))))
+# it is read from the installed pyspark in the recipe's shell (make's own $(wildcard) caches
+# directory listings and would not see a venv created earlier in the same run).
 SPARK_JARS_DIR := $(CACHE)/spark-jars
 SPARK_JARS_POM := $(CACHE)/spark-jars-pom/pom.xml
 
@@ -26,7 +25,7 @@ define SPARK_JARS_POM_XML
     <dependency>
       <groupId>org.apache.hadoop</groupId>
       <artifactId>hadoop-aws</artifactId>
-      <version>$(HADOOP_VERSION)</version>
+      <version>@HADOOP_VERSION@</version>
     </dependency>
   </dependencies>
 </project>
@@ -53,15 +52,17 @@ $(MINIO_STAMP):
 # hadoop-client-*, ...): in practice hadoop-aws itself plus the AWS SDK v2 bundle and the
 # small helpers it needs. The stamp records the Hadoop version it was fetched for.
 spark-jars: venv
-	@test -n "$(HADOOP_VERSION)" || { echo "pyspark jars not found under $(VENV)"; exit 1; }
-	@if [ ! -f $(SPARK_JARS_DIR)/.hadoop-$(HADOOP_VERSION) ]; then \
-		set -e; \
-		echo "fetching hadoop-aws $(HADOOP_VERSION) and its AWS SDK bundle"; \
+	@set -e; \
+	jar=$$(ls $(VENV)/lib/python3*/site-packages/pyspark/jars/hadoop-client-api-*.jar 2>/dev/null | head -n 1); \
+	test -n "$$jar" || { echo "pyspark jars not found under $(VENV)"; exit 1; }; \
+	ver=$$(basename "$$jar" .jar); ver=$${ver#hadoop-client-api-}; \
+	if [ ! -f $(SPARK_JARS_DIR)/.hadoop-$$ver ]; then \
+		echo "fetching hadoop-aws $$ver and its AWS SDK bundle"; \
 		rm -rf $(SPARK_JARS_DIR) && mkdir -p $(SPARK_JARS_DIR) $(dir $(SPARK_JARS_POM)); \
-		printf '%s\n' "$$SPARK_JARS_POM_XML" > $(SPARK_JARS_POM); \
+		printf '%s\n' "$$SPARK_JARS_POM_XML" | sed "s/@HADOOP_VERSION@/$$ver/" > $(SPARK_JARS_POM); \
 		mvn -q -B -f $(SPARK_JARS_POM) dependency:copy-dependencies \
 			-DincludeScope=runtime -DoutputDirectory=$(SPARK_JARS_DIR); \
-		touch $(SPARK_JARS_DIR)/.hadoop-$(HADOOP_VERSION); \
+		touch $(SPARK_JARS_DIR)/.hadoop-$$ver; \
 		ls $(SPARK_JARS_DIR); \
 	fi
 
