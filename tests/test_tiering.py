@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import os
-import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,7 +16,7 @@ from seglog.tiering import EntryState, ManifestEntry, open_target, recover_manif
 from seglog.tiering.parquet import object_key, segment_table_to_parquet
 from seglog.tiering.targets import ObjectInfo
 from tests.helpers import make_records, read_all
-from tests.tier_fixtures import MINIO_BIN, MinioServer, _health_ok, free_port
+from tests.tier_fixtures import MinioProcess, MinioServer, free_port, start_minio
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -160,42 +157,22 @@ def test_crash_during_upload_converges(kind: str, tmp_path: Path, request: pytes
 
 
 class RestartableMinio:
+    """A MinIO that keeps its port, credentials and data across stop/start."""
+
     def __init__(self, data: Path) -> None:
         self.data = data
-        self.port = free_port()
-        self.server = MinioServer(f"http://127.0.0.1:{self.port}", "seglog-rst", "s" * 32, 0)
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.server = MinioServer(f"http://127.0.0.1:{free_port()}", "seglog-rst", "s" * 32, 0)
+        self._proc: MinioProcess | None = None
 
     def start(self) -> None:
-        if not MINIO_BIN.is_file():
-            pytest.fail(f"MinIO binary {MINIO_BIN} is missing: run `make minio`")
-        env = {
-            **os.environ,
-            "MINIO_ROOT_USER": self.server.access_key,
-            "MINIO_ROOT_PASSWORD": self.server.secret_key,
-            "MINIO_BROWSER": "off",
-            "MINIO_UPDATE": "off",
-            "MINIO_CI_CD": "1",
-        }
-        self.proc = subprocess.Popen(
-            [str(MINIO_BIN), "server", str(self.data), "--address", f"127.0.0.1:{self.port}",
-             "--console-address", f"127.0.0.1:{free_port()}", "--quiet"],
-            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        port = int(self.server.endpoint.rsplit(":", 1)[1])
+        self._proc = start_minio(
+            self.data, port=port, access_key=self.server.access_key, secret_key=self.server.secret_key
         )
-        deadline = time.monotonic() + 60
-        while not _health_ok(self.server.endpoint):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail("restartable MinIO did not start")
-            time.sleep(0.1)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self._proc is not None:
+            self._proc.stop()
 
 
 @pytest.fixture

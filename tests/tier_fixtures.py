@@ -82,12 +82,24 @@ def _health_ok(endpoint: str) -> bool:
 @contextlib.contextmanager
 def run_minio(data: Path) -> Iterator[MinioProcess]:
     """Runs a MinIO server storing into ``data`` until the block exits (or ``stop()``)."""
+    handle = start_minio(data)
+    try:
+        yield handle
+    finally:
+        handle.stop()
+
+
+def start_minio(
+    data: Path, *, port: int | None = None, access_key: str | None = None, secret_key: str | None = None
+) -> MinioProcess:
+    """Starts MinIO on ``data`` (a free port and fresh credentials unless given); returns when healthy."""
     if not MINIO_BIN.is_file():
         pytest.fail(f"MinIO binary {MINIO_BIN} is missing: run `make minio` (make test does)")
-    port, console_port = free_port(), free_port()
+    port = free_port() if port is None else port
+    console_port = free_port()
     endpoint = f"http://127.0.0.1:{port}"
-    access_key = "seglog-" + secrets.token_hex(4)
-    secret_key = secrets.token_hex(16)
+    access_key = access_key or "seglog-" + secrets.token_hex(4)
+    secret_key = secret_key or secrets.token_hex(16)
     env = {
         **os.environ,
         "MINIO_ROOT_USER": access_key,
@@ -131,9 +143,10 @@ def run_minio(data: Path) -> Iterator[MinioProcess]:
                 pytest.fail(f"MinIO exited with {proc.wait()}; log: {log_path.read_text()}")
             if time.monotonic() > deadline:
                 pytest.fail(f"MinIO not healthy after {MINIO_START_DEADLINE_S}s; log: {log_path}")
-        yield handle
-    finally:
+    except BaseException:
         handle.stop()
+        raise
+    return handle
 
 
 class MinioProcess:
