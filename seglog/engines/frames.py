@@ -8,12 +8,14 @@ protocol on top of it; the subclasses say how frame bytes and key lookups are fe
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import bisect
+import functools
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -21,6 +23,7 @@ import pyarrow.compute as pc
 
 from seglog.engines.base import READ_SCHEMA, EngineConfig, ShardStats, empty_read_table
 from seglog.errors import ClosedResourceError, CorruptFrame, InvalidArgument, OffsetOutOfRange, StorageError
+from seglog.io_pool import BatchWriter, IoPool
 from seglog.record import EncodedFrame, FrameHeader, decode_body, verify_frame
 
 __all__ = [
@@ -28,8 +31,10 @@ __all__ = [
     "MAX_FRAME_VALUE_BYTES",
     "FrameTable",
     "FrameTableEngine",
+    "QueueableShard",
     "frame_bytes",
     "frame_keys",
+    "queue_appends",
     "split_batch",
     "with_offsets",
 ]
@@ -167,7 +172,55 @@ class FrameTable:
         return new_start
 
 
-class FrameTableEngine:
+class QueueableShard(BatchWriter, Protocol):
+    """A shard an engine appends to through the :class:`IoPool`."""
+
+    number: int
+    next_offset: int
+    failed: BaseException | None
+
+
+def check_writable(shards: Sequence[QueueableShard]) -> None:
+    """Raise :class:`StorageError` if any shard failed a write earlier."""
+    for s in shards:
+        if s.failed is not None:
+            raise StorageError(f"shard {s.number} failed earlier; reopen the store") from s.failed
+
+
+async def queue_appends(
+    io_pool: IoPool,
+    shards: Sequence[QueueableShard],
+    encoded: Sequence[tuple[Any, int]],
+    listener: Callable[[int], None] | None,
+) -> list[int]:
+    """Assign offsets, queue each shard's encoded frames on its I/O worker, await durability.
+
+    ``encoded`` holds, per shard, the writer's pending item and the offset after it. The
+    offsets are taken without awaiting, so concurrent appends cannot interleave.
+
+    Returns:
+        The base offset of each shard's part.
+    """
+    bases: list[int] = []
+    futures: list[asyncio.Future[Any]] = []
+    for s, (pending, end) in zip(shards, encoded, strict=True):
+        bases.append(s.next_offset)
+        if end == s.next_offset:
+            continue
+        s.next_offset = end
+        fut = io_pool.submit(s.number, s, pending)
+        if listener is not None:
+            fut.add_done_callback(functools.partial(_notify, listener, s.number))
+        futures.append(fut)
+    await asyncio.gather(*futures)
+    return bases
+
+
+def _notify(listener: Callable[[int], None], shard: int, _fut: asyncio.Future[Any]) -> None:
+    listener(shard)
+
+
+class FrameTableEngine(abc.ABC):
     """Reads of the engine protocol over :class:`FrameTable` shards (see the module docstring)."""
 
     name: str = "frames"
@@ -181,13 +234,13 @@ class FrameTableEngine:
 
     # --- for subclasses ----------------------------------------------------------------
 
+    @abc.abstractmethod
     def _fetch(self, shard: int, frames: Sequence[tuple[FrameHeader, Any]]) -> list[bytes]:
         """The bytes of ``frames`` (a frame that is gone raises :class:`OffsetOutOfRange`)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _key_offsets(self, shard: int, key: bytes) -> list[int]:
         """Offsets that may hold ``key`` (a superset; filtered against the real key)."""
-        raise NotImplementedError
 
     # --- common ------------------------------------------------------------------------
 
@@ -299,5 +352,5 @@ class FrameTableEngine:
     async def read_key(self, shard: int, key: bytes) -> pa.Table:
         return await self._run(self.read_key_blocking, shard, key)
 
-    def reconfigure(self, *, segment_bytes: int, segment_ms: int) -> None:
+    def reconfigure(self, *, segment_bytes: int, segment_ms: int) -> None:  # noqa: B027 - a no-op on purpose
         """No segments to roll: accepted and ignored."""

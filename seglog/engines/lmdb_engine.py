@@ -22,9 +22,11 @@ from seglog.engines.base import EngineConfig
 from seglog.engines.frames import (
     FrameTable,
     FrameTableEngine,
+    check_writable,
     decode_frame,
     frame_bytes,
     frame_keys,
+    queue_appends,
     split_batch,
 )
 from seglog.errors import ClosedResourceError, CorruptFrame, OffsetOutOfRange, StorageError
@@ -248,26 +250,11 @@ class LmdbEngine(FrameTableEngine):
     ) -> list[int]:
         """Append batches to distinct shards; ``admit(encoded_bytes)`` may veto before anything is queued."""
         shards = [self._shard(n) for n, _ in parts]
-        for s in shards:
-            if s.failed is not None:
-                raise StorageError(f"shard {s.number} failed earlier; reopen the store") from s.failed
+        check_writable(shards)
         encoded = [self._encode(s.next_offset, batch) for s, (_, batch) in zip(shards, parts, strict=True)]
         if admit is not None:
             admit(sum(h.size for pending, _ in encoded for h, _d, _k in pending.frames))
-        bases: list[int] = []
-        futures: list[asyncio.Future[Any]] = []
-        for s, (pending, end) in zip(shards, encoded, strict=True):
-            bases.append(s.next_offset)
-            if end == s.next_offset:
-                continue
-            s.next_offset = end
-            fut = self._io_pool.submit(s.number, s, pending)
-            listener = self.listener
-            if listener is not None:
-                fut.add_done_callback(functools.partial(_notify, listener, s.number))
-            futures.append(fut)
-        await asyncio.gather(*futures)
-        return bases
+        return await queue_appends(self._io_pool, shards, encoded, self.listener)
 
     # --- reads -------------------------------------------------------------------------
 
@@ -372,6 +359,3 @@ def _guarded(s: _LmdbShard, start: int) -> int:
     except lmdb.Error as exc:
         raise StorageError(f"shard {s.number}: deleting frames below {start} failed") from exc
 
-
-def _notify(listener: Callable[[int], None], shard: int, _fut: asyncio.Future[Any]) -> None:
-    listener(shard)

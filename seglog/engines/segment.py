@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from seglog.engines.base import READ_SCHEMA, EngineConfig, ShardStats, empty_read_table
+from seglog.engines.frames import check_writable, queue_appends
 from seglog.engines.frames import frame_keys as _frame_keys
 from seglog.engines.frames import split_batch as _split
 from seglog.engines.frames import with_offsets as _with_offsets
@@ -274,27 +275,12 @@ class SegmentEngine:
     ) -> list[int]:
         """Append batches to distinct shards; ``admit(encoded_bytes)`` may veto before anything is queued."""
         shards = [self._shard(n) for n, _ in parts]
-        for s in shards:
-            if s.failed is not None:
-                raise StorageError(f"shard {s.number} failed earlier; reopen the store") from s.failed
+        check_writable(shards)
         # Encoding, admission and offset assignment run without awaiting: no interleaving.
         encoded = [self._encode(s.next_offset, batch) for s, (_, batch) in zip(shards, parts, strict=True)]
         if admit is not None:
             admit(sum(f.size for pending, _ in encoded for f in pending.frames))
-        bases: list[int] = []
-        futures: list[asyncio.Future[Any]] = []
-        for s, (pending, end) in zip(shards, encoded, strict=True):
-            bases.append(s.next_offset)
-            if end == s.next_offset:
-                continue
-            s.next_offset = end
-            fut = self._io_pool.submit(s.number, s, pending)
-            listener = self.listener
-            if listener is not None:
-                fut.add_done_callback(functools.partial(_notify, listener, s.number))
-            futures.append(fut)
-        await asyncio.gather(*futures)
-        return bases
+        return await queue_appends(self._io_pool, shards, encoded, self.listener)
 
     # --- reads -------------------------------------------------------------------------
 
@@ -499,9 +485,6 @@ class SegmentEngine:
     async def close(self) -> None:
         await self._run(self.close_blocking)
 
-
-def _notify(listener: Callable[[int], None], shard: int, _fut: asyncio.Future[Any]) -> None:
-    listener(shard)
 
 
 def _catch_up_index(s: _Shard) -> None:
