@@ -11,7 +11,7 @@ import logging
 import os
 import shutil
 import uuid
-from collections.abc import Callable, Generator
+from collections.abc import Awaitable, Callable, Generator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
@@ -54,6 +54,13 @@ _CONFIG_FILE: Final = "config.json"
 _READ_THREADS: Final = 4
 _BOOT_ID_PATH: Final = Path("/proc/sys/kernel/random/boot_id")
 DEFAULT_RETENTION_INTERVAL_MS: Final = 300_000
+
+
+async def _every(interval_s: float, job: Callable[[], Awaitable[object]]) -> None:
+    """Run ``job`` every ``interval_s`` seconds until cancelled (the store's background work)."""
+    while True:
+        await asyncio.sleep(interval_s)
+        await job()
 
 
 def _boot_id() -> str:
@@ -167,17 +174,12 @@ class Store:
         self.used_bytes = await asyncio.to_thread(self._measure_blocking)
         self._state = "open"
         if self.retention_interval_ms is not None:
-            self._retention_task = asyncio.create_task(self._retention_loop(self.retention_interval_ms / 1000))
+            self._retention_task = asyncio.create_task(_every(self.retention_interval_ms / 1000, self.enforce_retention))
         if self.tier_interval_ms is not None:
-            self._tier_task = asyncio.create_task(self._tier_loop(self.tier_interval_ms / 1000))
+            self._tier_task = asyncio.create_task(_every(self.tier_interval_ms / 1000, self.tier_now))
         return self
 
     # --- tiering -------------------------------------------------------------------------
-
-    async def _tier_loop(self, interval_s: float) -> None:
-        while True:
-            await asyncio.sleep(interval_s)
-            await self.tier_now()
 
     async def tier_now(self) -> int:
         """Run ``tier_now`` on every open tiered database; failures are logged, not raised.
@@ -196,11 +198,6 @@ class Store:
         return count
 
     # --- retention and space -------------------------------------------------------------
-
-    async def _retention_loop(self, interval_s: float) -> None:
-        while True:
-            await asyncio.sleep(interval_s)
-            await self.enforce_retention()
 
     async def enforce_retention(self) -> int:
         """Run retention on every open database now; return the bytes freed."""
