@@ -13,6 +13,7 @@ from seglog.errors import (
     StorageError,
     StoreLocked,
 )
+from seglog.follower import Follower, follow
 from seglog.record import Record, RecordMeta
 from seglog.store import Store, open
 
@@ -23,6 +24,7 @@ __all__ = [
     "ConfigMismatch",
     "Database",
     "DbConfig",
+    "Follower",
     "InvalidRecord",
     "OffsetOutOfRange",
     "Record",
@@ -33,5 +35,6 @@ __all__ = [
     "StoreLocked",
     "__version__",
     "errors",
+    "follow",
     "open",
 ]

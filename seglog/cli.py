@@ -10,7 +10,7 @@ import random
 import shutil
 import sys
 import time
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 import seglog
 from seglog._routing import shard_for
-from seglog.errors import CorruptFrame, InvalidArgument, SeglogError
+from seglog.errors import CorruptFrame, InvalidArgument, SeglogError, StoreLocked
 from seglog.record import parse_header, records_from_table, verify_frame
 
 __all__ = ["main"]
@@ -276,8 +276,15 @@ def _format(rec: seglog.Record, fmt: str) -> bytes:
 
 
 async def _consume(args: argparse.Namespace) -> int:
-    out = sys.stdout.buffer
-    async with seglog.open(args.data, retention_interval_ms=None) as store:
+    if args.follow:
+        return await _consume_read_only(args, stop_at_end=False)
+    store = seglog.open(args.data, retention_interval_ms=None)
+    try:
+        await store
+    except StoreLocked:
+        # Another process owns the store: print what it has written so far, read-only.
+        return await _consume_read_only(args, stop_at_end=True)
+    try:
         db = await store.open_db(args.db)
         shard = args.shard
         committed = await db.committed(args.group, shard) if args.group else None
@@ -289,24 +296,56 @@ async def _consume(args: argparse.Namespace) -> int:
             offset = max(committed, db.start_offset(shard))
         else:
             offset = db.start_offset(shard)
-        remaining: int | None = args.max
-        tables = _until_end(db, shard, offset)
-        try:
-            async for table in tables:
-                if remaining is not None:
-                    table = table.slice(0, remaining)
-                    remaining -= table.num_rows
-                recs = records_from_table(table, shard)
-                out.write(b"".join(_format(r, args.format) for r in recs))
-                out.flush()
-                if args.group and recs:
-                    # Committed after the records are written out: at-least-once delivery.
-                    await db.commit(args.group, shard, recs[-1].offset + 1)  # type: ignore[operator]
-                if remaining is not None and remaining <= 0:
-                    break
-        finally:
-            await tables.aclose()
+        group = args.group
+
+        async def commit(offset: int) -> None:
+            await db.commit(group, shard, offset)
+
+        await _print_records(_until_end(db, shard, offset), args, commit if group else None)
+    finally:
+        await store.close()
     return 0
+
+
+async def _consume_read_only(args: argparse.Namespace, *, stop_at_end: bool) -> int:
+    follower = seglog.follow(
+        args.data,
+        args.db,
+        args.shard,
+        offset=args.from_offset,
+        from_time_us=None if args.from_time is None else _parse_time(args.from_time),
+        group=args.group,
+    )
+    async with follower:
+        await _print_records(
+            follower.batches(stop_at_end=stop_at_end), args, follower.commit if args.group else None
+        )
+    return 0
+
+
+async def _print_records(
+    tables: AsyncGenerator[pa.Table, None],
+    args: argparse.Namespace,
+    commit: Callable[[int], Awaitable[None]] | None,
+) -> None:
+    """Print records as they come; with a group, commit after each printed batch."""
+    out = sys.stdout.buffer
+    remaining: int | None = args.max
+    try:
+        async for table in tables:
+            if remaining is not None:
+                table = table.slice(0, remaining)
+                remaining -= table.num_rows
+            recs = records_from_table(table, args.shard)
+            out.write(b"".join(_format(r, args.format) for r in recs))
+            out.flush()
+            if commit is not None and recs:
+                # Committed after the records are written out: at-least-once delivery.
+                await commit(recs[-1].offset + 1)  # type: ignore[operator]
+            if remaining is not None and remaining <= 0:
+                break
+    finally:
+        await tables.aclose()
 
 
 async def _until_end(db: seglog.Database, shard: int, offset: int) -> AsyncGenerator[pa.Table, None]:
@@ -348,6 +387,12 @@ def _parser() -> argparse.ArgumentParser:
     co.add_argument("--max", type=int, help="stop after this many records")
     co.add_argument("--group", help="consumer group: start at its committed offset, commit as records print")
     co.add_argument("--format", choices=("json", "raw"), default="json")
+    co.add_argument(
+        "--follow",
+        action="store_true",
+        help="keep printing new records as they are written, also while another process owns the store "
+        "(read-only; Ctrl-C to stop)",
+    )
     s = sub.add_parser("stats", help="databases, shards, offsets, segments and hot/warm/cold bytes")
     s.add_argument("data")
     s.add_argument("--json", action="store_true")

@@ -48,12 +48,19 @@ log = logging.getLogger("seglog.store")
 STORE_FORMAT: Final = 1
 _LOCK_FILE: Final = "LOCK"
 _RUNNING_FILE: Final = "RUNNING"
-_STORE_FILE: Final = "seglog.json"
-_DBS_DIR: Final = "dbs"
-_CONFIG_FILE: Final = "config.json"
+STORE_FILE: Final = "seglog.json"
+DBS_DIR: Final = "dbs"
+DB_CONFIG_FILE: Final = "config.json"
 _READ_THREADS: Final = 4
 _BOOT_ID_PATH: Final = Path("/proc/sys/kernel/random/boot_id")
 DEFAULT_RETENTION_INTERVAL_MS: Final = 300_000
+# Data directories open in this process: LMDB allows one handle per environment per process.
+_OPEN_HERE: set[Path] = set()
+
+
+def is_open_in_this_process(path: str | os.PathLike[str]) -> bool:
+    """Whether a :class:`Store` of this process has the data directory ``path`` open."""
+    return Path(path).absolute() in _OPEN_HERE
 
 
 async def _every(interval_s: float, job: Callable[[], Awaitable[object]]) -> None:
@@ -213,7 +220,7 @@ class Store:
         """Bytes of every segment file. LMDB files (indexes, groups) are not counted: they
         never shrink, so counting them would keep a store over quota after data was freed."""
         total = 0
-        for root, _dirs, files in os.walk(self.path / _DBS_DIR):
+        for root, _dirs, files in os.walk(self.path / DBS_DIR):
             for f in files:
                 if not f.endswith(SEGMENT_SUFFIX):
                     continue
@@ -249,15 +256,16 @@ class Store:
             self._state = "closed"
             raise StoreLocked(f"{self.path} is open in another process") from None
         self._lock_fd = fd
-        store_file = self.path / _STORE_FILE
+        _OPEN_HERE.add(self.path)
+        store_file = self.path / STORE_FILE
         if store_file.exists():
             meta = json.loads(store_file.read_text())
             if meta.get("format") != STORE_FORMAT:
                 raise StorageError(f"{self.path}: unknown store format {meta.get('format')!r}")
         else:
-            (self.path / _DBS_DIR).mkdir(exist_ok=True)
+            (self.path / DBS_DIR).mkdir(exist_ok=True)
             atomic_write(store_file, json.dumps({"format": STORE_FORMAT}).encode())
-        for stale in (self.path / _DBS_DIR).glob(".*.dropped-*"):
+        for stale in (self.path / DBS_DIR).glob(".*.dropped-*"):
             shutil.rmtree(stale, ignore_errors=True)  # a drop_db interrupted by a crash
         running = self.path / _RUNNING_FILE
         boot = _boot_id()
@@ -304,6 +312,7 @@ class Store:
             fsync_dir(self.path)
         finally:
             if self._lock_fd >= 0:
+                _OPEN_HERE.discard(self.path)
                 os.close(self._lock_fd)
                 self._lock_fd = -1
 
@@ -314,13 +323,13 @@ class Store:
     # --- databases ---------------------------------------------------------------------
 
     def _db_dir(self, name: str) -> Path:
-        return self.path / _DBS_DIR / name
+        return self.path / DBS_DIR / name
 
     def list_dbs(self) -> list[str]:
         """Names of the databases in the store, sorted."""
         self._check_open()
-        root = self.path / _DBS_DIR
-        return sorted(p.name for p in root.iterdir() if (p / _CONFIG_FILE).is_file())
+        root = self.path / DBS_DIR
+        return sorted(p.name for p in root.iterdir() if (p / DB_CONFIG_FILE).is_file())
 
     async def create_db(
         self,
@@ -357,7 +366,7 @@ class Store:
             raise InvalidArgument(f"unknown database settings: {sorted(unknown)}")
         async with self._db_lock:
             directory = self._db_dir(name)
-            if (directory / _CONFIG_FILE).is_file():
+            if (directory / DB_CONFIG_FILE).is_file():
                 if not exist_ok:
                     raise DatabaseExists(f"database {name!r} already exists")
                 config = await asyncio.to_thread(self._read_config, name)
@@ -375,19 +384,19 @@ class Store:
         if final.exists():  # a crashed earlier create that never got its config
             shutil.rmtree(final)
         staging.mkdir(parents=True)
-        atomic_write(staging / _CONFIG_FILE, json.dumps(config.to_json(), indent=2).encode())
+        atomic_write(staging / DB_CONFIG_FILE, json.dumps(config.to_json(), indent=2).encode())
         os.replace(staging, final)
         fsync_dir(final.parent)
 
     def _write_config(self, name: str, config: DbConfig) -> None:
         try:
-            atomic_write(self._db_dir(name) / _CONFIG_FILE, json.dumps(config.to_json(), indent=2).encode())
+            atomic_write(self._db_dir(name) / DB_CONFIG_FILE, json.dumps(config.to_json(), indent=2).encode())
         except OSError as exc:
             raise StorageError(f"cannot write the config of database {name!r}") from exc
 
     def _read_config(self, name: str) -> DbConfig:
         try:
-            return DbConfig.from_json(json.loads((self._db_dir(name) / _CONFIG_FILE).read_text()))
+            return DbConfig.from_json(json.loads((self._db_dir(name) / DB_CONFIG_FILE).read_text()))
         except FileNotFoundError:
             raise DatabaseNotFound(f"database {name!r} does not exist") from None
         except (OSError, ValueError) as exc:
@@ -472,7 +481,7 @@ class Store:
         self._check_open()
         validate_db_name(name)
         async with self._db_lock:
-            if not (self._db_dir(name) / _CONFIG_FILE).is_file():
+            if not (self._db_dir(name) / DB_CONFIG_FILE).is_file():
                 raise DatabaseNotFound(f"database {name!r} does not exist")
             db = self._dbs.pop(name, None)
             if db is not None:

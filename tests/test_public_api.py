@@ -12,6 +12,7 @@ def test_all_is_exact_and_importable() -> None:
         "ConfigMismatch",
         "Database",
         "DbConfig",
+        "Follower",
         "InvalidRecord",
         "OffsetOutOfRange",
         "Record",
@@ -22,6 +23,7 @@ def test_all_is_exact_and_importable() -> None:
         "StoreLocked",
         "__version__",
         "errors",
+        "follow",
         "open",
     }
     assert set(seglog.__all__) >= expected
