@@ -67,3 +67,8 @@ spark-jars: venv
 	fi
 
 test-deps: minio spark-jars
+
+# Tiering throughput (file and MinIO) and Spark scan throughput (data source vs plain Parquet).
+.PHONY: bench-tier
+bench-tier: venv minio spark-jars
+	$(BIN)/python -m bench.tier

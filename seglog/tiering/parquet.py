@@ -173,7 +173,9 @@ def segment_table_to_parquet(
             table is empty.
     """
     table = _checked_segment_table(table)
-    table = table.sort_by("offset")
+    offsets = table.column("offset")
+    if table.num_rows > 1 and not pc.all(pc.greater(offsets.slice(1), offsets.slice(0, table.num_rows - 1))).as_py():
+        table = table.sort_by("offset")  # segments come sorted; the copy is paid only when not
     ts = table.column("ts").cast(pa.timestamp("us", tz="UTC"))
     table = table.set_column(table.schema.get_field_index("ts"), TIER_SCHEMA.field("ts"), ts)
     table = table.cast(TIER_SCHEMA)
