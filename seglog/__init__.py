@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from seglog import errors
-from seglog.db import Database, DbConfig
+from seglog.db import AppendResult, Database, DbConfig
 from seglog.errors import (
     ClosedResourceError,
     ConfigMismatch,
@@ -20,6 +20,7 @@ from seglog.store import Store, open
 __version__ = "0.1.0"
 
 __all__ = [
+    "AppendResult",
     "ClosedResourceError",
     "ConfigMismatch",
     "Database",

@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import re
-from collections.abc import AsyncGenerator, Callable, Iterable
+from collections.abc import AsyncGenerator, Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, fields, replace
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, overload
 
 import numpy as np
 import pyarrow as pa
@@ -29,7 +29,7 @@ from seglog.record import (
 from seglog.tiering.db_tier import DbTier
 from seglog.tiering.manifest import ManifestEntry
 
-__all__ = ["Database", "DbConfig", "TierShardStats", "shard_for", "validate_db_name"]
+__all__ = ["AppendResult", "Database", "DbConfig", "TierShardStats", "shard_for", "validate_db_name"]
 
 EngineName = Literal["segment", "memory", "lmdb"]
 ENGINES: Final = ("segment", "memory", "lmdb")
@@ -40,6 +40,58 @@ _INLINE_RECORDS_MAX: Final = 4096
 MAX_SHARDS: Final = 4096
 # Builds RecordMeta tuples without a Python-level __new__ per record.
 _META: Final = functools.partial(tuple.__new__, RecordMeta)
+
+
+class AppendResult(Sequence[RecordMeta]):
+    """Where each appended record went, in input order: a read-only list of :class:`RecordMeta`.
+
+    Items are built when accessed (building 1000 tuples per append cost 20% of a small-record
+    append); ``shards``, ``offsets`` and ``timestamps`` are the underlying numpy arrays.
+    Compares equal to any sequence of the same ``RecordMeta`` items.
+    """
+
+    __slots__ = ("offsets", "shards", "timestamps")
+
+    def __init__(self, shards: np.ndarray[Any, Any], offsets: np.ndarray[Any, Any], timestamps: np.ndarray[Any, Any]) -> None:
+        self.shards = shards
+        self.offsets = offsets
+        self.timestamps = timestamps
+
+    @classmethod
+    def empty(cls) -> AppendResult:
+        """The result of appending nothing."""
+        return cls(np.empty(0, np.int32), np.empty(0, np.int64), np.empty(0, np.int64))
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    @overload
+    def __getitem__(self, index: int) -> RecordMeta: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[RecordMeta]: ...
+
+    def __getitem__(self, index: int | slice) -> RecordMeta | list[RecordMeta]:
+        if isinstance(index, slice):
+            return list(map(_META, zip(
+                self.shards[index].tolist(), self.offsets[index].tolist(), self.timestamps[index].tolist(), strict=True
+            )))
+        return RecordMeta(int(self.shards[index]), int(self.offsets[index]), int(self.timestamps[index]))
+
+    def __iter__(self) -> Iterator[RecordMeta]:
+        return map(_META, zip(self.shards.tolist(), self.offsets.tolist(), self.timestamps.tolist(), strict=True))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, AppendResult | list | tuple):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        items = list(self[:3])
+        more = f", ... {len(self) - 3} more" if len(self) > 3 else ""
+        return f"AppendResult([{', '.join(map(repr, items))}{more}])"
 
 
 def validate_db_name(name: object) -> str:
@@ -194,13 +246,16 @@ class Database:
 
     # --- append ------------------------------------------------------------------------
 
-    async def append(self, records: Iterable[Record], *, shard: int | None = None) -> list[RecordMeta]:
+    async def append(self, records: Iterable[Record], *, shard: int | None = None) -> AppendResult:
         """Append records durably; return where each went, in input order.
 
         Records go to ``shard`` if given, else to their own ``shard`` attribute if set, else
         to the routing hash of the key or topic (see :mod:`seglog._routing`). Within a shard, records keep their
         order. Either every record is validated and written or, on a validation error,
         nothing is.
+
+        Returns:
+            An :class:`AppendResult`: a read-only list of ``RecordMeta(shard, offset, ts)``.
 
         Raises:
             InvalidRecord: A record is invalid (its index is in the message).
@@ -209,19 +264,20 @@ class Database:
         engine = self._check()
         recs = records if isinstance(records, list) else list(records)
         if not recs:
-            return []
+            return AppendResult.empty()
         if shard is not None:
             self._check_shard(shard)
         batch = records_to_batch(recs, max_record_bytes=self.config.max_record_bytes)
-        explicit = [r.shard for r in recs]
-        if shard is None and explicit.count(None) != len(explicit):
+        explicit: list[int | None] = []
+        if shard is None:
+            explicit = [r.shard for r in recs]
+            if explicit.count(None) == len(explicit):
+                explicit = []
             for s in explicit:
                 if s is not None:
                     self._check_shard(s)
-        else:
-            explicit = []
         shard_col, offset_col = await self._append_routed(engine, batch, shard, explicit)
-        return list(map(_META, zip(shard_col.tolist(), offset_col.tolist(), batch.column(0).to_pylist(), strict=True)))
+        return AppendResult(shard_col, offset_col, batch.column(0).to_numpy())
 
     async def append_arrow(self, data: pa.Table | pa.RecordBatch, *, shard: int | None = None) -> pa.Table:
         """Append columns ``ts, topic, key, value[, headers]`` durably.

@@ -8,6 +8,7 @@ from seglog import errors
 
 def test_all_is_exact_and_importable() -> None:
     expected = {
+        "AppendResult",
         "ClosedResourceError",
         "ConfigMismatch",
         "Database",

@@ -228,3 +228,25 @@ def test_second_opener_gets_store_locked(run, data_dir: Path) -> None:
             assert proc.returncode == 42
 
     run(main())
+
+
+def test_append_result_is_a_read_only_list_of_record_meta(run, data_dir: Path) -> None:
+    async def main() -> None:
+        async with seglog.open(data_dir) as store:
+            db = await store.create_db("r", 2)
+            recs = [seglog.Record(topic=f"t/{i}", value=b"v", ts=100 + i) for i in range(5)]
+            metas = await db.append(recs, shard=1)
+            assert isinstance(metas, seglog.AppendResult) and len(metas) == 5
+            assert metas[0] == seglog.RecordMeta(1, 0, 100) and metas[-1] == seglog.RecordMeta(1, 4, 104)
+            assert metas[1:3] == [seglog.RecordMeta(1, 1, 101), seglog.RecordMeta(1, 2, 102)]
+            assert list(metas) == [seglog.RecordMeta(1, i, 100 + i) for i in range(5)]
+            assert metas == [seglog.RecordMeta(1, i, 100 + i) for i in range(5)]
+            assert metas != [seglog.RecordMeta(1, i, 100 + i) for i in range(4)]
+            assert all(type(x) is int for m in metas for x in m)
+            assert metas.offsets.tolist() == [0, 1, 2, 3, 4]
+            with pytest.raises(IndexError):
+                metas[5]
+            assert "RecordMeta(shard=1, offset=0, ts=100)" in repr(metas) and "2 more" in repr(metas)
+            assert await db.append([]) == []
+
+    run(main())

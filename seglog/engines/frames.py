@@ -212,7 +212,10 @@ async def queue_appends(
         if listener is not None:
             fut.add_done_callback(functools.partial(_notify, listener, s.number))
         futures.append(fut)
-    await asyncio.gather(*futures)
+    if len(futures) == 1:
+        await futures[0]  # the common single-shard case, without gather's bookkeeping
+    else:
+        await asyncio.gather(*futures)
     return bases
 
 
