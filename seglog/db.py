@@ -614,8 +614,25 @@ class Database:
         engine = self._check()
         self._check_shard(shard)
         _check_int("offset", offset)
-        freed = await engine.truncate_before(shard, offset)
-        self._after_delete(freed)
+        tier = self._tier
+        if tier is None:
+            freed = await engine.truncate_before(shard, offset)
+            self._after_delete(freed)
+            return freed
+        async with self._tier_lock:
+            return await self._truncate_tiered(engine, tier, shard, offset)
+
+    async def _truncate_tiered(self, engine: Engine, tier: DbTier, shard: int, offset: int) -> int:
+        """Truncate local segments and tier objects below ``offset`` (hold the tier lock)."""
+        end = engine.end_offset(shard)
+        if offset > end:
+            raise OffsetOutOfRange(offset, self.start_offset(shard), end, shard=shard)
+        freed = 0
+        if offset > engine.start_offset(shard):
+            freed = await engine.truncate_before(shard, offset)
+            self._after_delete(freed)
+        # The floor also covers what tier_now uploaded since; the deletions are retried here.
+        await asyncio.to_thread(tier.truncate_before, shard, offset)
         return freed
 
     async def enforce_retention(self) -> int:
@@ -638,9 +655,47 @@ class Database:
         if not cfg.retention_overrides_groups and self._groups is not None:
             groups = self._groups
             floors = await asyncio.to_thread(lambda: [groups.min_committed(s) for s in range(cfg.shards)])
-        freed = await engine.enforce_retention(cfg.retention_bytes, cfg.retention_ms, self._clock_us(), floors)
-        self._after_delete(freed)
+        tier = self._tier
+        if tier is None or not isinstance(engine, SegmentEngine):
+            freed = await engine.enforce_retention(cfg.retention_bytes, cfg.retention_ms, self._clock_us(), floors)
+            self._after_delete(freed)
+            return freed
+        freed = 0
+        async with self._tier_lock:
+            for shard in range(cfg.shards):
+                start = await asyncio.to_thread(self._whole_log_retention_start, engine, tier, shard, floors[shard])
+                if start is not None:
+                    freed += await self._truncate_tiered(engine, tier, shard, start)
         return freed
+
+    def _whole_log_retention_start(
+        self, engine: SegmentEngine, tier: DbTier, shard: int, floor: int | None
+    ) -> int | None:
+        """Retention over a tiered shard's whole log: cold objects, then local sealed segments.
+
+        Same rules as the local case (oldest first, whole units, never the active segment, not
+        past a group's committed offset). Cold objects count with their Parquet size.
+        """
+        cfg = self.config
+        local = engine.segment_ranges(shard, with_ts=cfg.retention_ms is not None)
+        cold = tier.cold_run(shard, local[0].start)
+        units: list[tuple[int, int, int | None]] = [(e.end_offset + 1, e.bytes, e.max_ts) for e in cold]
+        units += [(seg.end, seg.size, seg.max_ts) for seg in local[:-1]]
+        total = sum(size for _, size, _ in units) + local[-1].size
+        now = self._clock_us()
+        new_start: int | None = None
+        for end, size, max_ts in units:
+            if floor is not None and end > floor:
+                break
+            by_bytes = cfg.retention_bytes is not None and total - size >= cfg.retention_bytes
+            by_time = cfg.retention_ms is not None and (max_ts is None or now - max_ts > cfg.retention_ms * 1000)
+            if not (by_bytes or by_time):
+                break
+            total -= size
+            new_start = end
+        if new_start is None or new_start <= tier.logical_start(shard, local[0].start):
+            return None
+        return new_start
 
     def _after_delete(self, freed: int) -> None:
         """Tell the store's space accounting that ``freed`` bytes of files are gone."""
@@ -739,6 +794,9 @@ class Database:
         for event in self._wakeups.values():
             event.set()
         self._wakeups.clear()
+        if self._tier is not None:
+            async with self._tier_lock:  # let a running upload or tier retention finish
+                pass
         try:
             await self._engine.drain()
             await self._engine.close()

@@ -475,8 +475,11 @@ class Store:
         The directory is renamed to a tombstone (durable: directory fsync), then removed; a
         crash in between leaves a tombstone that the next open removes.
 
+        With a tier, the database's objects and manifest are deleted from the tier first.
+
         Raises:
             DatabaseNotFound: No database of that name.
+            TierError: The tier could not be cleaned; nothing local was dropped (call again).
         """
         self._check_open()
         validate_db_name(name)
@@ -485,9 +488,22 @@ class Store:
                 raise DatabaseNotFound(f"database {name!r} does not exist")
             db = self._dbs.pop(name, None)
             if db is not None:
-                await db.close()
+                await db.close()  # also waits out a running tier_now
+            if self._tier_target is not None:
+                # Tier first: a database created later under this name must not find these
+                # objects. If the tier is down this raises and nothing local is touched.
+                config = await asyncio.to_thread(self._read_config, name)
+                if config.engine == "segment":
+                    await asyncio.to_thread(self._drop_tier_blocking, name)
             await asyncio.to_thread(self._drop_blocking, name)
         await self._remeasure()
+
+    def _drop_tier_blocking(self, name: str) -> None:
+        assert self._tier_target is not None
+        tier = DbTier(self._tier_target, name, self._db_dir(name))
+        tier.recover()  # the newest manifest; raises TierError when the tier is down
+        count = tier.drop_all()
+        log.info("dropped %d tier objects of database %r", count, name)
 
     def _drop_blocking(self, name: str) -> None:
         directory = self._db_dir(name)

@@ -206,3 +206,21 @@ def test_pipeline_and_chart(
     png = write_site_minute_chart(stats, tmp_path / "chart.png")
     data = png.read_bytes()
     assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 10_000
+
+
+def test_source_honours_the_retention_floor(spark: SparkSession, tmp_path: Path) -> None:
+    """Objects wholly below a shard's log start are not opened; a straddling one is cut at it."""
+    target = LocalTarget(tmp_path / "tier")
+    keys = fill_tier(target)
+    manifest = Manifest.load(target, DB)
+    floor = ROWS + 17  # inside shard 1's second object
+    assert manifest.raise_log_start(1, floor)
+    manifest.save(target)
+    log = tmp_path / "opened.log"
+    df = seglog_df(spark, target.uri, open_log=str(log))
+    got = sorted((r["shard"], r["offset"]) for r in df.select("shard", "offset").collect())
+    want = sorted(
+        (s, o) for s in range(SHARDS) for o in range(SEGMENTS * ROWS) if s != 1 or o >= floor
+    )
+    assert got == want
+    assert keys[1, 0] not in log.read_text().split()

@@ -285,3 +285,55 @@ def test_seal_makes_the_active_segment_tierable(run, data_dir: Path, tmp_path: P
             assert m[0].offset == db.end_offset(0) - 1
 
     run(main())
+
+
+def test_retention_and_truncate_reach_the_tier(tmp_path: Path, clock: Any) -> None:
+    """Total retention and truncate_before cover tiered history: objects go, reads stop at the floor."""
+    tier_dir = tmp_path / "tier"
+    data = tmp_path / "data"
+
+    def objects() -> list[str]:
+        return sorted(p.name for p in tier_dir.rglob("*.parquet"))
+
+    async def main() -> None:
+        async with seglog.open(data, retention_interval_ms=None, tier=tier_dir.as_uri(), clock_us=clock) as store:
+            db = await store.create_db(DB, 1, segment_bytes=4096, local_retention_bytes=0)
+            await fill(db)
+            entries = await db.tier_now()
+            assert len(entries) >= 4 and db.local_start_offset(0) > 0 and db.start_offset(0) == 0
+            # truncate_before in the middle of the cold history: whole objects below go; the
+            # straddling one stays, but nothing under the floor is readable any more.
+            cut = entries[1].base_offset + 3
+            await db.truncate_before(0, cut)
+            assert db.start_offset(0) == cut
+            assert entries[0].key.rsplit("/", 1)[1] not in objects()
+            assert entries[1].key.rsplit("/", 1)[1] in objects()
+            with pytest.raises(seglog.OffsetOutOfRange) as info:
+                await db.read(0, cut - 1, 1)
+            assert info.value.start == cut
+            assert [r.offset for r in await db.read(0, cut, 2)] == [cut, cut + 1]
+            # Time retention over the whole log: every record is older than 1 ms by now.
+            clock.advance_ms(10_000)
+            await db.configure(retention_ms=1)
+            await db.enforce_retention()
+            assert objects() == []  # cold objects expired
+            assert db.start_offset(0) == db.local_start_offset(0) > cut
+        # The floor survives a reopen (it lives in the manifest).
+        async with seglog.open(data, retention_interval_ms=None, tier=tier_dir.as_uri(), clock_us=clock) as store:
+            db = await store.open_db(DB)
+            start = db.start_offset(0)
+            assert start > cut
+            with pytest.raises(seglog.OffsetOutOfRange):
+                await db.read(0, cut, 1)
+            # drop_db removes the tier objects and manifest, so a new database of the same
+            # name starts empty.
+            await fill(db, 300, start=N)
+            await db.seal()
+            assert await db.tier_now()
+            await store.drop_db(DB)
+            assert list(tier_dir.rglob("*")) == [] or all(p.is_dir() for p in tier_dir.rglob("*"))
+            db = await store.create_db(DB, 1)
+            assert db.start_offset(0) == 0 and db.end_offset(0) == 0
+            assert await db.read(0, 0, 10) == []
+
+    asyncio.run(main())

@@ -277,9 +277,11 @@ class _ReadOptions:
 class SeglogPartition(InputPartition):
     """One committed tier object to read."""
 
-    def __init__(self, entry: ManifestEntry) -> None:
-        """Args: entry: the committed manifest entry of the object."""
+    def __init__(self, entry: ManifestEntry, log_start: int = 0) -> None:
+        """Args: entry: the committed manifest entry of the object; log_start: the shard's
+        retention floor (rows below it were deleted by retention and are skipped)."""
         super().__init__(entry.key)
+        self.log_start = log_start
         self.key = entry.key
         self.shard = entry.shard
         self.base_offset = entry.base_offset
@@ -337,9 +339,13 @@ class SeglogReader(DataSourceReader):
             manifest = Manifest.load(target, self.options.db)
         finally:
             target.close()
-        entries = [e for e in manifest.committed() if _entry_may_match(e, self.predicates)]
+        entries = [
+            e
+            for e in manifest.committed()
+            if _entry_may_match(e, self.predicates) and e.end_offset >= manifest.log_start(e.shard)
+        ]
         self.planned_keys = [e.key for e in entries]
-        return [SeglogPartition(e) for e in entries]
+        return [SeglogPartition(e, manifest.log_start(e.shard)) for e in entries]
 
     def _log_open(self, key: str) -> None:
         if self.options.open_log is None:
@@ -383,6 +389,8 @@ class SeglogReader(DataSourceReader):
         table = pq.read_table(
             io.BytesIO(data), schema=TIER_SCHEMA, filters=_row_expression(self.predicates)
         )
+        if partition.log_start > partition.base_offset:
+            table = table.filter(pc.greater_equal(table.column("offset"), partition.log_start))
         mask = self._mqtt_mask(table.column("topic"))
         if mask is not None:
             table = table.filter(mask)

@@ -15,8 +15,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from seglog.errors import TierError
-from seglog.tiering.manifest import Manifest, ManifestEntry
-from seglog.tiering.ops import read_tiered, recover_manifest, upload_segment
+from seglog.tiering.manifest import EntryState, Manifest, ManifestEntry, manifest_key
+from seglog.tiering.ops import delete_tiered, read_tiered, recover_manifest, upload_segment
 from seglog.tiering.targets import TierTarget
 
 __all__ = ["LOCAL_MANIFEST_FILE", "DbTier"]
@@ -78,15 +78,69 @@ class DbTier:
 
     # --- queries -------------------------------------------------------------------------
 
-    def logical_start(self, shard: int, local_start: int) -> int:
-        """First offset of the committed objects that run contiguously up to ``local_start``."""
+    def cold_run(self, shard: int, local_start: int) -> list[ManifestEntry]:
+        """The committed objects that run contiguously up to ``local_start``, oldest first."""
         start = local_start
+        run: list[ManifestEntry] = []
         for e in reversed(self.manifest.committed(shard, end_offset=max(local_start - 1, 0))):
             if e.base_offset < start <= e.end_offset + 1:
                 start = e.base_offset
+                run.append(e)
             elif e.end_offset + 1 < start:
                 break
-        return start
+        run.reverse()
+        return run
+
+    def logical_start(self, shard: int, local_start: int) -> int:
+        """First readable offset: the start of the contiguous cold run before ``local_start``,
+        but never below the retention floor (:meth:`Manifest.log_start`)."""
+        run = self.cold_run(shard, local_start)
+        start = run[0].base_offset if run else local_start
+        return max(start, min(self.manifest.log_start(shard), local_start))
+
+    def truncate_before(self, shard: int, offset: int) -> int:
+        """Raise the shard's retention floor to ``offset`` and delete the objects wholly below it.
+
+        The floor is saved (local copy first) before any object goes, so reads stop at it at
+        once. A tier failure is logged, not raised: the next call deletes what is left.
+
+        Returns:
+            Bytes of the objects deleted.
+        """
+        moved = self.manifest.raise_log_start(shard, offset)
+        floor = self.manifest.log_start(shard)
+        freed = 0
+        try:
+            if moved:
+                self.manifest.save(self.target, local_path=self.local_manifest)
+            for e in self.manifest.committed(shard, end_offset=floor - 1):
+                if e.end_offset < floor:
+                    delete_tiered(self.target, self.manifest, e.key, local_manifest=self.local_manifest)
+                    freed += e.bytes
+        except TierError as exc:
+            log.warning("tier of %r: deleting objects of shard %d below %d failed (%s); retrying later",
+                        self.db, shard, floor, exc)
+        return freed
+
+    def drop_all(self) -> int:
+        """Delete every object of the database and its manifest from the tier; objects deleted.
+
+        Committed entries are marked ``deleting`` and saved first, so a crash part-way leaves a
+        manifest whose recovery finishes the job rather than one pointing at missing objects.
+
+        Raises:
+            TierError: The tier failed; call again (it is idempotent).
+        """
+        for e in self.manifest.entries(EntryState.COMMITTED):
+            self.manifest.mark_deleting(e.key)
+        self.manifest.save(self.target, local_path=self.local_manifest)
+        manifest = manifest_key(self.db)
+        keys = [k for k in self.target.list(f"{self.db}/") if k != manifest]
+        for key in keys:
+            self.target.delete(key)
+        self.target.delete(manifest)
+        self.local_manifest.unlink(missing_ok=True)
+        return len(keys)
 
     def covered_end(self, shard: int, base: int) -> int:
         """Offset after the committed objects that run contiguously from ``base``."""

@@ -24,6 +24,9 @@ Upload protocol for one sealed segment (each numbered step is durable before the
 
 Deleting tiered data (remote retention):
 
+0. ``manifest.raise_log_start(shard, offset)`` and save -- the shard's retention floor
+   (``log_starts`` in the document): nothing below it is served, even from an object that
+   straddles it, and objects wholly below it are deleted as follows.
 1. ``manifest.mark_deleting(key)`` and save -- readers stop using the object.
 2. ``target.delete(key)``.
 3. ``manifest.remove(key)`` and save.
@@ -200,11 +203,20 @@ class Manifest:
     protocol in the module docstring.
     """
 
-    def __init__(self, db: str, entries: Iterable[ManifestEntry] = (), *, seq: int = 0) -> None:
-        """Args: db: database name; entries: initial entries; seq: save counter."""
+    def __init__(
+        self,
+        db: str,
+        entries: Iterable[ManifestEntry] = (),
+        *,
+        seq: int = 0,
+        log_starts: dict[int, int] | None = None,
+    ) -> None:
+        """Args: db: database name; entries: initial entries; seq: save counter;
+        log_starts: per-shard retention floors (see :meth:`log_start`)."""
         manifest_key(db)  # validates
         self._db = db
         self._seq = seq
+        self._log_starts: dict[int, int] = dict(log_starts or {})
         self._entries: dict[str, ManifestEntry] = {}
         self._lock = threading.RLock()
         for entry in entries:
@@ -230,6 +242,7 @@ class Manifest:
                 "db": self._db,
                 "seq": self._seq,
                 "entries": [e.to_json() for e in self._sorted()],
+                "log_starts": {str(k): v for k, v in sorted(self._log_starts.items())},
             }
         return json.dumps(doc, indent=1, sort_keys=True) + "\n"
 
@@ -251,7 +264,9 @@ class Manifest:
             if type(seq) is not int:
                 raise TypeError("seq must be an integer")
             entries = [ManifestEntry.from_json(e) for e in doc["entries"]]
-            return cls(doc["db"], entries, seq=seq)
+            # Absent in manifests written before retention reached the tier.
+            starts = {int(k): int(v) for k, v in doc.get("log_starts", {}).items()}
+            return cls(doc["db"], entries, seq=seq, log_starts=starts)
         except TierError:
             raise
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
@@ -299,6 +314,24 @@ class Manifest:
                 except OSError as exc:
                     raise TierError(f"cannot write local manifest {local_path}: {exc}") from exc
             target.put(manifest_key(self._db), text)
+
+    # --- retention floor -----------------------------------------------------------------
+
+    def log_start(self, shard: int) -> int:
+        """The shard's retention floor: offsets below it are deleted (0: none set).
+
+        Objects wholly below it are being deleted; one that straddles it stays until it is
+        wholly below, but its records under the floor are no longer readable.
+        """
+        return self._log_starts.get(shard, 0)
+
+    def raise_log_start(self, shard: int, offset: int) -> bool:
+        """Moves the floor of ``shard`` up to ``offset`` (never down); True if it moved."""
+        with self._lock:
+            if offset <= self._log_starts.get(shard, 0):
+                return False
+            self._log_starts[shard] = offset
+            return True
 
     # --- mutations -----------------------------------------------------------------------
 
