@@ -13,7 +13,14 @@ import numpy as np
 import pyarrow as pa
 
 from seglog._routing import routing_hashes, shard_for
-from seglog.engines.base import DEFAULT_SEGMENT_BYTES, DEFAULT_SEGMENT_MS, READ_SCHEMA, Engine, ShardStats
+from seglog.engines.base import (
+    DEFAULT_SEGMENT_BYTES,
+    DEFAULT_SEGMENT_MS,
+    READ_SCHEMA,
+    Engine,
+    ShardStats,
+    retention_start,
+)
 from seglog.engines.segment import SegmentEngine
 from seglog.errors import ClosedResourceError, ConfigMismatch, InvalidArgument, InvalidName, OffsetOutOfRange
 from seglog.groups import GroupStore, validate_group_name
@@ -682,17 +689,7 @@ class Database:
         units: list[tuple[int, int, int | None]] = [(e.end_offset + 1, e.bytes, e.max_ts) for e in cold]
         units += [(seg.end, seg.size, seg.max_ts) for seg in local[:-1]]
         total = sum(size for _, size, _ in units) + local[-1].size
-        now = self._clock_us()
-        new_start: int | None = None
-        for end, size, max_ts in units:
-            if floor is not None and end > floor:
-                break
-            by_bytes = cfg.retention_bytes is not None and total - size >= cfg.retention_bytes
-            by_time = cfg.retention_ms is not None and (max_ts is None or now - max_ts > cfg.retention_ms * 1000)
-            if not (by_bytes or by_time):
-                break
-            total -= size
-            new_start = end
+        new_start = retention_start(units, total, cfg.retention_bytes, cfg.retention_ms, self._clock_us(), floor)
         if new_start is None or new_start <= tier.logical_start(shard, local[0].start):
             return None
         return new_start

@@ -18,7 +18,6 @@ which under ``fsync="interval"``/``"never"`` can be before it is durable against
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 from collections.abc import AsyncGenerator, AsyncIterator
 from pathlib import Path
@@ -28,7 +27,7 @@ from typing import Final
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from seglog.db import DbConfig, validate_db_name
+from seglog.db import validate_db_name
 from seglog.engines.base import READ_SCHEMA, empty_read_table
 from seglog.engines.frames import with_offsets
 from seglog.engines.segment import shard_dir_name
@@ -43,7 +42,7 @@ from seglog.errors import (
 from seglog.groups import GroupStore, validate_group_name
 from seglog.record import decode_body
 from seglog.segment.shard_reader import ShardReader
-from seglog.store import DB_CONFIG_FILE, DBS_DIR, STORE_FILE, is_open_in_this_process
+from seglog.store import STORE_FILE, db_directory, is_open_in_this_process, read_db_config
 
 __all__ = ["DEFAULT_POLL_INTERVAL_MS", "Follower", "follow"]
 
@@ -123,13 +122,8 @@ class Follower:
     def _open_blocking(self) -> None:
         if not (self.path / STORE_FILE).is_file():
             raise DatabaseNotFound(f"{self.path} is not a seglog data directory")
-        db_dir = self.path / DBS_DIR / self.db
-        try:
-            config = DbConfig.from_json(json.loads((db_dir / DB_CONFIG_FILE).read_text()))
-        except FileNotFoundError:
-            raise DatabaseNotFound(f"database {self.db!r} does not exist in {self.path}") from None
-        except (OSError, ValueError) as exc:
-            raise StorageError(f"cannot read the config of database {self.db!r}") from exc
+        db_dir = db_directory(self.path, self.db)
+        config = read_db_config(self.path, self.db)
         if config.engine != "segment":
             raise InvalidArgument(
                 f"database {self.db!r} uses the {config.engine!r} engine; only 'segment' databases "

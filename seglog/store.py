@@ -70,6 +70,26 @@ async def _every(interval_s: float, job: Callable[[], Awaitable[object]]) -> Non
         await job()
 
 
+def db_directory(data_dir: Path, name: str) -> Path:
+    """Directory of database ``name`` in the data directory ``data_dir``."""
+    return data_dir / DBS_DIR / name
+
+
+def read_db_config(data_dir: Path, name: str) -> DbConfig:
+    """The persisted config of database ``name`` (blocking; no lock needed).
+
+    Raises:
+        DatabaseNotFound: No such database.
+        StorageError: The config cannot be read.
+    """
+    try:
+        return DbConfig.from_json(json.loads((db_directory(data_dir, name) / DB_CONFIG_FILE).read_text()))
+    except FileNotFoundError:
+        raise DatabaseNotFound(f"database {name!r} does not exist in {data_dir}") from None
+    except (OSError, ValueError) as exc:
+        raise StorageError(f"cannot read the config of database {name!r}") from exc
+
+
 def _boot_id() -> str:
     try:
         return _BOOT_ID_PATH.read_text().strip()
@@ -323,7 +343,7 @@ class Store:
     # --- databases ---------------------------------------------------------------------
 
     def _db_dir(self, name: str) -> Path:
-        return self.path / DBS_DIR / name
+        return db_directory(self.path, name)
 
     def list_dbs(self) -> list[str]:
         """Names of the databases in the store, sorted."""
@@ -395,12 +415,7 @@ class Store:
             raise StorageError(f"cannot write the config of database {name!r}") from exc
 
     def _read_config(self, name: str) -> DbConfig:
-        try:
-            return DbConfig.from_json(json.loads((self._db_dir(name) / DB_CONFIG_FILE).read_text()))
-        except FileNotFoundError:
-            raise DatabaseNotFound(f"database {name!r} does not exist") from None
-        except (OSError, ValueError) as exc:
-            raise StorageError(f"cannot read the config of database {name!r}") from exc
+        return read_db_config(self.path, name)
 
     async def open_db(self, name: str) -> Database:
         """Open an existing database.

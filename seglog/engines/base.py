@@ -8,7 +8,7 @@ layer never knows which engine it drives.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, Literal, Protocol
@@ -26,6 +26,7 @@ __all__ = [
     "FsyncPolicy",
     "ShardStats",
     "empty_read_table",
+    "retention_start",
 ]
 
 FsyncPolicy = Literal["always", "interval", "never"]
@@ -37,6 +38,39 @@ READ_SCHEMA: Final = pa.schema([pa.field("offset", pa.int64(), nullable=False), 
 def empty_read_table() -> pa.Table:
     """A table with :data:`READ_SCHEMA` and no rows."""
     return READ_SCHEMA.empty_table()
+
+
+def retention_start(
+    units: Iterable[tuple[int, int, int | None]],
+    total_bytes: int,
+    retention_bytes: int | None,
+    retention_ms: int | None,
+    now_us: int,
+    floor: int | None,
+) -> int | None:
+    """The start offset retention allows, walking whole units oldest first; ``None``: no change.
+
+    Args:
+        units: ``(end_offset, size_bytes, max_ts)`` of each deletable unit (sealed segments,
+            tiered objects), oldest first; consumed lazily, so ``max_ts`` may be computed on
+            demand. A ``max_ts`` of ``None`` (empty unit) counts as expired by time.
+        total_bytes: Bytes of the whole log, the units and the active segment.
+        retention_bytes: A unit goes if the log stays at or above this without it.
+        retention_ms: A unit goes if its newest record is older than this.
+        now_us: The clock.
+        floor: No unit ending past this offset goes (a group's committed offset).
+    """
+    new_start: int | None = None
+    for end, size, max_ts in units:
+        if floor is not None and end > floor:
+            break
+        by_bytes = retention_bytes is not None and total_bytes - size >= retention_bytes
+        by_time = retention_ms is not None and (max_ts is None or now_us - max_ts > retention_ms * 1000)
+        if not (by_bytes or by_time):
+            break
+        total_bytes -= size
+        new_start = end
+    return new_start
 
 
 @dataclass(frozen=True)

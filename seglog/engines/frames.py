@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from seglog.engines.base import READ_SCHEMA, EngineConfig, ShardStats, empty_read_table
+from seglog.engines.base import READ_SCHEMA, EngineConfig, ShardStats, empty_read_table, retention_start
 from seglog.errors import ClosedResourceError, CorruptFrame, InvalidArgument, OffsetOutOfRange, StorageError
 from seglog.io_pool import BatchWriter, IoPool
 from seglog.record import EncodedFrame, FrameHeader, decode_body, verify_frame
@@ -156,17 +156,8 @@ class FrameTable:
         self, retention_bytes: int | None, retention_ms: int | None, now_us: int, floor: int | None
     ) -> int | None:
         """The start offset retention allows (whole frames, oldest first); ``None``: no change."""
-        total = self.bytes
-        new_start: int | None = None
-        for h in self.headers:
-            if floor is not None and h.next_offset > floor:
-                break
-            by_bytes = retention_bytes is not None and total - h.size >= retention_bytes
-            by_time = retention_ms is not None and now_us - h.max_ts > retention_ms * 1000
-            if not (by_bytes or by_time):
-                break
-            total -= h.size
-            new_start = h.next_offset
+        units = ((h.next_offset, h.size, h.max_ts) for h in self.headers)
+        new_start = retention_start(units, self.bytes, retention_bytes, retention_ms, now_us, floor)
         if new_start is None or new_start <= self.start:
             return None
         return new_start

@@ -22,7 +22,7 @@ from typing import Any, Final, NamedTuple
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from seglog.engines.base import READ_SCHEMA, EngineConfig, ShardStats, empty_read_table
+from seglog.engines.base import READ_SCHEMA, EngineConfig, ShardStats, empty_read_table, retention_start
 from seglog.engines.frames import check_writable, queue_appends
 from seglog.engines.frames import frame_keys as _frame_keys
 from seglog.engines.frames import split_batch as _split
@@ -146,21 +146,12 @@ class _Shard:
     ) -> int | None:
         """The start offset retention allows (whole sealed segments only), ``None``: no change."""
         segments = self.log.segments_snapshot()
+        units = (
+            (seg.next_offset, seg.size, seg.largest_ts() if retention_ms is not None else None)
+            for seg in segments[:-1]
+        )
         total = sum(seg.size for seg in segments)
-        new_start: int | None = None
-        for seg in segments[:-1]:
-            if floor is not None and seg.next_offset > floor:
-                break
-            by_bytes = retention_bytes is not None and total - seg.size >= retention_bytes
-            by_time = False
-            if retention_ms is not None:
-                ts = seg.largest_ts()
-                by_time = ts is None or now_us - ts > retention_ms * 1000
-            if not (by_bytes or by_time):
-                break
-            total -= seg.size
-            new_start = seg.next_offset
-        return new_start
+        return retention_start(units, total, retention_bytes, retention_ms, now_us, floor)
 
     def enforce_retention(
         self, retention_bytes: int | None, retention_ms: int | None, now_us: int, floor: int | None

@@ -17,7 +17,7 @@ from seglog.errors import CorruptFrame, OffsetOutOfRange, StorageError
 from seglog.record import EncodedFrame, FrameHeader, parse_header, verify_frame
 from seglog.segment.log_segment import SEGMENT_SUFFIX, LogSegment
 
-__all__ = ["CHECKPOINT_FILE", "FramePosition", "RecoveryReport", "ShardLog"]
+__all__ = ["CHECKPOINT_FILE", "FramePosition", "RecoveryReport", "ShardLog", "read_checkpoint"]
 
 log = logging.getLogger("seglog.segment")
 
@@ -96,7 +96,7 @@ class ShardLog:
         """
         directory.mkdir(parents=True, exist_ok=True)
         report = RecoveryReport()
-        checkpoint = _read_checkpoint(directory)
+        checkpoint = read_checkpoint(directory)
         paths = sorted(p for p in directory.iterdir() if p.name.endswith(SEGMENT_SUFFIX))
         for stale in directory.glob("*.tmp"):
             stale.unlink()
@@ -382,7 +382,8 @@ def _scan(
     return pos, next_offset, None
 
 
-def _read_checkpoint(directory: Path) -> dict[str, int]:
+def read_checkpoint(directory: Path) -> dict[str, int]:
+    """The shard's checkpoint (``log_start_offset``, ``recovery_base``); ``{}`` when absent or unreadable."""
     path = directory / CHECKPOINT_FILE
     try:
         data = json.loads(path.read_bytes())

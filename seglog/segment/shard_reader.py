@@ -20,15 +20,14 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-import json
 import os
 from pathlib import Path
 from typing import Final, NamedTuple
 
 from seglog.errors import CorruptFrame, OffsetOutOfRange, StorageError
 from seglog.record import FRAME_HEADER_BYTES, FrameHeader, parse_header, verify_frame
-from seglog.segment.log_segment import SEGMENT_SUFFIX
-from seglog.segment.shard_log import CHECKPOINT_FILE
+from seglog.segment.log_segment import SEGMENT_SUFFIX, segment_name
+from seglog.segment.shard_log import read_checkpoint
 
 __all__ = ["RawFrame", "ShardReader"]
 
@@ -60,15 +59,6 @@ def list_segment_bases(directory: Path) -> list[int]:
     return sorted(bases)
 
 
-def checkpointed_start(directory: Path) -> int:
-    """The log start offset the owner last checkpointed (0 when there is none)."""
-    try:
-        data = json.loads((directory / CHECKPOINT_FILE).read_bytes())
-        return int(data.get("log_start_offset", 0))
-    except (OSError, ValueError, AttributeError, TypeError):
-        return 0
-
-
 class ShardReader:
     """Reads the frames of one shard from a position on, following the log as it grows.
 
@@ -89,7 +79,7 @@ class ShardReader:
     def start_offset(self) -> int:
         """The first readable offset: the checkpointed start or the first segment's base."""
         bases = list_segment_bases(self.directory)
-        start = checkpointed_start(self.directory)
+        start = int(read_checkpoint(self.directory).get("log_start_offset", 0))
         return max(start, bases[0]) if bases else start
 
     def seek(self, offset: int) -> None:
@@ -101,7 +91,7 @@ class ShardReader:
         bases = list_segment_bases(self.directory)
         start = self.start_offset()
         if not bases or offset < start:
-            raise OffsetOutOfRange(offset, start, self._end_estimate(bases))
+            raise OffsetOutOfRange(offset, start, bases[-1] if bases else start)
         i = bisect.bisect_right(bases, offset) - 1
         self._open(bases[i])
         while True:
@@ -167,11 +157,8 @@ class ShardReader:
 
     # --- internals ---------------------------------------------------------------------
 
-    def _end_estimate(self, bases: list[int]) -> int:
-        return bases[-1] if bases else 0
-
     def _open(self, base: int) -> None:
-        path = self.directory / f"{base:020d}{SEGMENT_SUFFIX}"
+        path = self.directory / segment_name(base)
         try:
             fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:
@@ -216,7 +203,7 @@ class ShardReader:
             try:
                 self._buf = os.pread(self._fd, max(length, _READ_AHEAD_BYTES), pos)
             except OSError as exc:
-                raise StorageError(f"cannot read segment {self._base:020d}{SEGMENT_SUFFIX}") from exc
+                raise StorageError(f"cannot read segment {segment_name(self._base)}") from exc
             self._buf_pos = pos
             rel = 0
         return self._buf[rel : rel + length]
@@ -268,7 +255,7 @@ class ShardReader:
         return RawFrame(header, data)
 
     def _where(self) -> str:
-        return f"{self.directory / f'{self._base:020d}{SEGMENT_SUFFIX}'} position {self._pos}"
+        return f"{self.directory / segment_name(self._base)} position {self._pos}"
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
