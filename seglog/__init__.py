@@ -5,6 +5,7 @@ from __future__ import annotations
 from seglog import errors
 from seglog.db import AppendResult, Database, DbConfig
 from seglog.errors import (
+    AppendFailed,
     ClosedResourceError,
     ConfigMismatch,
     InvalidRecord,
@@ -20,6 +21,7 @@ from seglog.store import Store, open
 __version__ = "0.1.0"
 
 __all__ = [
+    "AppendFailed",
     "AppendResult",
     "ClosedResourceError",
     "ConfigMismatch",

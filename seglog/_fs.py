@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["atomic_write", "fsync_dir"]
+__all__ = ["atomic_write", "boot_id", "fsync_dir"]
+
+_BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
 
 
 def fsync_dir(path: str | os.PathLike[str]) -> None:
@@ -31,3 +33,15 @@ def atomic_write(path: str | os.PathLike[str], data: bytes) -> None:
         os.close(fd)
     os.replace(tmp, target)
     fsync_dir(target.parent)
+
+
+def boot_id() -> str:
+    """This boot of the machine (Linux ``boot_id``); ``"unknown"`` where it cannot be read.
+
+    Page-cache writes survive a process crash but not a machine restart, so state written
+    without fsync is trusted only by the same boot that wrote it.
+    """
+    try:
+        return _BOOT_ID_PATH.read_text().strip()
+    except OSError:
+        return "unknown"

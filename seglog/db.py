@@ -18,6 +18,7 @@ from seglog.engines.base import (
     DEFAULT_SEGMENT_MS,
     READ_SCHEMA,
     Engine,
+    Quota,
     ShardStats,
     retention_start,
 )
@@ -41,7 +42,8 @@ __all__ = ["AppendResult", "Database", "DbConfig", "TierShardStats", "shard_for"
 EngineName = Literal["segment", "memory", "lmdb"]
 ENGINES: Final = ("segment", "memory", "lmdb")
 Compression = Literal["none", "zstd"]
-_NAME_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+# Always ``fullmatch``: ``$`` with ``match`` also accepts a trailing "\n".
+_NAME_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 # Reads larger than this convert to Record objects off the event loop.
 _INLINE_RECORDS_MAX: Final = 4096
 MAX_SHARDS: Final = 4096
@@ -107,7 +109,7 @@ def validate_db_name(name: object) -> str:
     Raises:
         InvalidName: The name could escape the data directory or is otherwise unusable.
     """
-    if not isinstance(name, str) or not _NAME_RE.match(name) or ".." in name:
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name) or ".." in name:
         raise InvalidName(
             f"invalid database name {name!r}: use 1-128 characters of letters, digits, '_', '.', '-', "
             "starting with a letter or digit, without '..'"
@@ -214,8 +216,7 @@ class Database:
         groups: GroupStore | None = None,
         clock_us: Callable[[], int] = now_us,
         persist_config: Callable[[DbConfig], None] | None = None,
-        admit: Callable[[int], None] | None = None,
-        on_freed: Callable[[int], None] | None = None,
+        quota: Quota | None = None,
         tier: DbTier | None = None,
     ) -> None:
         self.name = name
@@ -224,8 +225,7 @@ class Database:
         self._groups = groups
         self._clock_us = clock_us
         self._persist_config = persist_config
-        self._admit = admit
-        self._on_freed = on_freed
+        self._quota = quota
         if tier is not None and not isinstance(engine, SegmentEngine):
             raise ConfigMismatch(f"database {name!r}: tiering needs the 'segment' engine, not {config.engine!r}")
         self._tier = tier
@@ -311,7 +311,7 @@ class Database:
         if shard is None and self.config.shards == 1 and not explicit:
             shard = 0
         if shard is not None:
-            (base,) = await engine.append_many([(shard, batch)], self._admit)
+            (base,) = await engine.append_many([(shard, batch)], self._quota)
             return np.full(n, shard, np.int32), np.arange(base, base + n, dtype=np.int64)
         routes = self._routes(batch, explicit)
         order = np.argsort(routes, kind="stable")
@@ -322,7 +322,7 @@ class Database:
             if c:
                 parts.append((s, order[start : start + c]))
                 start += c
-        bases = await engine.append_many([(s, batch.take(pa.array(idx))) for s, idx in parts], self._admit)
+        bases = await engine.append_many([(s, batch.take(pa.array(idx))) for s, idx in parts], self._quota)
         offset_col = np.empty(n, np.int64)
         for (_, idx), base in zip(parts, bases, strict=True):
             offset_col[idx] = np.arange(base, base + len(idx), dtype=np.int64)
@@ -696,8 +696,8 @@ class Database:
 
     def _after_delete(self, freed: int) -> None:
         """Tell the store's space accounting that ``freed`` bytes of files are gone."""
-        if freed and self._on_freed is not None:
-            self._on_freed(freed)
+        if freed and self._quota is not None:
+            self._quota.release(freed)
 
     # --- live tail -----------------------------------------------------------------------
 

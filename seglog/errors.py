@@ -13,6 +13,7 @@ trio splits its errors, so callers can catch by *kind of problem*:
 from __future__ import annotations
 
 __all__ = [
+    "AppendFailed",
     "BusyResourceError",
     "ClosedResourceError",
     "ConfigMismatch",
@@ -125,6 +126,23 @@ class QuotaExceeded(UsageError):
 
 class StorageError(SeglogError):
     """A local disk operation failed; the OS error is chained as ``__cause__``."""
+
+
+class AppendFailed(StorageError):
+    """An append failed on one or more shards; nothing of those shards' parts is in the log.
+
+    A routed append is atomic per shard, not across shards: parts for other shards may have
+    been written (and are durable).
+
+    Attributes:
+        failed: Shard -> the failure of its part.
+        written: Shard -> base offset of each part that was written.
+    """
+
+    def __init__(self, message: str, *, failed: dict[int, BaseException], written: dict[int, int]) -> None:
+        super().__init__(message)
+        self.failed = failed
+        self.written = written
 
 
 class CorruptFrame(StorageError):

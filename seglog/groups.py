@@ -1,4 +1,8 @@
-"""Durable consumer-group positions: one LMDB environment per database, fsynced per commit."""
+"""Durable consumer-group positions: one LMDB environment per database, fsynced per commit.
+
+Every LMDB failure, reads included, surfaces as :class:`~seglog.errors.StorageError` with the
+``lmdb.Error`` chained as ``__cause__``.
+"""
 
 from __future__ import annotations
 
@@ -10,12 +14,14 @@ from typing import Final
 
 import lmdb
 
+from seglog._fs import fsync_dir
 from seglog.errors import ClosedResourceError, InvalidName, StorageError
 
 __all__ = ["GROUPS_DIR", "GroupStore", "validate_group_name"]
 
 GROUPS_DIR: Final = "groups"
-_NAME_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+# Always ``fullmatch``: ``$`` with ``match`` also accepts a trailing "\n".
+_NAME_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 _MAP_SIZE_BYTES: Final = 1 << 30
 _SHARD: Final = struct.Struct(">I")
 _OFFSET: Final = struct.Struct(">Q")
@@ -27,7 +33,7 @@ def validate_group_name(name: object) -> str:
     Raises:
         InvalidName: The name is empty, too long or has unusable characters.
     """
-    if not isinstance(name, str) or not _NAME_RE.match(name) or ".." in name:
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name) or ".." in name:
         raise InvalidName(
             f"invalid group name {name!r}: use 1-128 characters of letters, digits, '_', '.', '-', "
             "starting with a letter or digit, without '..'"
@@ -43,6 +49,9 @@ class GroupStore:
     """Committed offsets per (group, shard); a commit is durable when :meth:`commit` returns.
 
     Commits may move backwards (rewind), like Kafka's. Thread-safe.
+
+    Raises:
+        StorageError: From the constructor and every method when the directory or LMDB fails.
     """
 
     def __init__(self, directory: Path) -> None:
@@ -53,6 +62,12 @@ class GroupStore:
             self._env: lmdb.Environment | None = lmdb.open(
                 str(self.path), map_size=_MAP_SIZE_BYTES, max_dbs=1, sync=True, metasync=True, lock=True
             )
+            # LMDB fsyncs its data file but never a directory: make the entries of its files in
+            # groups/, and of groups/ in its parent, survive a power loss. Done on every open,
+            # not only on creation, so a crash between mkdir and these fsyncs cannot leave an
+            # unsynced directory that later acknowledged commits depend on.
+            fsync_dir(self.path)
+            fsync_dir(directory)
         except (OSError, lmdb.Error) as exc:
             raise StorageError(f"cannot open group store at {self.path}") from exc
 
@@ -74,8 +89,11 @@ class GroupStore:
     def committed(self, group: str, shard: int) -> int | None:
         """The committed offset of ``(group, shard)``, or ``None``."""
         env = self._env_or_raise()
-        with env.begin() as txn:
-            raw = txn.get(_key(group, shard))
+        try:
+            with env.begin() as txn:
+                raw = txn.get(_key(group, shard))
+        except lmdb.Error as exc:
+            raise StorageError(f"cannot read the commit of group {group!r} on shard {shard}") from exc
         return None if raw is None else int(_OFFSET.unpack(raw)[0])
 
     def min_committed(self, shard: int) -> int | None:
@@ -83,18 +101,24 @@ class GroupStore:
         env = self._env_or_raise()
         best: int | None = None
         suffix = b"\x00" + _SHARD.pack(shard)
-        with env.begin() as txn:
-            for k, v in txn.cursor().iternext():
-                if k.endswith(suffix):
-                    off = int(_OFFSET.unpack(v)[0])
-                    best = off if best is None else min(best, off)
+        try:
+            with env.begin() as txn:
+                for k, v in txn.cursor().iternext():
+                    if k.endswith(suffix):
+                        off = int(_OFFSET.unpack(v)[0])
+                        best = off if best is None else min(best, off)
+        except lmdb.Error as exc:
+            raise StorageError(f"cannot read the group commits of shard {shard}") from exc
         return best
 
     def groups(self) -> list[str]:
         """Names of every group with a commit, sorted."""
         env = self._env_or_raise()
-        with env.begin() as txn:
-            names = {bytes(k[:-5]).decode() for k in txn.cursor().iternext(values=False)}
+        try:
+            with env.begin() as txn:
+                names = {bytes(k[:-5]).decode() for k in txn.cursor().iternext(values=False)}
+        except lmdb.Error as exc:
+            raise StorageError("cannot list the consumer groups") from exc
         return sorted(names)
 
     def close(self) -> None:
@@ -102,4 +126,7 @@ class GroupStore:
         with self._lock:
             env, self._env = self._env, None
         if env is not None:
-            env.close()
+            try:
+                env.close()
+            except lmdb.Error as exc:
+                raise StorageError(f"cannot close the group store at {self.path}") from exc

@@ -17,7 +17,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Final
 
-from seglog._fs import atomic_write, fsync_dir
+from seglog._fs import atomic_write, boot_id, fsync_dir
 from seglog.db import Database, DbConfig, validate_db_name
 from seglog.engines.base import Engine, EngineConfig, FsyncPolicy
 from seglog.engines.lmdb_engine import LmdbEngine
@@ -52,7 +52,6 @@ STORE_FILE: Final = "seglog.json"
 DBS_DIR: Final = "dbs"
 DB_CONFIG_FILE: Final = "config.json"
 _READ_THREADS: Final = 4
-_BOOT_ID_PATH: Final = Path("/proc/sys/kernel/random/boot_id")
 DEFAULT_RETENTION_INTERVAL_MS: Final = 300_000
 # Data directories open in this process: LMDB allows one handle per environment per process.
 _OPEN_HERE: set[Path] = set()
@@ -90,11 +89,17 @@ def read_db_config(data_dir: Path, name: str) -> DbConfig:
         raise StorageError(f"cannot read the config of database {name!r}") from exc
 
 
-def _boot_id() -> str:
-    try:
-        return _BOOT_ID_PATH.read_text().strip()
-    except OSError:
-        return "unknown"
+class _StoreQuota:
+    """The store's soft quota as a database's appends see it."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    def admit(self, nbytes: int) -> None:
+        self._store._admit(nbytes)
+
+    def release(self, nbytes: int) -> None:
+        self._store._freed(nbytes)
 
 
 class Store:
@@ -146,7 +151,6 @@ class Store:
         self._lock_fd = -1
         self._dbs: dict[str, Database] = {}
         self._db_lock = asyncio.Lock()
-        self._rebuild_indexes = False
         self._io_pool: IoPool | None = None
         self._executor: ThreadPoolExecutor | None = None
         self.quota_bytes = quota_bytes
@@ -277,28 +281,47 @@ class Store:
             raise StoreLocked(f"{self.path} is open in another process") from None
         self._lock_fd = fd
         _OPEN_HERE.add(self.path)
+        try:
+            self._prepare_directory()
+        except BaseException:
+            self._release_lock()
+            self._state = "closed"
+            raise
+
+    def _prepare_directory(self) -> None:
+        """Check the store file, clear leftovers, record this run (lock held)."""
         store_file = self.path / STORE_FILE
-        if store_file.exists():
-            meta = json.loads(store_file.read_text())
-            if meta.get("format") != STORE_FORMAT:
-                raise StorageError(f"{self.path}: unknown store format {meta.get('format')!r}")
-        else:
-            (self.path / DBS_DIR).mkdir(exist_ok=True)
-            atomic_write(store_file, json.dumps({"format": STORE_FORMAT}).encode())
-        for stale in (self.path / DBS_DIR).glob(".*.dropped-*"):
-            shutil.rmtree(stale, ignore_errors=True)  # a drop_db interrupted by a crash
-        running = self.path / _RUNNING_FILE
-        boot = _boot_id()
-        if running.exists():
-            previous = running.read_text().strip()
-            if previous != boot:
-                # The machine restarted while the store was open: the LMDB indexes were
-                # written without fsync and may be torn. They are derived data: rebuild.
-                log.warning("%s was not closed before a machine restart; rebuilding indexes", self.path)
-                self._rebuild_indexes = True
+        try:
+            if store_file.exists():
+                try:
+                    meta = json.loads(store_file.read_text())
+                except (ValueError, UnicodeDecodeError) as exc:
+                    raise StorageError(f"{store_file} is corrupt; it should hold {{\"format\": {STORE_FORMAT}}}") from exc
+                if not isinstance(meta, dict) or meta.get("format") != STORE_FORMAT:
+                    found = meta.get("format") if isinstance(meta, dict) else meta
+                    raise StorageError(f"{self.path}: unknown store format {found!r}")
             else:
-                log.warning("%s was not closed cleanly (process crash); recovering", self.path)
-        atomic_write(running, boot.encode())
+                (self.path / DBS_DIR).mkdir(exist_ok=True)
+                fsync_dir(self.path)
+                atomic_write(store_file, json.dumps({"format": STORE_FORMAT}).encode())
+            stale = list((self.path / DBS_DIR).glob(".*.dropped-*"))
+            for tomb in stale:
+                shutil.rmtree(tomb, ignore_errors=True)  # a drop_db interrupted by a crash
+            if stale:
+                fsync_dir(self.path / DBS_DIR)
+            running = self.path / _RUNNING_FILE
+            boot = boot_id()
+            if running.exists():
+                # Indexes torn by a machine restart are found and rebuilt per index
+                # (seglog.index.shard_index); this is only the log line.
+                previous = running.read_text().strip()
+                if previous != boot:
+                    log.warning("%s was open when the machine restarted; recovering", self.path)
+                else:
+                    log.warning("%s was not closed cleanly (process crash); recovering", self.path)
+            atomic_write(running, boot.encode())
+        except OSError as exc:
+            raise StorageError(f"cannot prepare data directory {self.path}") from exc
 
     async def close(self) -> None:
         """Drain writes, close every database and release the directory; idempotent."""
@@ -330,11 +353,16 @@ class Store:
         try:
             (self.path / _RUNNING_FILE).unlink(missing_ok=True)
             fsync_dir(self.path)
+        except OSError as exc:
+            raise StorageError(f"cannot mark {self.path} closed") from exc
         finally:
-            if self._lock_fd >= 0:
-                _OPEN_HERE.discard(self.path)
-                os.close(self._lock_fd)
-                self._lock_fd = -1
+            self._release_lock()
+
+    def _release_lock(self) -> None:
+        if self._lock_fd >= 0:
+            _OPEN_HERE.discard(self.path)
+            os.close(self._lock_fd)
+            self._lock_fd = -1
 
     def _check_open(self) -> None:
         if self._state != "open":
@@ -451,7 +479,6 @@ class Store:
             max_record_bytes=config.max_record_bytes,
             fsync=self.fsync,
             fsync_interval_ms=self.fsync_interval_ms,
-            rebuild_indexes=self._rebuild_indexes,
             clock_us=self.clock_us,
         )
         engine: Engine
@@ -477,8 +504,7 @@ class Store:
             groups=groups,
             clock_us=self.clock_us,
             persist_config=functools.partial(self._write_config, name),
-            admit=self._admit,
-            on_freed=self._freed,
+            quota=_StoreQuota(self),
             tier=tier,
         )
         self._dbs[name] = db

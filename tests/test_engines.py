@@ -212,15 +212,18 @@ def test_tail_wakes_up_on_append(run, data_dir: Path, engine: str) -> None:
             db = await store.create_db("t", engine=engine)
             await db.append(make_records(3))
             got: list[int] = []
+            caught_up = asyncio.Event()
 
             async def consume() -> None:
                 async for rec in db.tail(0, 0):
                     got.append(rec.offset)  # type: ignore[arg-type]
+                    if len(got) == 3:
+                        caught_up.set()
                     if len(got) == 8:
                         return
 
             task = asyncio.create_task(consume())
-            await asyncio.sleep(0.05)
+            await asyncio.wait_for(caught_up.wait(), 10)
             assert got == [0, 1, 2]
             await db.append(make_records(5))
             await asyncio.wait_for(task, 10)

@@ -8,6 +8,7 @@ from seglog import errors
 
 def test_all_is_exact_and_importable() -> None:
     expected = {
+        "AppendFailed",
         "AppendResult",
         "ClosedResourceError",
         "ConfigMismatch",
@@ -50,3 +51,10 @@ def test_error_tree_is_rooted_and_split() -> None:
     assert not issubclass(errors.OffsetOutOfRange, errors.UsageError)
     e = errors.OffsetOutOfRange(5, 10, 20, shard=1)
     assert (e.offset, e.start, e.end, e.shard) == (5, 10, 20, 1)
+
+
+def test_append_failed_is_a_storage_error_with_parts() -> None:
+    cause = OSError(28, "No space left on device")
+    e = errors.AppendFailed("x", failed={1: cause}, written={0: 5})
+    assert isinstance(e, errors.StorageError) and not isinstance(e, errors.UsageError)
+    assert e.failed == {1: cause} and e.written == {0: 5}

@@ -88,3 +88,38 @@ def test_drop_db_waits_for_inflight_appends(run, data_dir: Path) -> None:
             assert store.list_dbs() == []
 
     run(main())
+
+
+@pytest.mark.parametrize("content", [b"{not json", b"\xff\xfe", b"[1, 2]", b'{"format": 99}'])
+def test_corrupt_store_file_is_a_storage_error_and_releases_the_lock(run, data_dir: Path, content: bytes) -> None:
+    async def create() -> None:
+        async with seglog.open(data_dir):
+            pass
+
+    run(create())
+    good = (data_dir / "seglog.json").read_bytes()
+    (data_dir / "seglog.json").write_bytes(content)
+
+    async def open_bad() -> None:
+        with pytest.raises(errors.StorageError, match=r"seglog\.json|store format"):
+            await seglog.open(data_dir)
+
+    run(open_bad())
+    (data_dir / "seglog.json").write_bytes(good)
+
+    async def open_again() -> None:
+        async with seglog.open(data_dir) as store:  # not StoreLocked: the failed open let go
+            assert store.list_dbs() == []
+
+    run(open_again())
+
+
+def test_index_lookup_failures_are_storage_errors(tmp_path: Path) -> None:
+    from seglog.index import ShardIndex
+
+    index = ShardIndex(tmp_path / "index")
+    index.close()  # LMDB raises on a closed environment: it must come out as StorageError
+    for call in (lambda: index.floor(0), lambda: index.key_offsets(b"k"), lambda: index.time_lower_bound(0),
+                 lambda: index.tag_frames(1)):
+        with pytest.raises(errors.StorageError):
+            call()

@@ -24,6 +24,7 @@ __all__ = [
     "Engine",
     "EngineConfig",
     "FsyncPolicy",
+    "Quota",
     "ShardStats",
     "empty_read_table",
     "retention_start",
@@ -86,7 +87,6 @@ class EngineConfig:
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
     fsync: FsyncPolicy = "always"
     fsync_interval_ms: int = 1000
-    rebuild_indexes: bool = False
     clock_us: Callable[[], int] = field(default=lambda: 0)
 
 
@@ -101,6 +101,16 @@ class ShardStats:
     bytes: int
 
 
+class Quota(Protocol):
+    """The store's space accounting, as an append sees it."""
+
+    def admit(self, nbytes: int) -> None:
+        """Count ``nbytes`` about to be written, or raise to refuse the append."""
+
+    def release(self, nbytes: int) -> None:
+        """Give back bytes that were admitted but not written (or were freed)."""
+
+
 class Engine(Protocol):
     """Storage for the shards of one database (see the module docstring)."""
 
@@ -113,13 +123,15 @@ class Engine(Protocol):
     async def append(self, shard: int, batch: pa.RecordBatch) -> int:
         """Append a validated batch durably; return the offset of its first record."""
 
-    async def append_many(
-        self, parts: Sequence[tuple[int, pa.RecordBatch]], admit: Callable[[int], None] | None = None
-    ) -> list[int]:
+    async def append_many(self, parts: Sequence[tuple[int, pa.RecordBatch]], quota: Quota | None = None) -> list[int]:
         """Append batches to distinct shards; return each one's base offset.
 
-        ``admit`` gets the bytes the append will write and may raise to reject it before
-        any offset is assigned or anything is queued.
+        ``quota.admit`` gets the bytes the append will write and may raise to reject it
+        before any offset is assigned or anything is queued; the bytes of parts that fail
+        are given back with ``quota.release``.
+
+        Raises:
+            AppendFailed: Some parts failed; nothing of them is in the log.
         """
 
     listener: Callable[[int], None] | None

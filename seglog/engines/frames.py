@@ -11,6 +11,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import bisect
+import contextlib
 import functools
 import threading
 from collections.abc import Callable, Sequence
@@ -21,9 +22,23 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from seglog.engines.base import READ_SCHEMA, EngineConfig, ShardStats, empty_read_table, retention_start
-from seglog.errors import ClosedResourceError, CorruptFrame, InvalidArgument, OffsetOutOfRange, StorageError
-from seglog.io_pool import BatchWriter, IoPool
+from seglog.engines.base import (
+    READ_SCHEMA,
+    EngineConfig,
+    Quota,
+    ShardStats,
+    empty_read_table,
+    retention_start,
+)
+from seglog.errors import (
+    AppendFailed,
+    ClosedResourceError,
+    CorruptFrame,
+    InvalidArgument,
+    OffsetOutOfRange,
+    StorageError,
+)
+from seglog.io_pool import BatchWriter, IoPool, ItemError
 from seglog.record import EncodedFrame, FrameHeader, decode_body, verify_frame
 
 __all__ = [
@@ -32,6 +47,7 @@ __all__ = [
     "FrameTable",
     "FrameTableEngine",
     "QueueableShard",
+    "WriteGenerations",
     "frame_bytes",
     "frame_keys",
     "queue_appends",
@@ -163,50 +179,142 @@ class FrameTable:
         return new_start
 
 
+class WriteGenerations:
+    """Offset assignment that survives a failed write (base of every queued shard writer).
+
+    Offsets are assigned on the event loop (:attr:`next_offset`) and written in that order by
+    the shard's I/O worker. When a write fails and is rolled back, the offsets already handed
+    to requests queued behind it no longer continue the log. Each request therefore carries
+    the generation it was assigned in; the worker refuses requests of an older generation
+    than its own, and :meth:`rewind` moves the loop's next offset back to the durable end in
+    a new generation, so later appends continue the log with no gap.
+    """
+
+    def __init__(self, next_offset: int) -> None:
+        self.next_offset = next_offset  # event-loop thread
+        self.gen = 0  # event-loop thread
+        self.failed: BaseException | None = None  # set by the worker: read-only until reopen
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._min_gen = 0  # worker thread
+
+    def split_stale(self, items: Sequence[Any]) -> tuple[list[Any], list[Any]]:
+        """The live items (``item.gen`` current) and a result list with stale ones failed."""
+        results: list[Any] = [None] * len(items)
+        live = []
+        for i, item in enumerate(items):
+            if item.gen < self._min_gen:
+                results[i] = ItemError(StorageError(
+                    "not written: an earlier write to this shard failed and was rolled back; retry"
+                ))
+            else:
+                live.append(item)
+        return live, results
+
+    def merge_results(self, items: Sequence[Any], results: list[Any], live_results: Sequence[Any]) -> list[Any]:
+        """Fill the live items' results into ``results`` (from :meth:`split_stale`)."""
+        it = iter(live_results)
+        return [next(it) if r is None else r for r in results]
+
+    def rewind(self, gen: int, end: int) -> None:
+        """(Worker) Requests of ``gen`` are refused from now on; new offsets restart at ``end``."""
+        self._min_gen = gen + 1
+        loop = self.loop
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):  # a closed loop appends nothing more
+                loop.call_soon_threadsafe(self._rewound, gen, end)
+
+    def _rewound(self, gen: int, end: int) -> None:
+        if self.gen == gen:
+            self.gen = gen + 1
+            self.next_offset = end
+
+
 class QueueableShard(BatchWriter, Protocol):
     """A shard an engine appends to through the :class:`IoPool`."""
 
     number: int
     next_offset: int
+    gen: int
     failed: BaseException | None
+    loop: asyncio.AbstractEventLoop | None
 
 
 def check_writable(shards: Sequence[QueueableShard]) -> None:
-    """Raise :class:`StorageError` if any shard failed a write earlier."""
+    """Raise :class:`StorageError` if any shard is read-only after a write it could not undo."""
     for s in shards:
         if s.failed is not None:
-            raise StorageError(f"shard {s.number} failed earlier; reopen the store") from s.failed
+            raise StorageError(
+                f"shard {s.number} is read-only after a write it could not undo; reopen the store"
+            ) from s.failed
 
 
 async def queue_appends(
     io_pool: IoPool,
     shards: Sequence[QueueableShard],
     encoded: Sequence[tuple[Any, int]],
+    sizes: Sequence[int],
+    quota: Quota | None,
     listener: Callable[[int], None] | None,
 ) -> list[int]:
-    """Assign offsets, queue each shard's encoded frames on its I/O worker, await durability.
+    """Admit, assign offsets, queue each shard's encoded frames on its I/O worker, await durability.
 
-    ``encoded`` holds, per shard, the writer's pending item and the offset after it. The
-    offsets are taken without awaiting, so concurrent appends cannot interleave.
+    ``encoded`` holds, per shard, the writer's pending item and the offset after it; ``sizes``
+    its bytes. The offsets are taken without awaiting, so concurrent appends cannot
+    interleave. The bytes of parts that fail are given back to ``quota``.
 
     Returns:
         The base offset of each shard's part.
+
+    Raises:
+        QuotaExceeded: From ``quota``; nothing was queued.
+        AppendFailed: Some parts failed (nothing of them is in the log); the others were written.
     """
+    if quota is not None:
+        quota.admit(sum(sizes))
+    loop = asyncio.get_running_loop()
     bases: list[int] = []
     futures: list[asyncio.Future[Any]] = []
-    for s, (pending, end) in zip(shards, encoded, strict=True):
+    queued: list[int] = []  # index into shards of each future
+    for i, (s, (pending, end)) in enumerate(zip(shards, encoded, strict=True)):
         bases.append(s.next_offset)
         if end == s.next_offset:
             continue
+        s.loop = loop
         s.next_offset = end
         fut = io_pool.submit(s.number, s, pending)
         if listener is not None:
             fut.add_done_callback(functools.partial(_notify, listener, s.number))
         futures.append(fut)
+        queued.append(i)
     if len(futures) == 1:
-        await futures[0]  # the common single-shard case, without gather's bookkeeping
-    else:
-        await asyncio.gather(*futures)
+        # The common single-shard case, without gather's bookkeeping.
+        try:
+            await futures[0]
+        except StorageError as exc:
+            if quota is not None:
+                quota.release(sizes[queued[0]])
+            raise AppendFailed(str(exc), failed={shards[queued[0]].number: exc}, written={}) from exc
+        return bases
+    outcomes = await asyncio.gather(*futures, return_exceptions=True)
+    failed: dict[int, BaseException] = {}
+    written: dict[int, int] = {}
+    for i, outcome in zip(queued, outcomes, strict=True):
+        if isinstance(outcome, BaseException):
+            failed[shards[i].number] = outcome
+            if quota is not None:
+                quota.release(sizes[i])
+        else:
+            written[shards[i].number] = bases[i]
+    if failed:
+        first = next(iter(failed.values()))
+        if not isinstance(first, StorageError):
+            raise first
+        raise AppendFailed(
+            f"append failed on shard(s) {sorted(failed)} (nothing of those parts was kept)"
+            + (f"; the parts for shard(s) {sorted(written)} were written" if written else ""),
+            failed=failed,
+            written=written,
+        ) from first
     return bases
 
 

@@ -18,10 +18,11 @@ from typing import Any, Final, NamedTuple
 import lmdb
 import pyarrow as pa
 
-from seglog.engines.base import EngineConfig
+from seglog.engines.base import EngineConfig, Quota
 from seglog.engines.frames import (
     FrameTable,
     FrameTableEngine,
+    WriteGenerations,
     check_writable,
     decode_frame,
     frame_bytes,
@@ -55,6 +56,7 @@ def _start_key(shard: int) -> bytes:
 
 
 class _Pending(NamedTuple):
+    gen: int  # the shard's write generation when the offsets were assigned
     base: int
     frames: list[tuple[FrameHeader, bytes, list[tuple[bytes, int]]]]
 
@@ -65,14 +67,22 @@ class _Maintenance:
     def write_batch(self, items: Sequence[Callable[[], Any]]) -> Sequence[Any]:
         return [item() for item in items]
 
+    def sync_deadline(self) -> float | None:
+        return None
+
     def flush_idle(self) -> None:
         pass
 
 
-class _LmdbShard:
-    """One shard's write side (a :class:`~seglog.io_pool.BatchWriter`): one write txn per group."""
+class _LmdbShard(WriteGenerations):
+    """One shard's write side (a :class:`~seglog.io_pool.BatchWriter`): one write txn per group.
+
+    A failed transaction is aborted by LMDB (nothing of it is kept) and the shard goes on
+    (see :class:`WriteGenerations`); a failed ``interval`` sync makes it read-only until reopen.
+    """
 
     def __init__(self, number: int, env: lmdb.Environment, meta: Any, config: EngineConfig, table: FrameTable) -> None:
+        super().__init__(table.end)
         self.number = number
         self.env = env
         self.meta = meta
@@ -80,49 +90,68 @@ class _LmdbShard:
         self.keys_db = env.open_db(b"k%d" % number)
         self.config = config
         self.table = table
-        self.next_offset = table.end  # assigned (event-loop thread)
-        self.failed: BaseException | None = None
         self.maintenance = _Maintenance()
         self._last_sync_s = time.monotonic()
-        self._unsynced = False
+        self._unsynced_since_s: float | None = None
 
-    def write_batch(self, items: Sequence[_Pending]) -> Sequence[int]:
+    def write_batch(self, items: Sequence[_Pending]) -> Sequence[Any]:
         if self.failed is not None:
-            raise StorageError(f"shard {self.number} failed earlier; reopen the store") from self.failed
+            raise StorageError(
+                f"shard {self.number} is read-only after a failed sync; reopen the store"
+            ) from self.failed
+        live, results = self.split_stale(items)
+        if not live:
+            return results
         try:
             with self.env.begin(write=True) as txn:
-                for item in items:
+                for item in live:
                     for header, data, keys in item.frames:
                         txn.put(_U64.pack(header.base_offset), data, db=self.frames_db, append=True)
                         for k, o in keys:
                             txn.put(_key_prefix(k) + _U64.pack(o), b"", db=self.keys_db)
-            self._sync_per_policy()
         except lmdb.Error as exc:
-            self.failed = exc
-            raise StorageError(f"write to shard {self.number} failed") from exc
+            # LMDB aborted the transaction: nothing of it is kept.
+            self.rewind(live[0].gen, self.table.end)
+            raise StorageError(f"write to shard {self.number} failed; nothing of it was kept") from exc
         t = self.table
         with t.lock:
-            for item in items:
+            for item in live:
                 for header, _data, _keys in item.frames:
                     t.add(header)
-        return [item.base for item in items]
+        self._sync_per_policy()
+        return self.merge_results(items, results, [item.base for item in live])
 
     def _sync_per_policy(self) -> None:
         # "always": the environment syncs at every commit.
         if self.config.fsync == "interval":
             now = time.monotonic()
             if now - self._last_sync_s >= self.config.fsync_interval_ms / 1000:
-                self.env.sync(True)
-                self._last_sync_s = now
-                self._unsynced = False
-            else:
-                self._unsynced = True
+                # A failure makes the shard read-only; this batch is committed like the
+                # acknowledged ones before it (the interval policy acknowledges after write).
+                with contextlib.suppress(StorageError):
+                    self._sync()
+            elif self._unsynced_since_s is None:
+                self._unsynced_since_s = now
+
+    def _sync(self) -> None:
+        try:
+            self.env.sync(True)
+        except lmdb.Error as exc:
+            self.failed = exc
+            log.error("shard %d: sync failed (%s); acknowledged writes since the last sync may be lost; "
+                      "read-only until reopen", self.number, exc)
+            raise StorageError(f"sync of shard {self.number} failed") from exc
+        self._last_sync_s = time.monotonic()
+        self._unsynced_since_s = None
+
+    def sync_deadline(self) -> float | None:
+        if self._unsynced_since_s is None or self.failed is not None:
+            return None
+        return self._unsynced_since_s + self.config.fsync_interval_ms / 1000
 
     def flush_idle(self) -> None:
-        if self._unsynced and self.failed is None:
-            self.env.sync(True)
-            self._unsynced = False
-            self._last_sync_s = time.monotonic()
+        if self._unsynced_since_s is not None and self.failed is None:
+            self._sync()
 
     def drop_before(self, start: int) -> int:
         """Delete the frames (and their key entries) wholly below ``start`` in one txn; return bytes freed."""
@@ -236,25 +265,24 @@ class LmdbEngine(FrameTableEngine):
     async def append(self, shard: int, batch: pa.RecordBatch) -> int:
         return (await self.append_many([(shard, batch)]))[0]
 
-    def _encode(self, base: int, batch: pa.RecordBatch) -> tuple[_Pending, int]:
+    def _encode(self, gen: int, base: int, batch: pa.RecordBatch) -> tuple[_Pending, int]:
         frames = []
         offset = base
         for part in split_batch(batch):
             frame = encode_frame(part, offset, compression=self.config.compression)
             frames.append((frame.header, frame_bytes(frame), frame_keys(part, offset)))
             offset += part.num_rows
-        return _Pending(base, frames), offset
+        return _Pending(gen, base, frames), offset
 
-    async def append_many(
-        self, parts: Sequence[tuple[int, pa.RecordBatch]], admit: Callable[[int], None] | None = None
-    ) -> list[int]:
-        """Append batches to distinct shards; ``admit(encoded_bytes)`` may veto before anything is queued."""
+    async def append_many(self, parts: Sequence[tuple[int, pa.RecordBatch]], quota: Quota | None = None) -> list[int]:
+        """Append batches to distinct shards; ``quota`` may veto before anything is queued."""
         shards = [self._shard(n) for n, _ in parts]
         check_writable(shards)
-        encoded = [self._encode(s.next_offset, batch) for s, (_, batch) in zip(shards, parts, strict=True)]
-        if admit is not None:
-            admit(sum(h.size for pending, _ in encoded for h, _d, _k in pending.frames))
-        return await queue_appends(self._io_pool, shards, encoded, self.listener)
+        encoded = [
+            self._encode(s.gen, s.next_offset, batch) for s, (_, batch) in zip(shards, parts, strict=True)
+        ]
+        sizes = [sum(h.size for h, _d, _k in pending.frames) for pending, _ in encoded]
+        return await queue_appends(self._io_pool, shards, encoded, sizes, quota, self.listener)
 
     # --- reads -------------------------------------------------------------------------
 

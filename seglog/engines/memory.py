@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Executor
 from typing import Any, Final
 
 import pyarrow as pa
 
-from seglog.engines.base import EngineConfig
+from seglog.engines.base import EngineConfig, Quota
 from seglog.engines.frames import FrameTable, FrameTableEngine, frame_bytes, frame_keys, split_batch
 from seglog.errors import OffsetOutOfRange
 from seglog.record import EncodedFrame, FrameHeader, encode_frame
@@ -67,15 +67,13 @@ class MemoryEngine(FrameTableEngine):
             offset += part.num_rows
         return out
 
-    async def append_many(
-        self, parts: Sequence[tuple[int, pa.RecordBatch]], admit: Callable[[int], None] | None = None
-    ) -> list[int]:
-        """Append batches to distinct shards; ``admit(encoded_bytes)`` may veto before anything changes."""
+    async def append_many(self, parts: Sequence[tuple[int, pa.RecordBatch]], quota: Quota | None = None) -> list[int]:
+        """Append batches to distinct shards; ``quota`` may veto before anything changes."""
         tables = [self._table(n) for n, _ in parts]
         # No await between encoding and storing: offsets cannot interleave.
         encoded = [self._encode(t.end, batch) for t, (_, batch) in zip(tables, parts, strict=True)]
-        if admit is not None:
-            admit(sum(f.size for frames in encoded for f, _ in frames))
+        if quota is not None:
+            quota.admit(sum(f.size for frames in encoded for f, _ in frames))
         bases: list[int] = []
         for (n, _), t, frames in zip(parts, tables, encoded, strict=True):
             bases.append(t.end)

@@ -13,25 +13,40 @@ import asyncio
 import contextlib
 import functools
 import logging
-import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor
 from typing import Any, Final, NamedTuple
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from seglog.engines.base import READ_SCHEMA, EngineConfig, ShardStats, empty_read_table, retention_start
-from seglog.engines.frames import check_writable, queue_appends
+from seglog.engines.base import (
+    READ_SCHEMA,
+    EngineConfig,
+    Quota,
+    ShardStats,
+    empty_read_table,
+    retention_start,
+)
+from seglog.engines.frames import WriteGenerations, check_writable, queue_appends
 from seglog.engines.frames import frame_keys as _frame_keys
 from seglog.engines.frames import split_batch as _split
 from seglog.engines.frames import with_offsets as _with_offsets
 from seglog.errors import ClosedResourceError, CorruptFrame, InvalidArgument, OffsetOutOfRange, StorageError
 from seglog.index import FrameEntry, ShardIndex
 from seglog.io_pool import IoPool
-from seglog.record import EncodedFrame, decode_body, encode_frame, verify_frame
+from seglog.record import (
+    FRAME_HEADER_BYTES,
+    EncodedFrame,
+    decode_body,
+    encode_frame,
+    parse_header,
+    verify_frame,
+)
 from seglog.segment import FramePosition, LogSegment, ShardLog
+from seglog.segment.shard_log import AppendMark
 
 __all__ = ["SegmentEngine", "SegmentRange", "shard_dir_name"]
 
@@ -53,6 +68,7 @@ class SegmentRange(NamedTuple):
 
 
 class _PendingFrames(NamedTuple):
+    gen: int  # the shard's write generation when the offsets were assigned
     frames: list[EncodedFrame]
     keys: list[list[tuple[bytes, int]]]
     tags: list[list[int]]
@@ -64,57 +80,136 @@ class _Maintenance:
     def write_batch(self, items: Sequence[Callable[[], Any]]) -> Sequence[Any]:
         return [item() for item in items]
 
+    def sync_deadline(self) -> float | None:
+        return None
+
     def flush_idle(self) -> None:
         pass
 
 
-class _Shard:
-    """One shard: its log, its index and its write state (a :class:`BatchWriter`)."""
+class _Shard(WriteGenerations):
+    """One shard: its log, its index and its write state (a :class:`BatchWriter`).
+
+    A failed write is rolled back (:meth:`ShardLog.rollback`) before its callers hear of it,
+    and the shard keeps taking writes: offsets assigned behind the failure are refused and
+    the next offsets continue from the durable end (see :class:`WriteGenerations`). Only when
+    the rollback itself fails, or an ``interval`` sync fails (acknowledged data may be lost),
+    does the shard become read-only until the store is reopened.
+    """
 
     def __init__(self, number: int, log_: ShardLog, index: ShardIndex, config: EngineConfig) -> None:
+        super().__init__(log_.next_offset)
         self.number = number
         self.log = log_
         self.index = index
         self.config = config
-        self.next_offset = log_.next_offset  # assigned (event-loop thread)
-        self.durable_end = log_.next_offset  # written and synced per policy (worker thread)
-        self.failed: BaseException | None = None
+        self.durable_end = log_.next_offset  # acknowledged (worker thread)
         self.maintenance = _Maintenance()
         self._last_sync_s = time.monotonic()
-        self._unsynced = False
+        self._unsynced_since_s: float | None = None
+        # Frames the index has not taken yet (its write failed): caught up from the segments.
+        self.index_lagging = False
+        # The index disagreed with the segments: rebuilt from scratch on the worker.
+        self.index_suspect = False
 
     # BatchWriter -----------------------------------------------------------------------
 
-    def write_batch(self, items: Sequence[_PendingFrames]) -> Sequence[int]:
+    def write_batch(self, items: Sequence[_PendingFrames]) -> Sequence[Any]:
         if self.failed is not None:
-            raise StorageError(f"shard {self.number} failed earlier; reopen the store") from self.failed
-        frames = [f for item in items for f in item.frames]
+            raise StorageError(
+                f"shard {self.number} is read-only after a write it could not undo; reopen the store"
+            ) from self.failed
+        live, results = self.split_stale(items)
+        if not live:
+            return results
+        frames = [f for item in live for f in item.frames]
+        if frames[0].header.base_offset != self.log.next_offset:
+            raise StorageError(
+                f"shard {self.number}: frames at {frames[0].header.base_offset} do not continue the log "
+                f"at {self.log.next_offset}"
+            )
+        mark = self.log.mark()
+        syncing = False
         try:
             positions = self.log.append(frames)
+            syncing = True
             self._sync_per_policy()
         except OSError as exc:
-            self.failed = exc
-            raise StorageError(f"write to shard {self.number} failed") from exc
-        entries = []
-        i = 0
-        for item in items:
-            for keys, tags in zip(item.keys, item.tags, strict=True):
-                p = positions[i]
-                entries.append(_entry(p, keys, tags))
-                i += 1
-        try:
-            self.index.add(entries)
-        except StorageError:
-            # The data is durable; a lagging index is rebuilt on the next open.
-            log.exception("shard %d: index write failed; it will be rebuilt on reopen", self.number)
+            self._undo(mark, live[0].gen, exc, sync_failed=syncing)
+            raise StorageError(f"write to shard {self.number} failed; nothing of it was kept") from exc
         self.durable_end = positions[-1].header.next_offset
-        return [item.frames[0].header.base_offset for item in items]
+        try:
+            self.log.publish_durable_end()
+        except OSError as exc:
+            # The batch is durable, so it is acknowledged; but followers would no longer see
+            # the log grow, so the shard takes no more writes until reopen.
+            self.failed = exc
+            log.error("shard %d: publishing the durable end failed (%s); read-only until reopen", self.number, exc)
+        self._index(live, positions)
+        return self.merge_results(items, results, [item.frames[0].header.base_offset for item in live])
+
+    def _undo(self, mark: AppendMark, gen: int, exc: OSError, *, sync_failed: bool) -> None:
+        """Roll a failed write back, or make the shard read-only if that fails too."""
+        try:
+            self.log.rollback(mark)
+        except OSError as undo_exc:
+            self.failed = undo_exc
+            log.error("shard %d: rolling back a failed write failed (%s); read-only until reopen",
+                      self.number, undo_exc)
+            try:
+                self.log.fence(mark)
+            except OSError:
+                log.error("shard %d: the durable-end fence could not be written either; a reopen in this "
+                          "process still removes the failed write, a restart of the process may not", self.number)
+            return
+        log.warning("shard %d: write failed (%s); rolled back to offset %d", self.number, exc, self.durable_end)
+        self.rewind(gen, self.durable_end)
+        if sync_failed and self._unsynced_since_s is not None:
+            self._interval_sync_failed(exc)
+
+    def _index(self, items: Sequence[_PendingFrames], positions: Sequence[FramePosition]) -> None:
+        try:
+            if self.index_suspect:
+                self.index.reset()
+                self.index_suspect = False
+                self.index_lagging = True
+            if self.index_lagging:
+                _catch_up_index(self)
+                self.index_lagging = False
+                return  # the catch-up read these frames from the segments too
+            entries = []
+            i = 0
+            for item in items:
+                for keys, tags in zip(item.keys, item.tags, strict=True):
+                    entries.append(_entry(positions[i], keys, tags))
+                    i += 1
+            self.index.add(entries)
+        except (StorageError, CorruptFrame, OSError):
+            # The data is durable and acknowledged; the index is derived and caught up later.
+            self.index_lagging = True
+            log.exception("shard %d: index write failed; it catches up on the next write", self.number)
+
+    def sync_deadline(self) -> float | None:
+        if self._unsynced_since_s is None or self.failed is not None:
+            return None
+        return self._unsynced_since_s + self.config.fsync_interval_ms / 1000
 
     def flush_idle(self) -> None:
-        if self._unsynced and self.failed is None:
-            self.log.sync()
-            self._unsynced = False
+        if self._unsynced_since_s is not None and self.failed is None:
+            try:
+                self.log.sync()
+            except OSError as exc:
+                self._interval_sync_failed(exc)
+                return
+            self._unsynced_since_s = None
             self._last_sync_s = time.monotonic()
+        self.rebuild_index()
+
+    def _interval_sync_failed(self, exc: OSError) -> None:
+        # Acknowledged writes were in that sync: the kernel may have dropped their pages.
+        self.failed = exc
+        log.error("shard %d: fsync failed (%s); acknowledged writes since the last sync may be lost; "
+                  "read-only until reopen", self.number, exc)
 
     def _sync_per_policy(self) -> None:
         policy = self.config.fsync
@@ -125,9 +220,9 @@ class _Shard:
             if now - self._last_sync_s >= self.config.fsync_interval_ms / 1000:
                 self.log.sync()
                 self._last_sync_s = now
-                self._unsynced = False
-            else:
-                self._unsynced = True
+                self._unsynced_since_s = None
+            elif self._unsynced_since_s is None:
+                self._unsynced_since_s = now
         # "never": the OS writes back when it likes; seal and close still fsync.
 
     # maintenance (the shard's I/O worker) ---------------------------------------------
@@ -164,12 +259,37 @@ class _Shard:
     # reading (any thread) --------------------------------------------------------------
 
     def locate(self, offset: int) -> tuple[LogSegment, int]:
-        """The segment holding ``offset`` and a frame position at or before it."""
+        """The segment holding ``offset`` and a frame position at or before it.
+
+        An index entry that does not point at a frame of its offset marks the index suspect
+        (rebuilt on the worker) and the segment is scanned from its start instead.
+        """
         seg = self.log.segment_for(offset)
-        floor = self.index.floor(offset)
+        if self.index_suspect:
+            return seg, 0
+        try:
+            floor = self.index.floor(offset)
+        except StorageError as exc:
+            self.suspect(f"lookup failed: {exc}")
+            return seg, 0
         if floor is not None and floor[1].segment_base == seg.base_offset:
-            return seg, floor[1].pos
+            base, pos = floor[0], floor[1].pos
+            if _frame_starts_at(seg, pos, base):
+                return seg, pos
+            self.suspect(f"entry for offset {base} points at no such frame ({seg.path.name} position {pos})")
         return seg, 0
+
+    def suspect(self, reason: str) -> None:
+        """(Any thread) The index disagrees with the segments: stop trusting it, rebuild it."""
+        if not self.index_suspect:
+            log.warning("shard %d: index is wrong (%s); reading from the segments and rebuilding it",
+                        self.number, reason)
+            self.index_suspect = True
+
+    def rebuild_index(self) -> None:
+        """(Worker) Rebuild a suspect or lagging index now."""
+        if self.failed is None and (self.index_lagging or self.index_suspect):
+            self._index([], [])
 
     def frames(self, offset: int, end: int) -> Iterator[FramePosition]:
         """Frames from the one holding ``offset`` up to ``end`` (exclusive)."""
@@ -187,6 +307,24 @@ class _Shard:
 def _entry(p: FramePosition, keys: list[tuple[bytes, int]], tags: list[int]) -> FrameEntry:
     h = p.header
     return FrameEntry(h.base_offset, h.next_offset, h.max_ts, p.segment.base_offset, p.pos, h.size, keys, tags)
+
+
+def _key_rows(batch: pa.RecordBatch, base: int, rows_arr: pa.Array, key: bytes) -> pa.RecordBatch:
+    """The rows ``rows_arr`` of a frame whose key is ``key`` (stale or hashed entries drop out)."""
+    picked = batch.take(rows_arr)
+    keep = pc.equal(picked.column(2), pa.scalar(key, pa.binary()))
+    offs = pc.add(rows_arr, base).filter(keep)
+    return pa.RecordBatch.from_arrays([offs, *picked.filter(keep).columns], schema=READ_SCHEMA)
+
+
+def _frame_starts_at(seg: LogSegment, pos: int, base_offset: int) -> bool:
+    """Whether a valid frame header with ``base_offset`` starts at ``pos`` of ``seg``."""
+    if pos < 0 or pos + FRAME_HEADER_BYTES > seg.size:
+        return False
+    try:
+        return parse_header(seg.view(pos, pos + FRAME_HEADER_BYTES), 0).base_offset == base_offset
+    except CorruptFrame:
+        return False
 
 
 def _frame_tags(batch: pa.RecordBatch) -> list[int]:
@@ -209,6 +347,7 @@ class SegmentEngine:
         self._io_pool = io_pool
         self._executor = executor
         self._closed = False
+        self._repairs: dict[int, asyncio.Future[Any]] = {}
         # Called on the event loop with the shard number when an append to it completed.
         self.listener: Callable[[int], None] | None = None
 
@@ -222,10 +361,7 @@ class SegmentEngine:
             log_, _report = ShardLog.open(
                 directory, segment_bytes=config.segment_bytes, segment_ms=config.segment_ms, clock_ms=clock_ms
             )
-            index_dir = directory / "index"
-            if config.rebuild_indexes and index_dir.exists():
-                shutil.rmtree(index_dir)
-            index = ShardIndex(index_dir, index_interval_bytes=config.index_interval_bytes)
+            index = ShardIndex(directory / "index", index_interval_bytes=config.index_interval_bytes)
             shard = _Shard(n, log_, index, config)
             _catch_up_index(shard)
             shards.append(shard)
@@ -249,7 +385,7 @@ class SegmentEngine:
     async def append(self, shard: int, batch: pa.RecordBatch) -> int:
         return (await self.append_many([(shard, batch)]))[0]
 
-    def _encode(self, base: int, batch: pa.RecordBatch) -> tuple[_PendingFrames, int]:
+    def _encode(self, gen: int, base: int, batch: pa.RecordBatch) -> tuple[_PendingFrames, int]:
         frames: list[EncodedFrame] = []
         keys: list[list[tuple[bytes, int]]] = []
         tags: list[list[int]] = []
@@ -259,19 +395,18 @@ class SegmentEngine:
             keys.append(_frame_keys(part, offset))
             tags.append(_frame_tags(part))
             offset += part.num_rows
-        return _PendingFrames(frames, keys, tags), offset
+        return _PendingFrames(gen, frames, keys, tags), offset
 
-    async def append_many(
-        self, parts: Sequence[tuple[int, pa.RecordBatch]], admit: Callable[[int], None] | None = None
-    ) -> list[int]:
-        """Append batches to distinct shards; ``admit(encoded_bytes)`` may veto before anything is queued."""
+    async def append_many(self, parts: Sequence[tuple[int, pa.RecordBatch]], quota: Quota | None = None) -> list[int]:
+        """Append batches to distinct shards; ``quota`` may veto before anything is queued."""
         shards = [self._shard(n) for n, _ in parts]
         check_writable(shards)
         # Encoding, admission and offset assignment run without awaiting: no interleaving.
-        encoded = [self._encode(s.next_offset, batch) for s, (_, batch) in zip(shards, parts, strict=True)]
-        if admit is not None:
-            admit(sum(f.size for pending, _ in encoded for f in pending.frames))
-        return await queue_appends(self._io_pool, shards, encoded, self.listener)
+        encoded = [
+            self._encode(s.gen, s.next_offset, batch) for s, (_, batch) in zip(shards, parts, strict=True)
+        ]
+        sizes = [sum(f.size for f in pending.frames) for pending, _ in encoded]
+        return await queue_appends(self._io_pool, shards, encoded, sizes, quota, self.listener)
 
     # --- reads -------------------------------------------------------------------------
 
@@ -304,14 +439,22 @@ class SegmentEngine:
         return pa.Table.from_batches(out, schema=READ_SCHEMA)
 
     async def read_arrow(self, shard: int, offset: int, max_records: int) -> pa.Table:
-        return await self._run(self.read_arrow_blocking, shard, offset, max_records)
+        try:
+            return await self._run(self.read_arrow_blocking, shard, offset, max_records)
+        finally:
+            self._repair_if_needed(shard)
 
     def offset_for_time_blocking(self, shard: int, ts: int) -> int:
         """Blocking body of :meth:`offset_for_time`."""
         s = self._shard(shard)
         end = s.durable_end
         start = s.log.log_start_offset
-        lower = s.index.time_lower_bound(ts)
+        lower = None
+        if not s.index_suspect:
+            try:
+                lower = s.index.time_lower_bound(ts)
+            except StorageError as exc:
+                s.suspect(f"time lookup failed: {exc}")
         begin = start if lower is None else max(start, lower)
         if begin >= end:
             return end
@@ -328,15 +471,32 @@ class SegmentEngine:
         return end
 
     async def offset_for_time(self, shard: int, ts: int) -> int:
-        offset: int = await self._run(self.offset_for_time_blocking, shard, ts)
+        try:
+            offset: int = await self._run(self.offset_for_time_blocking, shard, ts)
+        finally:
+            self._repair_if_needed(shard)
         return offset
 
     def read_key_blocking(self, shard: int, key: bytes) -> pa.Table:
-        """Blocking body of :meth:`read_key`."""
+        """Blocking body of :meth:`read_key`.
+
+        Offsets the index has (below ``indexed_end``) come from it; frames it has not taken
+        yet (a failed index write) or all frames (a suspect index) are scanned.
+        """
         s = self._shard(shard)
         end = s.durable_end
         start = s.log.log_start_offset
-        offsets = sorted({o for o in s.index.key_offsets(key) if start <= o < end})
+        scan_from = start
+        offsets: list[int] = []
+        if not s.index_suspect:
+            indexed_end = s.index.indexed_end  # before the lookup: later entries are scanned
+            try:
+                found = s.index.key_offsets(key)
+            except StorageError as exc:
+                s.suspect(f"key lookup failed: {exc}")
+            else:
+                scan_from = max(start, min(indexed_end, end))
+                offsets = sorted({o for o in found if start <= o < scan_from})
         out: list[pa.RecordBatch] = []
         i = 0
         while i < len(offsets):
@@ -347,16 +507,40 @@ class SegmentEngine:
             while i < len(offsets) and offsets[i] < h.next_offset:
                 rows.append(offsets[i] - h.base_offset)
                 i += 1
-            rows_arr = pa.array(rows, pa.int64())
-            picked = batch.take(rows_arr)
-            # Stale or hashed (long) key entries are filtered against the real key.
-            keep = pc.equal(picked.column(2), pa.scalar(key, pa.binary()))
-            offs = pc.add(rows_arr, h.base_offset).filter(keep)
-            out.append(pa.RecordBatch.from_arrays([offs, *picked.filter(keep).columns], schema=READ_SCHEMA))
+            out.append(_key_rows(batch, h.base_offset, pa.array(rows, pa.int64()), key))
+        if scan_from < end:
+            for fp in s.frames(scan_from, end):
+                h = fp.header
+                batch = s.decode(fp)
+                lo = max(scan_from, h.base_offset) - h.base_offset
+                rows_arr = pa.array(np.arange(lo, h.next_offset - h.base_offset, dtype=np.int64))
+                out.append(_key_rows(batch, h.base_offset, rows_arr, key))
         return pa.Table.from_batches(out, schema=READ_SCHEMA)
 
     async def read_key(self, shard: int, key: bytes) -> pa.Table:
-        return await self._run(self.read_key_blocking, shard, key)
+        try:
+            return await self._run(self.read_key_blocking, shard, key)
+        finally:
+            self._repair_if_needed(shard)
+
+    def _repair_if_needed(self, shard: int) -> None:
+        """Queue an index rebuild on the shard's worker when a read found the index wrong."""
+        if self._closed or not 0 <= shard < len(self._shards):
+            return
+        s = self._shards[shard]
+        if not s.index_suspect or shard in self._repairs:
+            return
+        try:
+            task = asyncio.ensure_future(self._on_worker(s, s.rebuild_index))
+        except ClosedResourceError:
+            return
+        self._repairs[shard] = task
+        task.add_done_callback(functools.partial(self._repaired, shard))
+
+    def _repaired(self, shard: int, task: asyncio.Future[Any]) -> None:
+        self._repairs.pop(shard, None)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("shard %d: index rebuild failed: %s", shard, task.exception())
 
     def stats(self, shard: int) -> ShardStats:
         s = self._shard(shard)

@@ -12,16 +12,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
+import itertools
 import logging
 import queue
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any, Final, Protocol
+from typing import Any, Final, NamedTuple, Protocol
 
 from seglog.errors import ClosedResourceError, InvalidArgument
 
-__all__ = ["DEFAULT_IO_WORKERS", "BatchWriter", "IoPool"]
+__all__ = ["DEFAULT_IO_WORKERS", "BatchWriter", "IoPool", "ItemError"]
 
 log = logging.getLogger("seglog.io_pool")
 
@@ -30,17 +32,31 @@ DEFAULT_MAX_ITEMS: Final = 1024
 _STOP: Final = object()
 
 
+class ItemError(NamedTuple):
+    """A result of ``write_batch`` that fails just its own request with ``error``."""
+
+    error: BaseException
+
+
 class BatchWriter(Protocol):
     """Something a worker hands a drained group of requests to (one shard's writer)."""
 
     def write_batch(self, items: Sequence[Any]) -> Sequence[Any]:
         """Write every item durably (per the writer's policy); return one result per item.
 
-        Raising fails every item of the call with that exception.
+        Raising fails every item of the call with that exception; an :class:`ItemError`
+        result fails only its item.
+        """
+
+    def sync_deadline(self) -> float | None:
+        """``time.monotonic()`` by which acknowledged but unsynced writes must be synced.
+
+        ``None`` when nothing is pending. The worker calls :meth:`flush_idle` at that time
+        however busy it is with other writers (the ``interval`` fsync policy's bound).
         """
 
     def flush_idle(self) -> None:
-        """Called when the worker found its queue idle; ``interval`` fsync policies sync here."""
+        """Sync what is pending; called when idle and at :meth:`sync_deadline`."""
 
 
 _Request = tuple[BatchWriter, Any, "asyncio.Future[Any]", asyncio.AbstractEventLoop]
@@ -112,18 +128,25 @@ class IoPool:
 
     def _run(self, q: queue.SimpleQueue[Any]) -> None:
         touched: set[BatchWriter] = set()
+        deadlines = _Deadlines()
         while True:
+            timeout = deadlines.wait_s(time.monotonic())
+            if touched:
+                timeout = self.idle_flush_interval_s if timeout is None else min(timeout, self.idle_flush_interval_s)
             try:
-                first = q.get(timeout=self.idle_flush_interval_s if touched else None)
+                first = q.get(timeout=timeout) if timeout is None or timeout > 0 else q.get_nowait()
             except queue.Empty:
-                self._flush_idle(touched)
+                if deadlines.run_due(time.monotonic()) == 0:
+                    self._flush_idle(touched)
+                    deadlines.clear()
                 continue
             if first is _STOP:
                 self._flush_idle(touched)
                 return
             batch: list[_Request] = [first]
             stop = self._drain(q, batch)
-            self._write(batch, touched)
+            self._write(batch, touched, deadlines)
+            deadlines.run_due(time.monotonic())
             if stop:
                 self._flush_idle(touched)
                 return
@@ -154,7 +177,7 @@ class IoPool:
         touched.clear()
 
     @staticmethod
-    def _write(batch: list[_Request], touched: set[BatchWriter]) -> None:
+    def _write(batch: list[_Request], touched: set[BatchWriter], deadlines: _Deadlines) -> None:
         groups: dict[BatchWriter, list[_Request]] = {}
         for req in batch:
             groups.setdefault(req[0], []).append(req)
@@ -164,14 +187,62 @@ class IoPool:
             outcome: list[tuple[asyncio.Future[Any], Any, BaseException | None]]
             try:
                 results = writer.write_batch([r[1] for r in reqs])
-                outcome = [(r[2], res, None) for r, res in zip(reqs, results, strict=True)]
+                outcome = [
+                    (r[2], None, res.error) if isinstance(res, ItemError) else (r[2], res, None)
+                    for r, res in zip(reqs, results, strict=True)
+                ]
             except BaseException as exc:
                 outcome = [(r[2], None, exc) for r in reqs]
+            deadlines.watch(writer)
             for req, done in zip(reqs, outcome, strict=True):
                 completions.setdefault(req[3], []).append(done)
         for loop, finished in completions.items():
             with contextlib.suppress(RuntimeError):  # a closed loop has nobody waiting
                 loop.call_soon_threadsafe(_complete, finished)
+
+
+class _Deadlines:
+    """The sync deadlines of one worker's writers, earliest first (a heap)."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, BatchWriter]] = []
+        self._pending: dict[BatchWriter, float] = {}
+        self._tie = itertools.count()
+
+    def watch(self, writer: BatchWriter) -> None:
+        """Schedule ``writer`` if it has a deadline that is not scheduled yet."""
+        due = writer.sync_deadline()
+        if due is None or self._pending.get(writer) == due:
+            return
+        self._pending[writer] = due
+        heapq.heappush(self._heap, (due, next(self._tie), writer))
+
+    def wait_s(self, now: float) -> float | None:
+        """Seconds until the earliest deadline (``None``: none)."""
+        return max(0.0, self._heap[0][0] - now) if self._heap else None
+
+    def run_due(self, now: float) -> int:
+        """Sync every writer whose deadline has come; return how many were synced."""
+        count = 0
+        while self._heap and self._heap[0][0] <= now:
+            due, _, writer = heapq.heappop(self._heap)
+            if self._pending.get(writer) != due:
+                continue  # superseded by a later schedule
+            del self._pending[writer]
+            if writer.sync_deadline() is None:
+                continue  # synced on its own meanwhile
+            try:
+                writer.flush_idle()
+            except Exception:
+                log.exception("scheduled sync of %r failed", writer)
+            count += 1
+            self.watch(writer)  # still unsynced (e.g. the sync failed and it was re-armed)
+        return count
+
+    def clear(self) -> None:
+        """Forget every deadline (all writers were just flushed)."""
+        self._heap.clear()
+        self._pending.clear()
 
 
 def _complete(done: list[tuple[asyncio.Future[Any], Any, BaseException | None]]) -> None:

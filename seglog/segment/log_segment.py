@@ -153,6 +153,11 @@ class LogSegment:
         os.fchmod(self._fd, 0o444)
         self.sealed = True
 
+    def unseal(self) -> None:
+        """Make a segment sealed by this process writable again (a failed append rolls back)."""
+        os.fchmod(self._fd, 0o644)
+        self.sealed = False
+
     # --- reading -----------------------------------------------------------------------
 
     def view(self, start: int, end: int) -> memoryview:

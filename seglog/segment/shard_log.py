@@ -15,14 +15,24 @@ from typing import Final, NamedTuple
 from seglog._fs import atomic_write, fsync_dir
 from seglog.errors import CorruptFrame, OffsetOutOfRange, StorageError
 from seglog.record import EncodedFrame, FrameHeader, parse_header, verify_frame
+from seglog.segment.durable_end import DurableEndMarker, fence_in_process, take_fence
 from seglog.segment.log_segment import SEGMENT_SUFFIX, LogSegment
 
-__all__ = ["CHECKPOINT_FILE", "FramePosition", "RecoveryReport", "ShardLog", "read_checkpoint"]
+__all__ = ["CHECKPOINT_FILE", "AppendMark", "FramePosition", "RecoveryReport", "ShardLog", "read_checkpoint"]
 
 log = logging.getLogger("seglog.segment")
 
 CHECKPOINT_FILE: Final = "checkpoint.json"
 _CHECKPOINT_VERSION: Final = 1
+
+
+class AppendMark(NamedTuple):
+    """The log end before an append, to roll back to if the append fails (see :meth:`ShardLog.mark`)."""
+
+    snap: tuple[list[LogSegment], list[int]]
+    size: int
+    next_offset: int
+    max_ts: int | None
 
 
 class FramePosition(NamedTuple):
@@ -66,8 +76,10 @@ class ShardLog:
         segment_bytes: int,
         segment_ms: int,
         clock_ms: Callable[[], int],
+        marker: DurableEndMarker,
     ) -> None:
         self.directory = directory
+        self.marker = marker
         # One attribute, swapped whole, so readers never see segments and bases disagree.
         self._snap: tuple[list[LogSegment], list[int]] = (segments, [s.base_offset for s in segments])
         self.log_start_offset = log_start_offset
@@ -94,23 +106,32 @@ class ShardLog:
         The first frame that fails its magic, length, offset-continuity or CRC check is cut
         off with everything after it, including later segment files; this is logged.
         """
-        directory.mkdir(parents=True, exist_ok=True)
+        if not directory.is_dir():
+            directory.mkdir(parents=True)
+            fsync_dir(directory.parent)
         report = RecoveryReport()
         checkpoint = read_checkpoint(directory)
         paths = sorted(p for p in directory.iterdir() if p.name.endswith(SEGMENT_SUFFIX))
-        for stale in directory.glob("*.tmp"):
+        stale_tmp = list(directory.glob("*.tmp"))
+        for stale in stale_tmp:
             stale.unlink()
+        if stale_tmp:
+            fsync_dir(directory)
         log_start = int(checkpoint.get("log_start_offset", 0))
+        marker = DurableEndMarker(directory)
         if not paths:
             seg = LogSegment.create(directory, log_start)
-            return cls(
+            shard = cls(
                 directory,
                 [seg],
                 log_start_offset=log_start,
                 segment_bytes=segment_bytes,
                 segment_ms=segment_ms,
                 clock_ms=clock_ms,
-            ), report
+                marker=marker,
+            )
+            shard.publish_durable_end()
+            return shard, report
         # Sealed segments below the checkpoint were fsynced before it was written: trusted.
         # Everything from it on, the active segment always included, is validated frame by frame.
         recovery_base = int(checkpoint.get("recovery_base", -1))
@@ -138,13 +159,19 @@ class ShardLog:
                 cls._cut(report, segments, index, seg, pos, error)
                 break
         segments = [s for s in segments if s.path.name not in report.deleted_segments]
+        expected = cls._cut_to_durable_end(directory, report, segments, expected)
+        segments = [s for s in segments if s.path.name not in report.deleted_segments]
         if segments[-1].sealed:
             segments[-1].close()
             segments[-1] = LogSegment.open(segments[-1].path, sealed=False)
         segments[-1].next_offset = expected
         log_start = max(log_start, segments[0].base_offset)
+        dropped = False
         while len(segments) > 1 and segments[0].next_offset <= log_start:
             segments.pop(0).delete()  # retention checkpointed the start, then crashed
+            dropped = True
+        if dropped:
+            fsync_dir(directory)
         shard = cls(
             directory,
             segments,
@@ -152,6 +179,7 @@ class ShardLog:
             segment_bytes=segment_bytes,
             segment_ms=segment_ms,
             clock_ms=clock_ms,
+            marker=marker,
         )
         if report.cut:
             log.warning(
@@ -164,7 +192,43 @@ class ShardLog:
                 report.reason,
             )
             shard.write_checkpoint()
+        shard.publish_durable_end()
         return shard, report
+
+    @classmethod
+    def _cut_to_durable_end(
+        cls, directory: Path, report: RecoveryReport, segments: list[LogSegment], end: int
+    ) -> int:
+        """Cut valid frames past a fenced durable-end marker (reported failed); return the new end."""
+        marker = take_fence(directory)
+        if marker is None:
+            return end
+        if marker.next_offset > end:
+            log.error(
+                "%s: the log ends at %d but offsets up to %d were acknowledged; they were lost",
+                directory, end, marker.next_offset,
+            )
+            return end
+        if marker.next_offset == end:
+            return end
+        for index, seg in enumerate(segments):
+            if seg.base_offset != marker.segment_base or marker.segment_bytes > seg.size:
+                continue
+            # The marker must sit on a frame boundary at its offset, or it is not this log's.
+            boundary = seg.base_offset
+            try:
+                for _pos, header in seg.headers(0, marker.segment_bytes):
+                    boundary = header.next_offset
+            except CorruptFrame:
+                break
+            if boundary != marker.next_offset:
+                break
+            cls._cut(report, segments, index, segments[index], marker.segment_bytes,
+                     f"offsets {marker.next_offset}..{end} were written but never acknowledged")
+            segments[index].next_offset = marker.next_offset
+            return marker.next_offset
+        log.warning("%s: durable-end marker (%d) does not match the segments; ignored", directory, marker.next_offset)
+        return end
 
     @staticmethod
     def _cut(
@@ -235,8 +299,8 @@ class ShardLog:
         """Write frames in order, rolling segments as needed; one ``pwritev`` per segment run.
 
         Raises:
-            OSError: A write failed; the segment was cut back to before the failed run
-                (frames written to earlier segments of this call stay).
+            OSError: A write failed. Frames of this call may remain (also in segments it
+                rolled to): the caller undoes the call with :meth:`rollback`.
         """
         positions: list[FramePosition] = []
         run: list[EncodedFrame] = []
@@ -288,6 +352,53 @@ class ShardLog:
         """fdatasync the active segment."""
         self.active.sync()
 
+    def mark(self) -> AppendMark:
+        """The current end, for :meth:`rollback`."""
+        active = self.active
+        return AppendMark(self._snap, active.size, active.next_offset, active.max_ts)
+
+    def rollback(self, mark: AppendMark) -> None:
+        """Undo every append and roll since ``mark``, durably (the failed batch leaves no trace).
+
+        Segments created since are deleted, the segment active at ``mark`` is unsealed and cut
+        back to its size then, and the directory and file are fsynced.
+
+        Raises:
+            OSError: The undo failed; the caller must stop writing and fence the marker.
+        """
+        segments, _bases = mark.snap
+        keep = segments[-1]
+        created = self._segments[len(segments) :]
+        # Readers must not find a segment about to be deleted.
+        self._snap = mark.snap
+        for seg in created:
+            seg.delete()
+        if created:
+            fsync_dir(self.directory)
+        if keep.sealed:
+            keep.unseal()
+        if keep.size != mark.size or created:
+            keep.truncate(mark.size)
+        keep.next_offset = mark.next_offset
+        keep.max_ts = mark.max_ts
+
+    def fence(self, mark: AppendMark) -> None:
+        """After a failed :meth:`rollback`: make the next open cut the log back to ``mark``.
+
+        Remembered in this process first, then written and fsynced as a fenced marker.
+
+        Raises:
+            OSError: The fenced marker could not be written (a reopen in this process still cuts).
+        """
+        base = mark.snap[0][-1].base_offset
+        fence_in_process(self.directory, mark.next_offset, base, mark.size)
+        self.marker.publish(mark.next_offset, base, mark.size, fenced=True)
+
+    def publish_durable_end(self, *, fenced: bool = False) -> None:
+        """Publish the current end as acknowledged (see :mod:`seglog.segment.durable_end`)."""
+        active = self.active
+        self.marker.publish(active.next_offset, active.base_offset, active.size, fenced=fenced)
+
     def write_checkpoint(self) -> None:
         """Record durably the log start and that every segment before the active one is sealed."""
         active = self.active
@@ -332,6 +443,7 @@ class ShardLog:
         finally:
             for seg in self._segments:
                 seg.close()
+            self.marker.close()
 
     # --- reading -----------------------------------------------------------------------
 

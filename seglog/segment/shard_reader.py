@@ -7,11 +7,13 @@ short.
 
 What it trusts, and why that is safe without coordination with the writer:
 
-- A segment is appended in offset order; a frame is readable once its whole length is in the
-  file and its CRC matches. A frame that is not (yet) complete in the *last* segment is the
-  writer's work in progress (or a torn tail that its next recovery cuts): the reader waits.
-- The writer seals a segment (final fsync) *before* it creates the next one, so once a later
-  segment file exists, the earlier one is final; a bad frame in it is corruption.
+- The writer publishes the acknowledged end of the log in the durable-end marker
+  (:mod:`seglog.segment.durable_end`) after each batch is durable under its fsync policy.
+  Only frames below it are read: bytes past it may be a write in progress or a failed write
+  the owner is about to roll back, and must never reach a consumer.
+- A segment is final once the marker's end lies in a later segment; a bad frame in it is
+  corruption. (Stores written before the marker existed fall back to: a later segment file
+  proves the earlier one final, and a frame is readable once complete with a good CRC.)
 - Retention and ``truncate_before`` unlink whole segments; a segment the reader has open stays
   readable through its descriptor.
 """
@@ -26,6 +28,7 @@ from typing import Final, NamedTuple
 
 from seglog.errors import CorruptFrame, OffsetOutOfRange, StorageError
 from seglog.record import FRAME_HEADER_BYTES, FrameHeader, parse_header, verify_frame
+from seglog.segment.durable_end import DurableEnd, read_durable_end
 from seglog.segment.log_segment import SEGMENT_SUFFIX, segment_name
 from seglog.segment.shard_log import read_checkpoint
 
@@ -73,6 +76,15 @@ class ShardReader:
         self.next_offset = 0  # offset of the first record of the next frame
         self._buf = b""  # read-ahead: bytes of the open segment from _buf_pos
         self._buf_pos = 0
+        self._end: DurableEnd | None = None  # the owner's acknowledged end, read per call
+
+    def _refresh_end(self) -> None:
+        self._end = read_durable_end(self.directory)
+
+    def acknowledged_end(self) -> int | None:
+        """The owner's acknowledged end offset (``None``: a store without the marker)."""
+        self._refresh_end()
+        return None if self._end is None else self._end.next_offset
 
     # --- positioning -------------------------------------------------------------------
 
@@ -88,6 +100,7 @@ class ShardReader:
         Raises:
             OffsetOutOfRange: ``offset`` is below the first local segment or past the end.
         """
+        self._refresh_end()
         bases = list_segment_bases(self.directory)
         start = self.start_offset()
         if not bases or offset < start:
@@ -137,6 +150,7 @@ class ShardReader:
         """
         if self._fd < 0:
             raise StorageError("ShardReader.seek() was not called")
+        self._refresh_end()
         out: list[RawFrame] = []
         total = 0
         while total < max_bytes:
@@ -176,6 +190,8 @@ class ShardReader:
 
     def _advance_segment(self) -> bool:
         """Move to the next segment if the current one is final and fully read."""
+        if self._end is not None and self._end.segment_base <= self._base:
+            return False  # the acknowledged end is in this segment: it is not final
         bases = list_segment_bases(self.directory)
         later = [b for b in bases if b > self._base]
         if not later:
@@ -243,6 +259,8 @@ class ShardReader:
         header = self._peek_header(final=False)
         if header is None:
             return None
+        if self._end is not None and header.next_offset > self._end.next_offset:
+            return None  # not acknowledged (yet): maybe a write the owner rolls back
         data = self._bytes(self._pos, header.size)
         try:
             verify_frame(data, 0, header)

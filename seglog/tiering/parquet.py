@@ -66,7 +66,7 @@ ROW_GROUP_ROWS = 64 * 1024
 
 ZSTD_LEVEL = 3
 
-_DB_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
+_DB_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")  # used with fullmatch: "$" accepts a final "\n"
 _KEY_RE = re.compile(r"^(?P<db>[^/]+)/shard=(?P<shard>\d+)/(?P<base>\d{20})-(?P<end>\d{20})\.parquet$")
 
 
@@ -83,7 +83,7 @@ def object_key(db: str, shard: int, base: int, end: int) -> str:
     Returns:
         ``f"{db}/shard={shard}/{base:020d}-{end:020d}.parquet"``.
     """
-    if not _DB_NAME_RE.match(db):
+    if not _DB_NAME_RE.fullmatch(db):
         raise InvalidArgument(f"invalid database name for a tier key: {db!r}")
     if shard < 0 or base < 0 or end < base:
         raise InvalidArgument(f"invalid object range shard={shard} base={base} end={end}")
