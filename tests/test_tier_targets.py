@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import io
 import logging
 import os
 import time
@@ -164,7 +166,9 @@ def test_local_ignores_stray_temp_files(tmp_path: Path) -> None:
 def test_local_verify_recomputes_from_disk(tmp_path: Path) -> None:
     t = LocalTarget(tmp_path / "tier")
     info = t.put("a/obj", b"good data")
+    t.verify("a/obj", info)
     (tmp_path / "tier" / "a" / "obj").write_bytes(b"bad! data")  # same size, bit rot
+    assert t.head("a/obj") == ObjectInfo("a/obj", 9, sha(b"bad! data"))  # re-read, not cached
     with pytest.raises(ObjectMismatch):
         t.verify("a/obj", info)
 
@@ -229,8 +233,118 @@ def test_s3_foreign_object_has_no_checksum(minio: MinioServer, bucket: str) -> N
     minio.client().put_object(Bucket=bucket, Key="foreign", Body=b"abc")
     t = s3_target(minio, bucket)
     assert t.head("foreign") == ObjectInfo("foreign", 3, "")
+    # no server-side SHA256 to compare with: verify falls back to reading the bytes
+    gets = count_get_object(t)
+    t.verify("foreign", ObjectInfo("foreign", 3, sha(b"abc")))
+    assert gets == [1]
     with pytest.raises(ObjectMismatch):
-        t.verify("foreign", ObjectInfo("foreign", 3, sha(b"abc")))
+        t.verify("foreign", ObjectInfo("foreign", 3, sha(b"abd")))
+    with pytest.raises(ObjectMismatch):  # nothing to compare with
+        t.verify("foreign", ObjectInfo("foreign", 3, ""))
+
+
+def count_get_object(t: S3Target) -> list[int]:
+    """Counts the GetObject calls ``t`` makes from now on (a botocore event hook, not a mock)."""
+    calls = [0]
+
+    def on_call(**_: object) -> None:
+        calls[0] += 1
+
+    t._client.meta.events.register("before-call.s3.GetObject", on_call)
+    return calls
+
+
+def b64_sha256(data: bytes) -> str:
+    return base64.b64encode(hashlib.sha256(data).digest()).decode()
+
+
+def composite_sha256(data: bytes, part: int) -> str:
+    """S3's checksum of a multipart upload: sha256 of the parts' sha256 digests, ``-<parts>``."""
+    digests = b"".join(hashlib.sha256(data[i : i + part]).digest() for i in range(0, len(data), part))
+    return f"{base64.b64encode(hashlib.sha256(digests).digest()).decode()}-{-(-len(data) // part)}"
+
+
+def server_checksum(minio: MinioServer, bucket: str, key: str) -> str:
+    resp = minio.client().head_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED")
+    return str(resp.get("ChecksumSHA256", ""))
+
+
+@pytest.mark.parametrize(
+    ("size", "parts"), [(100_000, 1), (5 * MiB, 1), (11 * MiB + 123, 3)], ids=["small", "one-part", "3-parts"]
+)
+def test_s3_put_stores_server_validated_sha256_and_verify_uses_it(
+    minio: MinioServer, bucket: str, size: int, parts: int
+) -> None:
+    # threshold 5 MiB: 100 kB goes as one PutObject, 5 MiB as a one-part multipart upload
+    t = s3_target(minio, bucket, "p", multipart_threshold_bytes=5 * MiB, multipart_chunk_bytes=5 * MiB)
+    data = os.urandom(size)
+    info = t.put("obj", data)
+    assert info == ObjectInfo("obj", size, sha(data))
+    stored = server_checksum(minio, bucket, "p/obj")
+    if size < 5 * MiB:
+        assert stored == b64_sha256(data)  # full-object SHA256, validated by the server
+    else:
+        assert stored == composite_sha256(data, 5 * MiB)
+        assert stored.endswith(f"-{parts}")
+    gets = count_get_object(t)
+    t.verify("obj", info)  # answered from the server's checksum: no download
+    assert gets == [0]
+    t.verify("obj", info, deep=True)  # deep always downloads
+    assert gets == [1]
+    with pytest.raises(ObjectMismatch):
+        t.verify("obj", ObjectInfo("obj", size, sha(data + b"x")))
+
+    # a fresh target (e.g. recovery after a restart) knows nothing about the upload: a
+    # composite checksum cannot be checked against a whole-object sha256, so it reads the bytes
+    fresh = s3_target(minio, bucket, "p")
+    fresh_gets = count_get_object(fresh)
+    fresh.verify("obj", info)
+    assert fresh_gets == [0 if size < 5 * MiB else 1]
+    fresh.close()
+
+
+@pytest.mark.parametrize("size", [64 * 1024, 6 * MiB], ids=["put-single", "put-multipart"])
+@pytest.mark.parametrize("overwrite", ["plain", "sha256", "multipart-sha256"])
+def test_s3_verify_detects_stored_bytes_differing_from_sent(
+    minio: MinioServer, bucket: str, size: int, overwrite: str
+) -> None:
+    """The object's bytes are checked, not the sha256 metadata the writer stored itself."""
+    from boto3.s3.transfer import TransferConfig
+
+    t = s3_target(minio, bucket, multipart_threshold_bytes=5 * MiB, multipart_chunk_bytes=5 * MiB)
+    data = os.urandom(size)
+    info = t.put("db/shard=0/seg.parquet", data)
+    t.verify("db/shard=0/seg.parquet", info)
+
+    # corrupt it behind seglog's back: same size, one flipped byte, the original metadata;
+    # stored without a SHA256 checksum (plain), with a whole-object one, or with a composite
+    bad = bytearray(data)
+    bad[size // 2] ^= 0xFF
+    raw = minio.client()
+    meta = {"sha256": info.checksum}
+    if overwrite == "plain":
+        raw.put_object(Bucket=bucket, Key="db/shard=0/seg.parquet", Body=bytes(bad), Metadata=meta)
+    elif overwrite == "sha256":
+        raw.put_object(
+            Bucket=bucket, Key="db/shard=0/seg.parquet", Body=bytes(bad), Metadata=meta,
+            ChecksumAlgorithm="SHA256",
+        )
+    else:
+        raw.upload_fileobj(
+            io.BytesIO(bad), bucket, "db/shard=0/seg.parquet",
+            ExtraArgs={"Metadata": meta, "ChecksumAlgorithm": "SHA256"},
+            Config=TransferConfig(multipart_threshold=1, multipart_chunksize=5 * MiB),
+        )
+    head = raw.head_object(Bucket=bucket, Key="db/shard=0/seg.parquet", ChecksumMode="ENABLED")
+    # what the old size + metadata check looked at is unchanged
+    assert head["ContentLength"] == size and head["Metadata"]["sha256"] == info.checksum
+    assert ("ChecksumSHA256" in head) == (overwrite != "plain")
+    assert t.head("db/shard=0/seg.parquet") == info
+
+    with pytest.raises(ObjectMismatch):
+        t.verify("db/shard=0/seg.parquet", info)
+    with pytest.raises(ObjectMismatch):  # a fresh target (no memory of the put) too
+        s3_target(minio, bucket).verify("db/shard=0/seg.parquet", info)
 
 
 def test_s3_stopped_server_retries_then_raises(

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -185,8 +187,47 @@ def restartable_minio(tmp_path: Path) -> Iterator[RestartableMinio]:
         m.stop()
 
 
+BACKGROUND_TIMEOUT_S = 60.0
+"""How long to wait for the store's background tiering loop to show an effect."""
+
+
+class TieringFailureLog(logging.Handler):
+    """Collects the ``seglog.store`` records of failed background tiering runs of one DB."""
+
+    def __init__(self, db: str, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(logging.ERROR)
+        self.prefix = f"tiering database {db!r} failed"
+        self.records: list[logging.LogRecord] = []
+        self.event = asyncio.Event()
+        self._loop = loop
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage().startswith(self.prefix):
+            self.records.append(record)
+            self._loop.call_soon_threadsafe(self.event.set)
+
+
+async def wait_for_event(event: asyncio.Event, what: str) -> None:
+    """Waits for ``event``; fails the test if it is not set within BACKGROUND_TIMEOUT_S."""
+    try:
+        await asyncio.wait_for(event.wait(), BACKGROUND_TIMEOUT_S)
+    except TimeoutError:
+        pytest.fail(f"timed out after {BACKGROUND_TIMEOUT_S}s waiting until {what}")
+
+
+@contextlib.contextmanager
+def watch_tiering_failures(db: str) -> Iterator[TieringFailureLog]:
+    handler = TieringFailureLog(db, asyncio.get_running_loop())
+    logger = logging.getLogger("seglog.store")
+    logger.addHandler(handler)
+    try:
+        yield handler
+    finally:
+        logger.removeHandler(handler)
+
+
 def test_minio_down_appends_continue_then_tiering_resumes(
-    restartable_minio: RestartableMinio, tmp_path: Path
+    restartable_minio: RestartableMinio, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     m = restartable_minio
     m.server.client().create_bucket(Bucket="tierb")
@@ -204,21 +245,38 @@ def test_minio_down_appends_continue_then_tiering_resumes(
             await db.tier_now()
             tiered_before = db.tier_stats()[0].tier_objects
             assert tiered_before > 0
-            await asyncio.to_thread(m.stop)
-            await fill(db, 900, start=600)  # appends do not care
-            with pytest.raises(TierError):
-                await db.tier_now()
-            await asyncio.sleep(0.3)  # the background loop fails and logs, nothing else
+
+            # Every call of db.tier_now from here on is the store's background loop, except
+            # the explicit ones below; a call that commits something sets `committed`.
+            committed = asyncio.Event()
+            tier_now = db.tier_now
+
+            async def observed_tier_now() -> list[ManifestEntry]:
+                entries = await tier_now()
+                if entries:
+                    committed.set()
+                return entries
+
+            monkeypatch.setattr(db, "tier_now", observed_tier_now)
+            with watch_tiering_failures(DB) as failures:
+                await asyncio.to_thread(m.stop)
+                await fill(db, 900, start=600)  # appends do not care
+                with pytest.raises(TierError):
+                    await db.tier_now()
+                # the background loop fails and logs it (the explicit call above does not log)
+                await wait_for_event(failures.event, "the background loop logs a failed run")
+            exc_info = failures.records[0].exc_info
+            assert exc_info is not None and isinstance(exc_info[1], TierError)
+            assert not committed.is_set()
             assert db.tier_stats()[0].tier_objects == tiered_before
             assert db.end_offset(0) == 1500
             # the tiered part is unreachable, the local part still reads
             local = await db.read(0, db.local_start_offset(0), 10)
             assert local
             await asyncio.to_thread(m.start)
-            for _ in range(200):  # the background loop resumes by itself
-                if db.tier_stats()[0].warm_bytes == 0:
-                    break
-                await asyncio.sleep(0.1)
+            # the background loop resumes by itself: no explicit tier_now before this point
+            await wait_for_event(committed, "the background loop commits after MinIO is back")
+            assert db.tier_stats()[0].tier_objects > tiered_before
             await db.tier_now()
             assert db.tier_stats()[0].tier_objects > tiered_before
             assert db.tier_stats()[0].warm_bytes == 0

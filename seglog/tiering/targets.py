@@ -9,8 +9,14 @@ Guarantees shared by both targets:
 * ``put`` is atomic (a reader sees the old object or the whole new one, never a prefix) and
   idempotent (putting the same bytes again is harmless, so a crashed upload is simply
   retried);
-* every object put by seglog carries a sha256 of its content: the local target recomputes
-  it from the file, the S3 target stores it as user metadata ``x-amz-meta-sha256``;
+* ``verify`` checks the stored bytes, never only a value the writer recorded itself: the
+  local target re-reads the file and recomputes its sha256; the S3 target compares the
+  SHA256 checksum the server validated on upload and stored with the object
+  (``ChecksumAlgorithm='SHA256'``), or, where that checksum cannot be compared with the
+  whole-object sha256, downloads the object and hashes it (see :meth:`S3Target.verify`);
+* every object put by seglog records the sha256 of its content: the local target
+  recomputes it from the file, the S3 target also stores it as user metadata
+  ``x-amz-meta-sha256`` (informational: ``head`` reports it, ``verify`` does not trust it);
 * every failure is a :class:`~seglog.errors.TierError` with the original exception chained
   as ``__cause__``; a missing object is the subclass :class:`ObjectNotFound`, a failed
   ``verify`` :class:`ObjectMismatch` (or :class:`ObjectNotFound`).
@@ -18,6 +24,7 @@ Guarantees shared by both targets:
 
 from __future__ import annotations
 
+import base64
 import builtins
 import contextlib
 import hashlib
@@ -27,7 +34,8 @@ import os
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
@@ -57,7 +65,13 @@ __all__ = [
 log = logging.getLogger("seglog.tiering")
 
 CHECKSUM_META_KEY = "sha256"
-"""S3 user-metadata key holding the object's sha256 (hex)."""
+"""S3 user-metadata key holding the object's sha256 (hex); informational, never verified."""
+
+S3_CHECKSUM_ALGORITHM = "SHA256"
+"""The S3 additional-checksum algorithm of every upload (the server validates it)."""
+
+SENT_CACHE_ENTRIES = 256
+"""How many multipart uploads an :class:`S3Target` remembers the expected composite of."""
 
 HASH_CHUNK_BYTES = 1 << 20
 DEFAULT_REGION = "us-east-1"
@@ -89,7 +103,7 @@ class ObjectNotFound(TierError):
 
 
 class ObjectMismatch(TierError):
-    """A stored object's size or sha256 differs from what was expected."""
+    """A stored object's size or content differs from what was expected (or cannot be checked)."""
 
 
 @runtime_checkable
@@ -126,7 +140,11 @@ class TierTarget(Protocol):
         ...
 
     def verify(self, key: str, expected: ObjectInfo) -> None:
-        """Raises :class:`ObjectMismatch`/:class:`ObjectNotFound` unless the object matches."""
+        """Raises :class:`ObjectMismatch`/:class:`ObjectNotFound` unless the object matches.
+
+        The check covers the stored bytes (their size and sha256), not metadata the writer
+        recorded; each target documents how it gets at them.
+        """
         ...
 
     def close(self) -> None:
@@ -314,7 +332,7 @@ class LocalTarget:
         return (self._root / validate_key(key.rstrip("/"))).as_uri()
 
     def verify(self, key: str, expected: ObjectInfo) -> None:
-        """Re-reads the file and compares size and sha256 with ``expected``."""
+        """Re-reads the whole file and compares its size and recomputed sha256 with ``expected``."""
         _check_matches(key, self.head(key), expected)
 
     def close(self) -> None:
@@ -364,6 +382,7 @@ class S3Tuning:
 
 _TRANSIENT_CODES = frozenset(
     {
+        "BadDigest",  # the body did not match its checksum: corrupted in transit, resend
         "InternalError",
         "RequestTimeout",
         "RequestTimeoutException",
@@ -371,6 +390,7 @@ _TRANSIENT_CODES = frozenset(
         "SlowDown",
         "Throttling",
         "ThrottlingException",
+        "XAmzContentChecksumMismatch",  # MinIO's BadDigest for x-amz-checksum-* headers
         "XMinioServerNotInitialized",
     }
 )
@@ -406,14 +426,77 @@ def _is_transient(exc: BaseException) -> bool:
     return False
 
 
+def _b64(digest: bytes) -> str:
+    return base64.b64encode(digest).decode("ascii")
+
+
+@dataclass(frozen=True, slots=True)
+class _Sent:
+    """What one ``put`` uploaded: size, sha256 (hex) and the ``ChecksumSHA256`` S3 must report."""
+
+    size: int
+    sha256: str
+    server_checksum: str
+
+
+def _hash_for_s3(chunks: Iterable[memoryview | bytes], part_bytes: int | None) -> _Sent:
+    """Hashes a stream once: its sha256 and the ``ChecksumSHA256`` S3 stores for it.
+
+    Args:
+        chunks: The object's bytes, in order.
+        part_bytes: The multipart part size, or ``None`` for a single PutObject.
+
+    Returns:
+        For a single PutObject the server checksum is the base64 sha256 of the object; for a
+        multipart upload it is the base64 sha256 of the parts' concatenated sha256 digests,
+        followed by ``-<part count>`` (S3's "composite" checksum).
+    """
+    whole = hashlib.sha256()
+    size = 0
+    part = hashlib.sha256()
+    in_part = 0
+    part_digests: builtins.list[bytes] = []
+    for chunk in chunks:
+        view = memoryview(chunk).cast("B")
+        whole.update(view)
+        size += len(view)
+        while part_bytes is not None and view:
+            take = min(len(view), part_bytes - in_part)
+            part.update(view[:take])
+            in_part += take
+            view = view[take:]
+            if in_part == part_bytes:
+                part_digests.append(part.digest())
+                part, in_part = hashlib.sha256(), 0
+    if part_bytes is None:
+        return _Sent(size, whole.hexdigest(), _b64(whole.digest()))
+    if in_part or not part_digests:
+        part_digests.append(part.digest())
+    composite = _b64(hashlib.sha256(b"".join(part_digests)).digest())
+    return _Sent(size, whole.hexdigest(), f"{composite}-{len(part_digests)}")
+
+
+def _file_chunks(f: io.BufferedReader) -> Iterable[bytes]:
+    while chunk := f.read(HASH_CHUNK_BYTES):
+        yield chunk
+
+
+def _view_chunks(view: memoryview) -> Iterable[memoryview]:
+    for i in range(0, len(view), HASH_CHUNK_BYTES):
+        yield view[i : i + HASH_CHUNK_BYTES]
+
+
 class S3Target:
     """A tier in an S3 bucket (AWS or MinIO), under an optional key prefix.
 
     Uploads go through boto3's managed transfer (multipart at or above
     :attr:`S3Tuning.multipart_threshold_bytes`); S3 makes a completed PUT or multipart
-    upload visible atomically. Transient errors (connection failures, timeouts, 5xx,
-    throttling) are retried with capped exponential backoff and full jitter; the last error
-    is raised as :class:`TierError`.
+    upload visible atomically. Every upload carries S3 SHA256 checksums
+    (``ChecksumAlgorithm='SHA256'``): the server recomputes them over the bytes it receives
+    (per part for multipart), rejects a mismatch, and stores the object's checksum, which
+    :meth:`verify` compares. Transient errors (connection failures, timeouts, 5xx,
+    throttling, a body that failed its checksum) are retried with capped exponential
+    backoff and full jitter; the last error is raised as :class:`TierError`.
     """
 
     def __init__(
@@ -444,6 +527,8 @@ class S3Target:
         )
         self._rng = random.Random()
         self._rng_lock = threading.Lock()
+        self._sent: OrderedDict[str, _Sent] = OrderedDict()
+        self._sent_lock = threading.Lock()
 
     @property
     def bucket(self) -> str:
@@ -485,18 +570,36 @@ class S3Target:
                 time.sleep(delay_s)
         raise AssertionError("unreachable")  # pragma: no cover
 
+    def _part_bytes(self, size: int) -> int | None:
+        """The part size boto3 uploads ``size`` bytes with, or ``None`` for one PutObject."""
+        from s3transfer.utils import ChunksizeAdjuster
+
+        if size < self.tuning.multipart_threshold_bytes:
+            return None
+        return ChunksizeAdjuster().adjust_chunksize(self.tuning.multipart_chunk_bytes, size)
+
     def put(self, key: str, data: PutData) -> ObjectInfo:
-        """Uploads the object with its sha256 as metadata; multipart when large."""
+        """Uploads the object with S3 SHA256 checksums; multipart when large.
+
+        The server validates the checksum of the body (of each part, for multipart) and
+        rejects a mismatch; the sha256 is also stored as user metadata. For a multipart
+        upload the target remembers the composite checksum it expects, so that
+        :meth:`verify` can check it without downloading.
+        """
         full = self._full(key)
         src = _as_view_or_path(data)
         if isinstance(src, memoryview):
-            size, checksum = len(src), hashlib.sha256(src).hexdigest()
+            sent = _hash_for_s3(_view_chunks(src), self._part_bytes(len(src)))
         else:
             try:
-                size, checksum = _hash_file(src)
+                with open(src, "rb") as f:
+                    sent = _hash_for_s3(_file_chunks(f), self._part_bytes(os.fstat(f.fileno()).st_size))
             except OSError as exc:
                 raise TierError(f"put {key!r}: cannot read {src}: {exc}") from exc
-        extra: dict[str, Any] = {"Metadata": {CHECKSUM_META_KEY: checksum}}
+        extra: dict[str, Any] = {
+            "Metadata": {CHECKSUM_META_KEY: sent.sha256},
+            "ChecksumAlgorithm": S3_CHECKSUM_ALGORITHM,
+        }
 
         def upload() -> None:
             if isinstance(src, memoryview):
@@ -510,7 +613,13 @@ class S3Target:
                     )
 
         self._retry(f"put s3://{self._bucket}/{full}", upload)
-        return ObjectInfo(key, size, checksum)
+        with self._sent_lock:
+            self._sent.pop(full, None)
+            if "-" in sent.server_checksum:  # multipart: a composite checksum
+                self._sent[full] = sent
+                while len(self._sent) > SENT_CACHE_ENTRIES:
+                    self._sent.popitem(last=False)
+        return ObjectInfo(key, sent.size, sent.sha256)
 
     def get(self, key: str) -> bytes:
         """Downloads the whole object."""
@@ -528,7 +637,11 @@ class S3Target:
         return self._retry(f"get s3://{self._bucket}/{full}", download)
 
     def head(self, key: str) -> ObjectInfo | None:
-        """Returns size and the stored sha256 (``""`` if absent), or ``None`` if missing."""
+        """Returns size and the sha256 metadata (``""`` if absent), or ``None`` if missing.
+
+        The checksum is what the writer recorded, not checked against the bytes: use
+        :meth:`verify` for that.
+        """
         full = self._full(key)
 
         def head() -> ObjectInfo | None:
@@ -572,18 +685,104 @@ class S3Target:
             return f"s3a://{self._bucket}/{self._prefix}".rstrip("/")
         return f"s3a://{self._bucket}/{self._full(key.rstrip('/'))}"
 
+    def _head_checksum(self, full: str) -> tuple[int, str] | None:
+        """Size and server-stored ``ChecksumSHA256`` (``""`` if none) of ``full``, or ``None``."""
+
+        def head() -> tuple[int, str] | None:
+            try:
+                resp = self._client.head_object(
+                    Bucket=self._bucket, Key=full, ChecksumMode="ENABLED"
+                )
+            except Exception as exc:
+                if _client_error_code(exc)[0] in _NOT_FOUND_CODES:
+                    return None
+                raise
+            return int(resp["ContentLength"]), str(resp.get("ChecksumSHA256") or "")
+
+        return self._retry(f"head s3://{self._bucket}/{full}", head)
+
+    def _download_sha256(self, full: str) -> tuple[int, str]:
+        """Streams the object and returns its size and sha256 (hex)."""
+
+        def download() -> tuple[int, str]:
+            try:
+                resp = self._client.get_object(Bucket=self._bucket, Key=full)
+            except Exception as exc:
+                if _client_error_code(exc)[0] in _NOT_FOUND_CODES:
+                    raise ObjectNotFound(f"s3://{self._bucket}/{full} not found") from exc
+                raise
+            digest = hashlib.sha256()
+            size = 0
+            with contextlib.closing(resp["Body"]) as body:
+                for chunk in body.iter_chunks(HASH_CHUNK_BYTES):
+                    digest.update(chunk)
+                    size += len(chunk)
+            return size, digest.hexdigest()
+
+        return self._retry(f"get s3://{self._bucket}/{full}", download)
+
     def verify(self, key: str, expected: ObjectInfo, *, deep: bool = False) -> None:
-        """Compares size and stored sha256 with ``expected``.
+        """Checks that the stored bytes have ``expected``'s size and sha256.
+
+        Asks the server for the object's size and the SHA256 checksum it validated over the
+        received bytes and stored at upload (``HeadObject`` with ``ChecksumMode=ENABLED``).
+        The object is accepted without a download when that checksum equals:
+
+        * for a single PutObject (whole-object checksum): ``expected``'s sha256;
+        * for a multipart upload (composite checksum: sha256 of the parts' sha256 digests,
+          ``-N``): the composite this target computed, at ``put``, from the very bytes whose
+          sha256 is ``expected``'s.
+
+        In every other case (no SHA256 checksum stored, a composite this target did not
+        compute, e.g. after a restart, or a checksum that differs) the object is downloaded
+        and its size and sha256 are recomputed and compared; only that read-back raises
+        :class:`ObjectMismatch` for content. The sha256 user metadata is never trusted.
 
         Args:
             key: The object key.
             expected: What ``put`` returned (or the manifest recorded).
-            deep: Also download the object and recompute its sha256.
+            deep: Always download the object and recompute its sha256 as well.
+
+        Raises:
+            ObjectNotFound: The object does not exist.
+            ObjectMismatch: Size or content differ, or ``expected`` has no sha256.
+            TierError: The tier failed.
         """
-        info = self.head(key)
-        _check_matches(key, info, expected)
-        if deep:
-            verify_bytes(key, self.get(key), expected)
+        full = self._full(key)
+        where = f"verify {key!r} (s3://{self._bucket}/{full})"
+        stored = self._head_checksum(full)
+        if stored is None:
+            raise ObjectNotFound(f"{where}: object is missing")
+        size, server_checksum = stored
+        if size != expected.size:
+            raise ObjectMismatch(f"{where}: size {size} != expected {expected.size}")
+        try:
+            want = bytes.fromhex(expected.checksum)
+        except ValueError:
+            want = b""
+        if len(want) != hashlib.sha256().digest_size:
+            raise ObjectMismatch(f"{where}: no valid expected sha256 ({expected.checksum!r})")
+        comparable = ""  # the ChecksumSHA256 the server must report for the expected bytes
+        if server_checksum and "-" not in server_checksum:  # whole object (single PutObject)
+            comparable = _b64(want)
+        elif server_checksum:  # composite: only known for bytes this target put itself
+            with self._sent_lock:
+                sent = self._sent.get(full)
+            if sent is not None and sent.size == expected.size and sent.sha256 == want.hex():
+                comparable = sent.server_checksum
+        if comparable:
+            if server_checksum == comparable and not deep:
+                return
+            if server_checksum != comparable:
+                log.warning(
+                    "%s: server-stored SHA256 %s != expected %s; reading the object back",
+                    where, server_checksum, comparable,
+                )
+        got_size, got_sha = self._download_sha256(full)
+        if got_size != expected.size:
+            raise ObjectMismatch(f"{where}: read back {got_size} bytes != expected {expected.size}")
+        if got_sha != want.hex():
+            raise ObjectMismatch(f"{where}: read-back sha256 {got_sha} != expected {want.hex()}")
 
     def close(self) -> None:
         """Closes the client's connection pool."""
