@@ -1,38 +1,146 @@
-"""Storage-core benchmark: durable append and reads vs a raw write+fdatasync loop, same run.
+"""Storage-core benchmark: durable appends against same-run raw write+fdatasync baselines, reads.
 
     python -m bench.core [--quick] [--records-100 N] [--records-1k N] [--lookup-records N]
+                         [--out FILE.md] [--dir DIR]
 
-Append: fsync="always", batches of 1000, 4 shards, 4 concurrent producers; the raw loop
-writes the same encoded frame bytes (one os.write + os.fdatasync per batch) to one file.
-Reads: sequential ``read_arrow`` and ``read`` over everything written. Lookups:
-``offset_for_time`` and random ``read(shard, offset, 1)`` on one shard of
-``--lookup-records`` records, p50/p99.
+Every append row is ``fsync="always"``, producer batches of 1000 records, each awaited until
+durable. Each seglog row is divided by a raw baseline of the *same shape* run just before it:
+``os.write`` + ``os.fdatasync`` of the same records, pre-encoded as seglog frames before timing.
+
+* ``1p/1s`` (like for like): 1 producer, 1 shard vs 1 writer, 1 file, one fdatasync per batch,
+  so both sides sync the same bytes per fdatasync.
+* ``4p/4s topics``: 4 producers, 4 shards, routed by topic (no keys) vs 4 writer threads that
+  split each batch by shard exactly as seglog routes it and append each shard's frame to that
+  shard's file, one fdatasync per touched file per batch.
+* ``4p/16s keys``: every record has a key (10,000 devices), 16 shards, 4 producers; raw as above
+  with 16 files.
+
+seglog may merge concurrent producers' batches into one fdatasync per shard (group commit); the
+raw threads never do, so in the multi-producer shapes a ratio above 1 means batching, not a
+faster disk. ``syncs`` counts the ``os.fdatasync``/``os.fsync`` calls made from Python in the
+timed region on both sides (LMDB's own syncs are not seen; the segment engine's index is not
+synced per write).
+
+Reads: sequential ``read_arrow`` and ``read`` over the ``4p/4s`` database. Lookups:
+``offset_for_time`` and random ``read(shard, offset, 1)`` on one shard of ``--lookup-records``
+records, p50/p99. Engines: append (4 producers, 4 shards) and ``read_arrow`` per engine, and
+append -> ``tail_arrow`` latency.
+
+The full run writes ``bench/results/core-<date>.md`` and ``.json`` (``--out`` to change);
+``--quick`` only prints unless ``--out`` is given.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import datetime as dt
+import json
 import os
 import random
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 import seglog
+from bench.compare import _filesystem, _machine
+from seglog._routing import routing_hashes
 from seglog.record import encode_frame, records_to_batch
 
+REPO = Path(__file__).resolve().parent.parent
+RESULTS_DIR = REPO / "bench" / "results"
 SHARDS = 4
 BATCH_RECORDS = 1000
 PRODUCERS = 4
+KEYED_SHARDS = 16
+DEVICES = 10_000
 
 
-def make_batches(n: int, value_bytes: int, seed: int = 1) -> list[list[seglog.Record]]:
+@dataclass(frozen=True)
+class Shape:
+    """How an append row is driven: producers, shards, and whether records carry keys."""
+
+    label: str
+    producers: int
+    shards: int
+    keyed: bool
+    raw_desc: str
+
+
+SHAPES = (
+    Shape("1p/1s", 1, 1, False, "1 writer, 1 file, 1 fdatasync per batch"),
+    Shape("4p/4s topics", PRODUCERS, SHARDS, False,
+          f"{PRODUCERS} writer threads, {SHARDS} files, 1 fdatasync per touched file per batch"),
+    Shape("4p/16s keys", PRODUCERS, KEYED_SHARDS, True,
+          f"{PRODUCERS} writer threads, {KEYED_SHARDS} files, 1 fdatasync per touched file per batch"),
+)
+
+
+@dataclass
+class AppendRow:
+    """One measured append row (seglog or its raw baseline)."""
+
+    value_bytes: int
+    shape: str
+    system: str
+    records: int
+    seconds: float
+    bytes: int
+    syncs: int
+    ratio_vs_raw: float | None = None
+
+    @property
+    def records_s(self) -> float:
+        return self.records / self.seconds
+
+    @property
+    def mb_s(self) -> float:
+        return self.bytes / self.seconds / 1e6
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "records_s": self.records_s, "mb_s": self.mb_s,
+                "bytes_per_sync": self.bytes / self.syncs if self.syncs else None}
+
+
+class SyncCounter:
+    """Counts ``os.fdatasync``/``os.fsync`` calls from Python (any thread) while entered."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self._lock = threading.Lock()
+
+    def _wrap(self, fn: Callable[[int], None]) -> Callable[[int], None]:
+        def counted(fd: int) -> None:
+            with self._lock:
+                self.calls += 1
+            fn(fd)
+
+        return counted
+
+    @contextlib.contextmanager
+    def counting(self) -> Iterator[SyncCounter]:
+        saved = os.fdatasync, os.fsync
+        os.fdatasync, os.fsync = self._wrap(saved[0]), self._wrap(saved[1])
+        try:
+            yield self
+        finally:
+            os.fdatasync, os.fsync = saved
+
+
+def make_batches(n: int, value_bytes: int, *, keyed: bool = False, seed: int = 1) -> list[list[seglog.Record]]:
+    """``n`` records of MQTT-style topics (and device keys when ``keyed``) in batches of 1000."""
     rng = random.Random(seed)
     payload = rng.randbytes(value_bytes * 64)
     recs = [
@@ -40,49 +148,106 @@ def make_batches(n: int, value_bytes: int, seed: int = 1) -> list[list[seglog.Re
             topic=f"sensors/{i % 100}/{i % 1000}/temp",
             value=payload[(i % 64) * value_bytes : (i % 64 + 1) * value_bytes],
             ts=1_700_000_000_000_000 + i,
+            key=f"dev-{(i * 7919) % DEVICES}".encode() if keyed else None,
         )
         for i in range(n)
     ]
     return [recs[i : i + BATCH_RECORDS] for i in range(0, n, BATCH_RECORDS)]
 
 
-def raw_loop(directory: Path, batches: list[list[seglog.Record]]) -> dict[str, float]:
-    """os.write + os.fdatasync per batch of pre-encoded frames (the physical limit here)."""
-    encoded = [b"".join(bytes(b) for b in encode_frame(records_to_batch(batch), 0).buffers) for batch in batches]
-    path = directory / "raw.bin"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    t0 = time.perf_counter()
-    for chunk in encoded:
-        os.write(fd, chunk)
-        os.fdatasync(fd)
-    elapsed = time.perf_counter() - t0
-    os.close(fd)
-    n = sum(len(b) for b in batches)
-    nbytes = sum(len(c) for c in encoded)
-    path.unlink()
-    return {"records_s": n / elapsed, "mb_s": nbytes / elapsed / 1e6, "bytes": nbytes}
+def _frame_bytes(batch: pa.RecordBatch) -> bytes:
+    return b"".join(bytes(b) for b in encode_frame(batch, 0).buffers)
 
 
-async def seglog_append(directory: Path, batches: list[list[seglog.Record]], *, arrow: bool) -> dict[str, float]:
+def _routes(batch: pa.RecordBatch, shards: int) -> np.ndarray[Any, Any]:
+    """seglog's routing (key, else topic) for every row, as in ``Database._routes``."""
+    routes = routing_hashes(batch.column(1)) % np.uint64(shards)
+    keys = batch.column(2)
+    if keys.null_count != len(keys):
+        key_routes = routing_hashes(keys) % np.uint64(shards)
+        routes = np.where(keys.is_valid().to_numpy(zero_copy_only=False), key_routes, routes)
+    return routes.astype(np.int64)
+
+
+def encode_per_shard(batches: list[list[seglog.Record]], shards: int) -> list[list[tuple[int, bytes]]]:
+    """Every batch as ``(shard, frame bytes)`` chunks, split the way seglog routes it."""
+    out = []
+    for records in batches:
+        batch = records_to_batch(records)
+        if shards == 1:
+            out.append([(0, _frame_bytes(batch))])
+            continue
+        routes = _routes(batch, shards)
+        out.append([
+            (int(s), _frame_bytes(batch.filter(pa.array(routes == s)))) for s in np.unique(routes)
+        ])
+    return out
+
+
+def raw_loop(directory: Path, batches: list[list[seglog.Record]], shape: Shape, value_bytes: int) -> AppendRow:
+    """The raw baseline of ``shape``: write + fdatasync of pre-encoded frames, no batching."""
+    encoded = encode_per_shard(batches, shape.shards)
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = [directory / f"raw-{s}.bin" for s in range(shape.shards)]
+    fds = [os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644) for p in paths]
+
+    def writer(k: int) -> None:
+        for chunks in encoded[k :: shape.producers]:
+            for shard, data in chunks:
+                os.write(fds[shard], data)
+            for shard, _ in chunks:
+                os.fdatasync(fds[shard])
+
+    counter = SyncCounter()
+    try:
+        with counter.counting():
+            t0 = time.perf_counter()
+            if shape.producers == 1:
+                writer(0)
+            else:
+                threads = [threading.Thread(target=writer, args=(k,)) for k in range(shape.producers)]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+            elapsed = time.perf_counter() - t0
+    finally:
+        for fd in fds:
+            os.close(fd)
+    for p in paths:
+        p.unlink()
+    return AppendRow(value_bytes, shape.label, f"raw write+fdatasync ({shape.raw_desc})",
+                     sum(len(b) for b in batches), elapsed, sum(len(d) for c in encoded for _, d in c),
+                     counter.calls)
+
+
+async def seglog_append(directory: Path, batches: list[list[seglog.Record]], shape: Shape, value_bytes: int,
+                        *, arrow: bool, keep: bool = False) -> AppendRow:
+    """``shape.producers`` tasks appending their share of ``batches`` to ``shape.shards`` shards."""
     shutil.rmtree(directory, ignore_errors=True)
     tables = [records_to_batch(b) for b in batches] if arrow else []
+    counter = SyncCounter()
     async with seglog.open(directory, fsync="always") as store:
-        db = await store.create_db("bench", shards=SHARDS)
+        db = await store.create_db("bench", shards=shape.shards)
 
         async def produce(k: int) -> None:
             if arrow:
-                for t in tables[k::PRODUCERS]:
+                for t in tables[k :: shape.producers]:
                     await db.append_arrow(t)
             else:
-                for b in batches[k::PRODUCERS]:
+                for b in batches[k :: shape.producers]:
                     await db.append(b)
 
-        t0 = time.perf_counter()
-        await asyncio.gather(*(produce(k) for k in range(PRODUCERS)))
-        elapsed = time.perf_counter() - t0
+        with counter.counting():
+            t0 = time.perf_counter()
+            await asyncio.gather(*(produce(k) for k in range(shape.producers)))
+            elapsed = time.perf_counter() - t0
         nbytes = sum(s.bytes for s in db.stats())
-    n = sum(len(b) for b in batches)
-    return {"records_s": n / elapsed, "mb_s": nbytes / elapsed / 1e6}
+    if not keep:
+        shutil.rmtree(directory, ignore_errors=True)
+    system = "seglog append_arrow" if arrow else "seglog append (Record)"
+    return AppendRow(value_bytes, shape.label, system, sum(len(b) for b in batches), elapsed, nbytes,
+                     counter.calls)
 
 
 async def seglog_reads(directory: Path) -> dict[str, float]:
@@ -213,73 +378,168 @@ async def tail_latency(directory: Path, engine: str, rate_rps: int, seconds: flo
     return {"p50_ms": q[49] * 1000, "p99_ms": q[98] * 1000, "rate": len(lat) / seconds}
 
 
-async def run(args: argparse.Namespace) -> str:
-    base = Path(tempfile.mkdtemp(prefix="seglog-bench-", dir=args.dir))
-    rows: list[str] = []
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _git_state() -> str:
+    """HEAD and whether the working tree had uncommitted changes when the bench ran."""
     try:
-        for value_bytes, n in ((100, args.records_100), (1024, args.records_1k)):
-            batches = make_batches(n, value_bytes)
-            raw = raw_loop(base, batches)
-            rec = await seglog_append(base / "rec", batches, arrow=False)
-            reads = await seglog_reads(base / "rec")
-            arr = await seglog_append(base / "arrow", batches, arrow=True)
-            shutil.rmtree(base / "arrow", ignore_errors=True)
-            for name, r in (("raw write+fdatasync", raw), ("seglog append (Record)", rec), ("seglog append_arrow", arr)):
-                rows.append(
-                    f"| {value_bytes} B | {name} | {r['records_s']:,.0f} | {r['mb_s']:,.1f} | "
-                    f"{r['records_s'] / raw['records_s']:.2f} | {r['mb_s'] / raw['mb_s']:.2f} |"
-                )
-            rows.append(f"| {value_bytes} B | seglog read_arrow | {reads['read_arrow']:,.0f} | | | |")
-            rows.append(f"| {value_bytes} B | seglog read (Record) | {reads['read']:,.0f} | | | |")
-            shutil.rmtree(base / "rec", ignore_errors=True)
-        lk = await lookups(base / "lookup", args.lookup_records)
-        engine_rows = []
-        eng_batches = make_batches(args.records_engines, 100)
-        for engine in ("segment", "memory", "lmdb"):
-            e = await engine_figures(base / f"eng-{engine}", engine, eng_batches)
-            t = await tail_latency(base / f"tail-{engine}", engine, 50_000, args.tail_seconds)
-            engine_rows.append(
-                f"| {engine} | {e['append']:,.0f} | {e['read_arrow']:,.0f} | {t['p50_ms']:.2f} | {t['p99_ms']:.2f} |"
-            )
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
-    table = "\n".join([
-        f"Durable append (fsync=always, batches of {BATCH_RECORDS}, {SHARDS} shards, {PRODUCERS} producers) and reads",
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                              text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return f"{head} (uncommitted changes in {len(dirty.splitlines())} tracked files)" if dirty else head
+
+
+async def append_rows(base: Path, value_bytes: int, n: int) -> tuple[list[AppendRow], dict[str, float]]:
+    """Every shape at one value size: raw baseline, then seglog Record and Arrow appends."""
+    rows: list[AppendRow] = []
+    reads: dict[str, float] = {}
+    for shape in SHAPES:
+        batches = make_batches(n, value_bytes, keyed=shape.keyed)
+        raw = raw_loop(base / "raw", batches, shape, value_bytes)
+        rows.append(raw)
+        for arrow in (False, True):
+            keep = shape.label == "4p/4s topics" and not arrow
+            row = await seglog_append(base / "db", batches, shape, value_bytes, arrow=arrow, keep=keep)
+            row.ratio_vs_raw = row.records_s / raw.records_s
+            rows.append(row)
+            if keep:
+                reads = await seglog_reads(base / "db")
+                shutil.rmtree(base / "db", ignore_errors=True)
+        _log(f"  {value_bytes} B {shape.label}: " + ", ".join(f"{r.system.split(' (')[0]} {r.records_s:,.0f}/s"
+                                                            for r in rows[-3:]))
+    return rows, reads
+
+
+def render(meta: dict[str, Any], rows: list[AppendRow], reads: dict[int, dict[str, float]],
+           lk: dict[str, float], engines: list[dict[str, Any]]) -> str:
+    """The Markdown report."""
+    out = [
+        f"# seglog core benchmark, {meta['date']} ({meta['mode']})",
         "",
-        "| value | system | records/s | MB/s | records/s ÷ raw | MB/s ÷ raw |",
-        "|---|---|---:|---:|---:|---:|",
-        *rows,
+        f"Machine: {meta['machine']}; data dir filesystem: {meta['filesystem']}; {meta['load']}; "
+        f"code: {meta['git']}.",
         "",
-        f"Lookups on a {args.lookup_records:,}-record shard: offset_for_time p50 {lk['time_p50_ms']:.3f} ms, "
+        f"Durable append: fsync=\"always\", producer batches of {BATCH_RECORDS} records, each awaited until "
+        "durable. Each seglog row's ratio is against the raw row of the same shape above it (same records, "
+        "pre-encoded as seglog frames before timing; raw never merges batches). 1p/1s is like for like: the "
+        "same bytes per fdatasync on both sides. syncs = os.fdatasync/os.fsync calls from Python in the timed "
+        "region; KB/sync = bytes written / syncs.",
+        "",
+        "| value | shape | system | records/s | MB/s | syncs | KB/sync | records/s ÷ raw (same shape) |",
+        "|---|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        ratio = "" if r.ratio_vs_raw is None else f"{r.ratio_vs_raw:.2f}"
+        per_sync = f"{r.bytes / r.syncs / 1000:,.1f}" if r.syncs else "-"
+        out.append(f"| {r.value_bytes} B | {r.shape} | {r.system} | {r.records_s:,.0f} | {r.mb_s:,.1f} | "
+                   f"{r.syncs:,} | {per_sync} | {ratio} |")
+    out += [
+        "",
+        "Shapes: 1p/1s = 1 producer, 1 shard; 4p/4s topics = 4 producers, 4 shards, routed by topic; "
+        f"4p/16s keys = 4 producers, 16 shards, a key on every record ({DEVICES:,} devices). In the "
+        "multi-producer shapes seglog can group-commit several producers' batches into one fdatasync per "
+        "shard, which the raw threads do not do: a ratio there mixes batching with per-record cost.",
+        "",
+        "Sequential reads of the 4p/4s topics database (served from the page cache):",
+        "",
+        "| value | reader | records/s |",
+        "|---|---|---:|",
+        *(f"| {v} B | {name} | {r[key]:,.0f} |" for v, r in reads.items()
+          for name, key in (("seglog read_arrow", "read_arrow"), ("seglog read (Record)", "read"))),
+        "",
+        f"Lookups on a {meta['args']['lookup_records']:,}-record shard: offset_for_time p50 {lk['time_p50_ms']:.3f} ms, "
         f"p99 {lk['time_p99_ms']:.3f} ms; read(shard, offset, 1) p50 {lk['read1_p50_ms']:.3f} ms, "
         f"p99 {lk['read1_p99_ms']:.3f} ms",
         "",
-        f"Engines (fsync=always, 100 B values, {args.records_engines:,} records, {SHARDS} shards; tail latency = "
-        "append call -> record delivered by db.tail_arrow, steady 50k records/s, batches every 10 ms)",
+        f"Engines (fsync=always, 100 B values, {meta['args']['records_engines']:,} records, {SHARDS} shards, "
+        f"{PRODUCERS} producers; tail latency = append call -> record delivered by db.tail_arrow, steady 50k "
+        "records/s, batches every 10 ms)",
         "",
         "| engine | append records/s | read_arrow records/s | tail p50 ms | tail p99 ms |",
         "|---|---:|---:|---:|---:|",
-        *engine_rows,
-    ])
-    return table
+        *(f"| {e['engine']} | {e['append']:,.0f} | {e['read_arrow']:,.0f} | {e['tail_p50_ms']:.2f} | "
+          f"{e['tail_p99_ms']:.2f} |" for e in engines),
+        "",
+        "One run per row without warm-up; fsync-bound rates vary between runs on a shared VM, so compare "
+        "rows within one report.",
+    ]
+    return "\n".join(out) + "\n"
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--quick", action="store_true", help="small sizes (for tests)")
-    p.add_argument("--records-100", type=int, default=1_000_000)
-    p.add_argument("--records-1k", type=int, default=300_000)
-    p.add_argument("--lookup-records", type=int, default=10_000_000)
-    p.add_argument("--records-engines", type=int, default=400_000)
-    p.add_argument("--tail-seconds", type=float, default=5.0)
+async def run(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    """Run every section; returns the Markdown report and the same results as JSON data."""
+    base = Path(tempfile.mkdtemp(prefix="seglog-bench-", dir=args.dir))
+    load_start = os.getloadavg()[0]
+    t_start = time.perf_counter()
+    rows: list[AppendRow] = []
+    reads: dict[int, dict[str, float]] = {}
+    engines: list[dict[str, Any]] = []
+    try:
+        for value_bytes, n in ((100, args.records_100), (1024, args.records_1k)):
+            got, reads[value_bytes] = await append_rows(base, value_bytes, n)
+            rows += got
+        _log("  lookups")
+        lk = await lookups(base / "lookup", args.lookup_records)
+        shutil.rmtree(base / "lookup", ignore_errors=True)
+        eng_batches = make_batches(args.records_engines, 100)
+        for engine in ("segment", "memory", "lmdb"):
+            _log(f"  engine {engine}")
+            e = await engine_figures(base / f"eng-{engine}", engine, eng_batches)
+            t = await tail_latency(base / f"tail-{engine}", engine, 50_000, args.tail_seconds)
+            engines.append({"engine": engine, **e, "tail_p50_ms": t["p50_ms"], "tail_p99_ms": t["p99_ms"]})
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    meta: dict[str, Any] = {
+        "date": dt.date.today().isoformat(),
+        "mode": "quick" if args.quick else "full",
+        "machine": ", ".join(f"{k} {v}" for k, v in _machine().items()),
+        "filesystem": _filesystem(Path(args.dir) if args.dir else Path(tempfile.gettempdir())),
+        "load": f"1-min load average {load_start:.1f} at start, {os.getloadavg()[0]:.1f} at end",
+        "git": _git_state(),
+        "runtime_s": round(time.perf_counter() - t_start, 1),
+        "args": {k: v for k, v in vars(args).items() if k not in ("out", "dir")},
+    }
+    data = {
+        "meta": meta,
+        "shapes": [asdict(s) for s in SHAPES],
+        "append": [r.to_json() for r in rows],
+        "reads": {str(v): r for v, r in reads.items()},
+        "lookups": lk,
+        "engines": engines,
+    }
+    return render(meta, rows, reads, lk, engines), data
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="small sizes (for tests); writes no file without --out")
+    p.add_argument("--records-100", type=int, default=500_000)
+    p.add_argument("--records-1k", type=int, default=100_000)
+    p.add_argument("--lookup-records", type=int, default=5_000_000)
+    p.add_argument("--records-engines", type=int, default=200_000)
+    p.add_argument("--tail-seconds", type=float, default=3.0)
+    p.add_argument("--out", type=Path, default=None,
+                   help="Markdown file; JSON goes next to it (default: bench/results/core-<date>.md)")
     p.add_argument("--dir", default=None, help="where to put temporary data (default: system temp)")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if args.quick:
         args.records_100, args.records_1k, args.lookup_records = 20_000, 5_000, 50_000
         args.records_engines, args.tail_seconds = 20_000, 0.5
-    print(asyncio.run(run(args)))
+    text, data = asyncio.run(run(args))
+    print(text)
+    out = args.out if args.out is not None or args.quick else RESULTS_DIR / f"core-{data['meta']['date']}.md"
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+        out.with_suffix(".json").write_text(json.dumps(data, indent=1) + "\n")
+        _log(f"wrote {out} and {out.with_suffix('.json')} ({data['meta']['runtime_s']} s)")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
-
+    sys.exit(main())
