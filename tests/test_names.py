@@ -83,3 +83,13 @@ def test_group_commit_rejects_name_and_stores_nothing(run, data_dir: Path, name:
             assert db._group_store().groups() == []
 
     run(main())
+
+
+def test_parse_object_key_rejects_a_trailing_newline() -> None:
+    from seglog.tiering.parquet import object_key, parse_object_key
+
+    key = object_key("db", 1, 0, 9)
+    assert parse_object_key(key) == ("db", 1, 0, 9)
+    for bad in (key + "\n", "d\nb/shard=1/" + key.split("/", 2)[2]):
+        with pytest.raises(errors.InvalidArgument):
+            parse_object_key(bad)

@@ -67,7 +67,7 @@ ROW_GROUP_ROWS = 64 * 1024
 ZSTD_LEVEL = 3
 
 _DB_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")  # used with fullmatch: "$" accepts a final "\n"
-_KEY_RE = re.compile(r"^(?P<db>[^/]+)/shard=(?P<shard>\d+)/(?P<base>\d{20})-(?P<end>\d{20})\.parquet$")
+_KEY_RE = re.compile(r"(?P<db>[^/\n]+)/shard=(?P<shard>\d+)/(?P<base>\d{20})-(?P<end>\d{20})\.parquet")  # fullmatch
 
 
 def object_key(db: str, shard: int, base: int, end: int) -> str:
@@ -92,7 +92,7 @@ def object_key(db: str, shard: int, base: int, end: int) -> str:
 
 def parse_object_key(key: str) -> tuple[str, int, int, int]:
     """Inverse of :func:`object_key`: returns ``(db, shard, base, end)``."""
-    m = _KEY_RE.match(key)
+    m = _KEY_RE.fullmatch(key)
     if m is None:
         raise InvalidArgument(f"not a seglog tier object key: {key!r}")
     return m["db"], int(m["shard"]), int(m["base"]), int(m["end"])
