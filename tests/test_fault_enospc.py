@@ -219,3 +219,29 @@ def test_group_commit_on_a_full_disk_fails_cleanly(run, tmp_path: Path) -> None:
                 assert await db.committed("g", 0) == 7
 
         run(main())
+
+
+def test_local_tier_on_a_full_disk_keeps_local_segments_and_resumes(run, tmp_path: Path) -> None:
+    """Tiering to a full local tier fails with TierError; nothing local is deleted; it resumes."""
+    from seglog.errors import TierError
+
+    with ext4_fs(tmp_path, size_mib=16) as fs:
+        tier = fs.mount / "tier"
+        data = tmp_path / "data"
+
+        async def main() -> None:
+            async with seglog.open(data, tier=tier.as_uri(), retention_interval_ms=None) as store:
+                db = await store.create_db("t", segment_bytes=64 << 10, local_retention_bytes=0)
+                await db.append(_records(2_000, value_bytes=200), shard=0)
+                await db.seal(0)
+                fs.fill(leave_bytes=0)
+                with pytest.raises(TierError):
+                    await db.tier_now()
+                assert db.local_start_offset(0) == 0, "no local segment may go before its upload is verified"
+                assert _values(await read_all(db, 0)) == _values(_records(2_000, value_bytes=200))
+                fs.unfill()
+                assert await db.tier_now()
+                assert db.local_start_offset(0) > 0
+                assert _values(await read_all(db, 0)) == _values(_records(2_000, value_bytes=200))
+
+        run(main())
