@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -22,6 +24,15 @@ def _records(n: int, *, start: int = 0, value_bytes: int = 1000) -> list[seglog.
 
 def _values(recs: list[seglog.Record]) -> list[bytes]:
     return [r.value for r in recs]
+
+
+async def _reopened_values(data: Path) -> list[bytes]:
+    """The values of shard 0 of database ``t`` after reopening the store (end offset checked)."""
+    async with seglog.open(data) as store:
+        db = await store.open_db("t")
+        values = _values(await read_all(db, 0))
+        assert db.end_offset(0) == len(values)
+        return values
 
 
 def test_failed_append_across_a_roll_leaves_no_trace_and_writes_resume(run, tmp_path: Path) -> None:
@@ -51,13 +62,7 @@ def test_failed_append_across_a_roll_leaves_no_trace_and_writes_resume(run, tmp_
 
         run(main())
 
-        async def reopen() -> None:
-            async with seglog.open(data) as store:
-                db = await store.open_db("t")
-                assert db.end_offset(0) == 20_100
-                assert _values(await read_all(db, 0)) == _values(_records(20_100))
-
-        run(reopen())
+        assert run(_reopened_values(data)) == _values(_records(20_100))
 
 
 def test_failed_append_is_gone_after_reopen_without_a_retry(run, tmp_path: Path) -> None:
@@ -99,7 +104,7 @@ def test_partial_write_in_one_segment_and_queued_appends_behind_it(run, tmp_path
                 fs.fill(leave_bytes=2 << 20)
                 big = db.append(_records(5_000, start=10, value_bytes=900), shard=0)  # ~4.5 MB
                 small = db.append(_records(3, start=99_000), shard=0)  # offsets assigned behind it
-                results = await __import__("asyncio").gather(big, small, return_exceptions=True)
+                results = await asyncio.gather(big, small, return_exceptions=True)
                 assert all(isinstance(r, StorageError) for r in results), results
                 assert db.end_offset(0) == 10
                 fs.unfill()
@@ -109,12 +114,7 @@ def test_partial_write_in_one_segment_and_queued_appends_behind_it(run, tmp_path
 
         run(main())
 
-        async def reopen() -> None:
-            async with seglog.open(data) as store:
-                db = await store.open_db("t")
-                assert _values(await read_all(db, 0)) == _values(_records(15))
-
-        run(reopen())
+        assert run(_reopened_values(data)) == _values(_records(15))
 
 
 def test_multi_shard_append_reports_which_parts_failed(run, tmp_path: Path) -> None:
@@ -160,8 +160,6 @@ def test_full_index_filesystem_loses_no_read_key_results(run, tmp_path: Path, ca
     for f in index_dir.iterdir():
         f.unlink()
     with ext4_fs(tmp_path, size_mib=8) as fs:
-        import subprocess
-
         subprocess.run(["mount", "--bind", str(fs.mount), str(index_dir)], check=True)
         try:
             async def main() -> None:

@@ -6,14 +6,11 @@ after the acknowledgement, or skipped for a quiet shard.
 
 from __future__ import annotations
 
-import asyncio
 import os
+import select
 import subprocess
 import sys
-import time
 from pathlib import Path
-
-import pytest
 
 import seglog
 from tests.faults import Syscall, strace_command, strace_events
@@ -81,33 +78,41 @@ def test_interval_policy_syncs_a_quiet_shard_on_a_busy_worker(tmp_path: Path) ->
 
 
 def test_follower_never_sees_frames_before_they_are_durable(run, tmp_path: Path) -> None:
-    """Delay every fdatasync by 1.5 s: the frames of B sit written but unsynced meanwhile."""
+    """Delay every fdatasync by 1.5 s: the frames of B sit written but unsynced meanwhile.
+
+    strace writes its log into a FIFO, so the test learns from a blocking read, not a timer,
+    the moment the writer's ``pwritev`` of B has returned.
+    """
     data = tmp_path / "data"
-    log = tmp_path / "strace.log"
-    cmd = [*strace_command(), "-o", str(log), "-e", "trace=fdatasync",
+    fifo = tmp_path / "strace.fifo"
+    os.mkfifo(fifo)
+    cmd = [*strace_command(), "-o", str(fifo), "-e", f"trace=fdatasync,{','.join(_WRITES)}",
            "-e", "inject=fdatasync:delay_enter=1500000",
            sys.executable, "-m", "tests.trace_child", str(data), "slow-sync", "always"]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     try:
-        assert proc.stdout.readline() == "ack A\n"
-        assert proc.stdout.readline() == "start B\n"
-        segment = data / "dbs" / "t" / "shard-0000" / f"{0:020d}.log"
-        size_a = segment.stat().st_size
-        deadline = time.monotonic() + 10
-        while segment.stat().st_size == size_a:  # B's pwritev has happened: its fdatasync is delayed
-            assert time.monotonic() < deadline, "B was never written"
-            time.sleep(0.005)
+        with open(fifo) as trace:  # blocks until strace opens its end
+            assert proc.stdout.readline() == "ack A\n"
+            assert proc.stdout.readline() == "start B\n"
+            segment_writes = 0
+            for line in trace:  # A's frames, then B's: the second write to the segment
+                if any(f" {w}(" in line for w in _WRITES) and ".log>" in line and " = " in line:
+                    segment_writes += 1
+                    if segment_writes == 2:
+                        break
+            assert segment_writes == 2, "B was never written"
 
-        async def read() -> int:
-            async with seglog.follow(data, "t", 0, offset=0) as f:
-                table = await f.read_available()
-                return table.num_rows
+            async def read() -> int:
+                async with seglog.follow(data, "t", 0, offset=0) as f:
+                    table = await f.read_available()
+                    return table.num_rows
 
-        seen = run(read())
-        still_unsynced = proc.poll() is None and not _acked_b(proc)
-        assert still_unsynced, "B was acknowledged before the follower read: the test proves nothing"
-        assert seen == 100, f"the follower saw {seen - 100} records that were written but not yet durable"
+            seen = run(read())
+            assert not _acked_b(proc), "B was acknowledged before the follower read: the test proves nothing"
+            assert seen == 100, f"the follower saw {seen - 100} records that were written but not yet durable"
+            for _ in trace:  # drain, so strace never blocks on a full FIFO
+                pass
         assert proc.stdout.readline() == "ack B\n"
         assert run(read()) == 200
     finally:
@@ -116,12 +121,10 @@ def test_follower_never_sees_frames_before_they_are_durable(run, tmp_path: Path)
 
 
 def _acked_b(proc: subprocess.Popen[str]) -> bool:
-    # The child prints "ack B" only after the delayed fdatasync; 1.5 s is far longer than our read.
-    import select
-
+    """Whether the child already printed B's acknowledgement (or exited)."""
     assert proc.stdout is not None
     ready, _, _ = select.select([proc.stdout], [], [], 0)
-    return bool(ready)
+    return bool(ready) or proc.poll() is not None
 
 
 def test_new_directories_are_fsynced(tmp_path: Path) -> None:
@@ -135,10 +138,3 @@ def test_new_directories_are_fsynced(tmp_path: Path) -> None:
     for d in (data, data / "dbs", db, db / "shard-0000", db / "shard-0001", db / "shard-0001" / "index", db / "groups"):
         assert str(d) in synced, f"directory {d} was never fsynced"
 
-
-@pytest.fixture(autouse=True)
-def _no_pythonbreakpoint() -> None:
-    os.environ.pop("PYTHONBREAKPOINT", None)
-
-
-_ = asyncio

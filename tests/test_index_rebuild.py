@@ -71,6 +71,15 @@ def test_index_behind_the_log_is_caught_up(run, data_dir: Path) -> None:
     assert run(reopen()) == before
 
 
+async def _write_2000(data_dir: Path) -> tuple[list[int], list[int], list[int]]:
+    """2,000 keyed records in 100-record appends over several segments; the answers they give."""
+    async with seglog.open(data_dir) as store:
+        db = await store.create_db("t", segment_bytes=16 * 1024, index_interval_bytes=512)
+        for i in range(0, 2000, 100):
+            await db.append(make_records(100, start=i))
+        return await _answers(db)
+
+
 def _tear(index_dir: Path, *, boot: str = "another-boot-id") -> None:
     """What a power loss can leave: the index still marked open by the old boot, entries lost.
 
@@ -130,14 +139,7 @@ def test_index_of_this_boot_is_not_rebuilt(run, data_dir: Path, caplog) -> None:
 
 @pytest.mark.parametrize("damage", ["garbled-meta", "truncated", "zeroed"])
 def test_unusable_lmdb_file_is_rebuilt_from_the_segments(run, data_dir: Path, caplog, damage: str) -> None:
-    async def write() -> tuple[list[int], list[int], list[int]]:
-        async with seglog.open(data_dir) as store:
-            db = await store.create_db("t", segment_bytes=16 * 1024, index_interval_bytes=512)
-            for i in range(0, 2000, 100):
-                await db.append(make_records(100, start=i))
-            return await _answers(db)
-
-    before = run(write())
+    before = run(_write_2000(data_dir))
     mdb = data_dir / "dbs" / "t" / "shard-0000" / "index" / "data.mdb"
     raw = bytearray(mdb.read_bytes())
     if damage == "garbled-meta":
@@ -158,14 +160,7 @@ def test_unusable_lmdb_file_is_rebuilt_from_the_segments(run, data_dir: Path, ca
 
 
 def test_wrong_index_positions_are_detected_and_repaired(run, data_dir: Path, caplog) -> None:
-    async def write() -> tuple[list[int], list[int], list[int]]:
-        async with seglog.open(data_dir) as store:
-            db = await store.create_db("t", segment_bytes=16 * 1024, index_interval_bytes=512)
-            for i in range(0, 2000, 100):
-                await db.append(make_records(100, start=i))
-            return await _answers(db)
-
-    before = run(write())
+    before = run(_write_2000(data_dir))
     index_dir = data_dir / "dbs" / "t" / "shard-0000" / "index"
     env = lmdb.open(str(index_dir), max_dbs=8)
     offsets = env.open_db(b"offset")

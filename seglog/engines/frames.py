@@ -13,7 +13,9 @@ import asyncio
 import bisect
 import contextlib
 import functools
+import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from typing import Any, Final, Protocol
@@ -46,6 +48,8 @@ __all__ = [
     "MAX_FRAME_VALUE_BYTES",
     "FrameTable",
     "FrameTableEngine",
+    "IntervalSync",
+    "Maintenance",
     "QueueableShard",
     "WriteGenerations",
     "frame_bytes",
@@ -54,6 +58,8 @@ __all__ = [
     "split_batch",
     "with_offsets",
 ]
+
+log = logging.getLogger("seglog.engines")
 
 # A batch is cut into frames of at most this many records / value bytes.
 MAX_FRAME_RECORDS: Final = 16_384
@@ -190,15 +196,36 @@ class WriteGenerations:
     a new generation, so later appends continue the log with no gap.
     """
 
+    number: int
+
     def __init__(self, next_offset: int) -> None:
         self.next_offset = next_offset  # event-loop thread
         self.gen = 0  # event-loop thread
         self.failed: BaseException | None = None  # set by the worker: read-only until reopen
+        self.read_only_reason = ""
         self.loop: asyncio.AbstractEventLoop | None = None
         self._min_gen = 0  # worker thread
 
+    def make_read_only(self, exc: BaseException, reason: str) -> None:
+        """(Worker) Refuse every later write until reopen; ``reason`` completes "read-only after …"."""
+        self.failed = exc
+        self.read_only_reason = reason
+        log.error("shard %d: %s (%s); read-only until reopen", self.number, reason, exc)
+
+    def check_writable(self) -> None:
+        """Raise :class:`StorageError` if the shard is read-only."""
+        if self.failed is not None:
+            raise StorageError(
+                f"shard {self.number} is read-only after {self.read_only_reason}; reopen the store"
+            ) from self.failed
+
     def split_stale(self, items: Sequence[Any]) -> tuple[list[Any], list[Any]]:
-        """The live items (``item.gen`` current) and a result list with stale ones failed."""
+        """The live items (``item.gen`` current) and a result list with stale ones failed.
+
+        Raises:
+            StorageError: The shard is read-only (every item fails).
+        """
+        self.check_writable()
         results: list[Any] = [None] * len(items)
         live = []
         for i, item in enumerate(items):
@@ -210,7 +237,8 @@ class WriteGenerations:
                 live.append(item)
         return live, results
 
-    def merge_results(self, items: Sequence[Any], results: list[Any], live_results: Sequence[Any]) -> list[Any]:
+    @staticmethod
+    def merge_results(results: list[Any], live_results: Sequence[Any]) -> list[Any]:
         """Fill the live items' results into ``results`` (from :meth:`split_stale`)."""
         it = iter(live_results)
         return [next(it) if r is None else r for r in results]
@@ -229,23 +257,70 @@ class WriteGenerations:
             self.next_offset = end
 
 
+class IntervalSync:
+    """The ``fsync="interval"`` bookkeeping of one writer (worker thread only).
+
+    A writer asks :meth:`due` after each write; when it says no, the write is acknowledged
+    unsynced and :meth:`deadline` tells the I/O worker when the sync is owed.
+    """
+
+    def __init__(self, interval_ms: int) -> None:
+        self._interval_s = interval_ms / 1000
+        self._last_sync_s = time.monotonic()
+        self._unsynced_since_s: float | None = None
+
+    @property
+    def pending(self) -> bool:
+        """Whether acknowledged writes are waiting for a sync."""
+        return self._unsynced_since_s is not None
+
+    def due(self) -> bool:
+        """After a write: whether to sync now (else the write is recorded as unsynced)."""
+        now = time.monotonic()
+        if now - self._last_sync_s >= self._interval_s:
+            return True
+        if self._unsynced_since_s is None:
+            self._unsynced_since_s = now
+        return False
+
+    def synced(self) -> None:
+        """Record a successful sync."""
+        self._last_sync_s = time.monotonic()
+        self._unsynced_since_s = None
+
+    def deadline(self) -> float | None:
+        """``time.monotonic()`` by which the pending writes must be synced (``None``: nothing pending)."""
+        return None if self._unsynced_since_s is None else self._unsynced_since_s + self._interval_s
+
+
+class Maintenance:
+    """Runs callables on a shard's I/O worker, ordered with its appends (a :class:`BatchWriter`)."""
+
+    def write_batch(self, items: Sequence[Callable[[], Any]]) -> Sequence[Any]:
+        return [item() for item in items]
+
+    def sync_deadline(self) -> float | None:
+        return None
+
+    def flush_idle(self) -> None:
+        pass
+
+
 class QueueableShard(BatchWriter, Protocol):
     """A shard an engine appends to through the :class:`IoPool`."""
 
     number: int
     next_offset: int
     gen: int
-    failed: BaseException | None
     loop: asyncio.AbstractEventLoop | None
+
+    def check_writable(self) -> None: ...
 
 
 def check_writable(shards: Sequence[QueueableShard]) -> None:
-    """Raise :class:`StorageError` if any shard is read-only after a write it could not undo."""
+    """Raise :class:`StorageError` if any shard is read-only."""
     for s in shards:
-        if s.failed is not None:
-            raise StorageError(
-                f"shard {s.number} is read-only after a write it could not undo; reopen the store"
-            ) from s.failed
+        s.check_writable()
 
 
 async def queue_appends(
@@ -286,16 +361,15 @@ async def queue_appends(
             fut.add_done_callback(functools.partial(_notify, listener, s.number))
         futures.append(fut)
         queued.append(i)
+    outcomes: list[Any]
     if len(futures) == 1:
         # The common single-shard case, without gather's bookkeeping.
         try:
-            await futures[0]
+            outcomes = [await futures[0]]
         except StorageError as exc:
-            if quota is not None:
-                quota.release(sizes[queued[0]])
-            raise AppendFailed(str(exc), failed={shards[queued[0]].number: exc}, written={}) from exc
-        return bases
-    outcomes = await asyncio.gather(*futures, return_exceptions=True)
+            outcomes = [exc]
+    else:
+        outcomes = await asyncio.gather(*futures, return_exceptions=True)
     failed: dict[int, BaseException] = {}
     written: dict[int, int] = {}
     for i, outcome in zip(queued, outcomes, strict=True):

@@ -9,7 +9,6 @@ import hashlib
 import logging
 import os
 import struct
-import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from pathlib import Path
@@ -22,6 +21,8 @@ from seglog.engines.base import EngineConfig, Quota
 from seglog.engines.frames import (
     FrameTable,
     FrameTableEngine,
+    IntervalSync,
+    Maintenance,
     WriteGenerations,
     check_writable,
     decode_frame,
@@ -61,19 +62,6 @@ class _Pending(NamedTuple):
     frames: list[tuple[FrameHeader, bytes, list[tuple[bytes, int]]]]
 
 
-class _Maintenance:
-    """Runs callables on a shard's I/O worker, ordered with its appends."""
-
-    def write_batch(self, items: Sequence[Callable[[], Any]]) -> Sequence[Any]:
-        return [item() for item in items]
-
-    def sync_deadline(self) -> float | None:
-        return None
-
-    def flush_idle(self) -> None:
-        pass
-
-
 class _LmdbShard(WriteGenerations):
     """One shard's write side (a :class:`~seglog.io_pool.BatchWriter`): one write txn per group.
 
@@ -90,15 +78,10 @@ class _LmdbShard(WriteGenerations):
         self.keys_db = env.open_db(b"k%d" % number)
         self.config = config
         self.table = table
-        self.maintenance = _Maintenance()
-        self._last_sync_s = time.monotonic()
-        self._unsynced_since_s: float | None = None
+        self.maintenance = Maintenance()
+        self._interval = IntervalSync(config.fsync_interval_ms)
 
     def write_batch(self, items: Sequence[_Pending]) -> Sequence[Any]:
-        if self.failed is not None:
-            raise StorageError(
-                f"shard {self.number} is read-only after a failed sync; reopen the store"
-            ) from self.failed
         live, results = self.split_stale(items)
         if not live:
             return results
@@ -118,39 +101,27 @@ class _LmdbShard(WriteGenerations):
             for item in live:
                 for header, _data, _keys in item.frames:
                     t.add(header)
-        self._sync_per_policy()
-        return self.merge_results(items, results, [item.base for item in live])
-
-    def _sync_per_policy(self) -> None:
-        # "always": the environment syncs at every commit.
-        if self.config.fsync == "interval":
-            now = time.monotonic()
-            if now - self._last_sync_s >= self.config.fsync_interval_ms / 1000:
-                # A failure makes the shard read-only; this batch is committed like the
-                # acknowledged ones before it (the interval policy acknowledges after write).
-                with contextlib.suppress(StorageError):
-                    self._sync()
-            elif self._unsynced_since_s is None:
-                self._unsynced_since_s = now
+        # "always": the environment syncs at every commit. Under "interval" a failed sync
+        # makes the shard read-only; this batch is committed like the acknowledged ones
+        # before it (the policy acknowledges after write).
+        if self.config.fsync == "interval" and self._interval.due():
+            with contextlib.suppress(StorageError):
+                self._sync()
+        return self.merge_results(results, [item.base for item in live])
 
     def _sync(self) -> None:
         try:
             self.env.sync(True)
         except lmdb.Error as exc:
-            self.failed = exc
-            log.error("shard %d: sync failed (%s); acknowledged writes since the last sync may be lost; "
-                      "read-only until reopen", self.number, exc)
+            self.make_read_only(exc, "a failed sync (acknowledged writes since the last sync may be lost)")
             raise StorageError(f"sync of shard {self.number} failed") from exc
-        self._last_sync_s = time.monotonic()
-        self._unsynced_since_s = None
+        self._interval.synced()
 
     def sync_deadline(self) -> float | None:
-        if self._unsynced_since_s is None or self.failed is not None:
-            return None
-        return self._unsynced_since_s + self.config.fsync_interval_ms / 1000
+        return None if self.failed is not None else self._interval.deadline()
 
     def flush_idle(self) -> None:
-        if self._unsynced_since_s is not None and self.failed is None:
+        if self._interval.pending and self.failed is None:
             self._sync()
 
     def drop_before(self, start: int) -> int:

@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import functools
 import logging
-import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor
 from typing import Any, Final, NamedTuple
@@ -30,7 +29,7 @@ from seglog.engines.base import (
     empty_read_table,
     retention_start,
 )
-from seglog.engines.frames import WriteGenerations, check_writable, queue_appends
+from seglog.engines.frames import IntervalSync, Maintenance, WriteGenerations, check_writable, queue_appends
 from seglog.engines.frames import frame_keys as _frame_keys
 from seglog.engines.frames import split_batch as _split
 from seglog.engines.frames import with_offsets as _with_offsets
@@ -74,19 +73,6 @@ class _PendingFrames(NamedTuple):
     tags: list[list[int]]
 
 
-class _Maintenance:
-    """Runs callables on a shard's I/O worker, ordered with its appends (a :class:`BatchWriter`)."""
-
-    def write_batch(self, items: Sequence[Callable[[], Any]]) -> Sequence[Any]:
-        return [item() for item in items]
-
-    def sync_deadline(self) -> float | None:
-        return None
-
-    def flush_idle(self) -> None:
-        pass
-
-
 class _Shard(WriteGenerations):
     """One shard: its log, its index and its write state (a :class:`BatchWriter`).
 
@@ -104,9 +90,8 @@ class _Shard(WriteGenerations):
         self.index = index
         self.config = config
         self.durable_end = log_.next_offset  # acknowledged (worker thread)
-        self.maintenance = _Maintenance()
-        self._last_sync_s = time.monotonic()
-        self._unsynced_since_s: float | None = None
+        self.maintenance = Maintenance()
+        self._interval = IntervalSync(config.fsync_interval_ms)
         # Frames the index has not taken yet (its write failed): caught up from the segments.
         self.index_lagging = False
         # The index disagreed with the segments: rebuilt from scratch on the worker.
@@ -115,10 +100,6 @@ class _Shard(WriteGenerations):
     # BatchWriter -----------------------------------------------------------------------
 
     def write_batch(self, items: Sequence[_PendingFrames]) -> Sequence[Any]:
-        if self.failed is not None:
-            raise StorageError(
-                f"shard {self.number} is read-only after a write it could not undo; reopen the store"
-            ) from self.failed
         live, results = self.split_stale(items)
         if not live:
             return results
@@ -143,19 +124,16 @@ class _Shard(WriteGenerations):
         except OSError as exc:
             # The batch is durable, so it is acknowledged; but followers would no longer see
             # the log grow, so the shard takes no more writes until reopen.
-            self.failed = exc
-            log.error("shard %d: publishing the durable end failed (%s); read-only until reopen", self.number, exc)
+            self.make_read_only(exc, "publishing its durable end failed")
         self._index(live, positions)
-        return self.merge_results(items, results, [item.frames[0].header.base_offset for item in live])
+        return self.merge_results(results, [item.frames[0].header.base_offset for item in live])
 
     def _undo(self, mark: AppendMark, gen: int, exc: OSError, *, sync_failed: bool) -> None:
         """Roll a failed write back, or make the shard read-only if that fails too."""
         try:
             self.log.rollback(mark)
         except OSError as undo_exc:
-            self.failed = undo_exc
-            log.error("shard %d: rolling back a failed write failed (%s); read-only until reopen",
-                      self.number, undo_exc)
+            self.make_read_only(undo_exc, "a write it could not undo")
             try:
                 self.log.fence(mark)
             except OSError:
@@ -164,7 +142,7 @@ class _Shard(WriteGenerations):
             return
         log.warning("shard %d: write failed (%s); rolled back to offset %d", self.number, exc, self.durable_end)
         self.rewind(gen, self.durable_end)
-        if sync_failed and self._unsynced_since_s is not None:
+        if sync_failed and self._interval.pending:
             self._interval_sync_failed(exc)
 
     def _index(self, items: Sequence[_PendingFrames], positions: Sequence[FramePosition]) -> None:
@@ -190,39 +168,29 @@ class _Shard(WriteGenerations):
             log.exception("shard %d: index write failed; it catches up on the next write", self.number)
 
     def sync_deadline(self) -> float | None:
-        if self._unsynced_since_s is None or self.failed is not None:
-            return None
-        return self._unsynced_since_s + self.config.fsync_interval_ms / 1000
+        return None if self.failed is not None else self._interval.deadline()
 
     def flush_idle(self) -> None:
-        if self._unsynced_since_s is not None and self.failed is None:
+        if self._interval.pending and self.failed is None:
             try:
                 self.log.sync()
             except OSError as exc:
                 self._interval_sync_failed(exc)
                 return
-            self._unsynced_since_s = None
-            self._last_sync_s = time.monotonic()
+            self._interval.synced()
         self.rebuild_index()
 
     def _interval_sync_failed(self, exc: OSError) -> None:
         # Acknowledged writes were in that sync: the kernel may have dropped their pages.
-        self.failed = exc
-        log.error("shard %d: fsync failed (%s); acknowledged writes since the last sync may be lost; "
-                  "read-only until reopen", self.number, exc)
+        self.make_read_only(exc, "a failed fsync (acknowledged writes since the last sync may be lost)")
 
     def _sync_per_policy(self) -> None:
         policy = self.config.fsync
         if policy == "always":
             self.log.sync()
-        elif policy == "interval":
-            now = time.monotonic()
-            if now - self._last_sync_s >= self.config.fsync_interval_ms / 1000:
-                self.log.sync()
-                self._last_sync_s = now
-                self._unsynced_since_s = None
-            elif self._unsynced_since_s is None:
-                self._unsynced_since_s = now
+        elif policy == "interval" and self._interval.due():
+            self.log.sync()
+            self._interval.synced()
         # "never": the OS writes back when it likes; seal and close still fsync.
 
     # maintenance (the shard's I/O worker) ---------------------------------------------

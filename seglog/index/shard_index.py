@@ -138,18 +138,15 @@ class ShardIndex:
         if not path.is_dir():
             path.mkdir(parents=True)
             fsync_dir(path.parent)
-        try:
-            self._env = lmdb.open(
-                str(path),
-                map_size=_MAP_SIZE_BYTES,
-                max_dbs=8,
-                sync=False,
-                metasync=False,
-                readahead=False,
-                lock=True,
-            )
-        except lmdb.Error:
-            raise
+        self._env = lmdb.open(
+            str(path),
+            map_size=_MAP_SIZE_BYTES,
+            max_dbs=8,
+            sync=False,
+            metasync=False,
+            readahead=False,
+            lock=True,
+        )
         try:
             env = self._env
             self._offset = env.open_db(b"offset")

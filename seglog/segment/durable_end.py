@@ -35,16 +35,17 @@ __all__ = [
 
 DURABLE_END_FILE: Final = "durable-end"
 
-_RECORD: Final = struct.Struct(
+# The record: a crc32 of the body, then the body.
+_CRC: Final = struct.Struct("<I")
+_BODY: Final = struct.Struct(
     "<"
-    "I"  # crc32 of every field after it
     "I"  # flags: _FENCED
     "Q"  # next_offset: every record below it is acknowledged
     "Q"  # segment_base: base offset of the segment holding the end
     "Q"  # segment_bytes: valid bytes of that segment (a frame boundary)
     "Q"  # reserved: zero
 )
-_CRC_END: Final = struct.calcsize("<I")
+_RECORD_BYTES: Final = _CRC.size + _BODY.size
 _FENCED: Final = 1
 # The file is created at this size so later rewrites never allocate.
 _FILE_BYTES: Final = 4096
@@ -60,11 +61,12 @@ class DurableEnd(NamedTuple):
 
 
 def _decode(raw: bytes) -> DurableEnd | None:
-    if len(raw) < _RECORD.size:
+    if len(raw) < _RECORD_BYTES:
         return None
-    crc, flags, next_offset, base, size, _reserved = _RECORD.unpack_from(raw)
-    if crc != zlib.crc32(raw[_CRC_END : _RECORD.size]):
+    body = raw[_CRC.size : _RECORD_BYTES]
+    if _CRC.unpack_from(raw)[0] != zlib.crc32(body):
         return None
+    flags, next_offset, base, size, _reserved = _BODY.unpack(body)
     return DurableEnd(next_offset, base, size, bool(flags & _FENCED))
 
 
@@ -91,7 +93,7 @@ def read_durable_end(directory: Path) -> DurableEnd | None:
     """The marker of the shard in ``directory``; ``None`` when absent, torn or never written."""
     try:
         with open(directory / DURABLE_END_FILE, "rb") as f:
-            return _decode(f.read(_RECORD.size))
+            return _decode(f.read(_RECORD_BYTES))
     except OSError:
         return None
 
@@ -118,8 +120,8 @@ class DurableEndMarker:
         Raises:
             OSError: The write (or, fenced, the fsync) failed.
         """
-        body = _RECORD.pack(0, _FENCED if fenced else 0, next_offset, segment_base, segment_bytes, 0)
-        record = struct.pack("<I", zlib.crc32(body[_CRC_END:])) + body[_CRC_END:]
+        body = _BODY.pack(_FENCED if fenced else 0, next_offset, segment_base, segment_bytes, 0)
+        record = _CRC.pack(zlib.crc32(body)) + body
         if os.pwrite(self._fd, record, 0) != len(record):
             raise OSError("short write of the durable-end marker")
         if fenced:

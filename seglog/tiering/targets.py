@@ -626,13 +626,8 @@ class S3Target:
         full = self._full(key)
 
         def download() -> bytes:
-            try:
-                resp = self._client.get_object(Bucket=self._bucket, Key=full)
-            except Exception as exc:
-                if _client_error_code(exc)[0] in _NOT_FOUND_CODES:
-                    raise ObjectNotFound(f"s3://{self._bucket}/{full} not found") from exc
-                raise
-            return resp["Body"].read()
+            data: bytes = self._get_object(full)["Body"].read()
+            return data
 
         return self._retry(f"get s3://{self._bucket}/{full}", download)
 
@@ -701,16 +696,20 @@ class S3Target:
 
         return self._retry(f"head s3://{self._bucket}/{full}", head)
 
+    def _get_object(self, full: str) -> Any:
+        """``GetObject`` of the full key; a missing object raises :class:`ObjectNotFound`."""
+        try:
+            return self._client.get_object(Bucket=self._bucket, Key=full)
+        except Exception as exc:
+            if _client_error_code(exc)[0] in _NOT_FOUND_CODES:
+                raise ObjectNotFound(f"s3://{self._bucket}/{full} not found") from exc
+            raise
+
     def _download_sha256(self, full: str) -> tuple[int, str]:
         """Streams the object and returns its size and sha256 (hex)."""
 
         def download() -> tuple[int, str]:
-            try:
-                resp = self._client.get_object(Bucket=self._bucket, Key=full)
-            except Exception as exc:
-                if _client_error_code(exc)[0] in _NOT_FOUND_CODES:
-                    raise ObjectNotFound(f"s3://{self._bucket}/{full} not found") from exc
-                raise
+            resp = self._get_object(full)
             digest = hashlib.sha256()
             size = 0
             with contextlib.closing(resp["Body"]) as body:
