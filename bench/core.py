@@ -66,6 +66,8 @@ BATCH_RECORDS = 1000
 PRODUCERS = 4
 KEYED_SHARDS = 16
 DEVICES = 10_000
+# The keyed shard-count table: 4 producers, a key on every record, S shards.
+SCALING_SHARDS = (1, 4, 16, 64, 256, 1024)
 
 
 @dataclass(frozen=True)
@@ -415,8 +417,43 @@ async def append_rows(base: Path, value_bytes: int, n: int) -> tuple[list[Append
     return rows, reads
 
 
+async def scaling_rows(base: Path, n: int, shard_counts: tuple[int, ...]) -> list[AppendRow]:
+    """Keyed appends (4 producers) at each shard count against one raw single-file loop of the same run."""
+    batches = make_batches(n, 100, keyed=True)
+    raw = raw_loop(base / "raw", batches, SHAPES[0], 100)
+    raw.shape = "raw"
+    rows = [raw]
+    for shards in shard_counts:
+        shape = Shape(f"4p/{shards}s keys", PRODUCERS, shards, True, "")
+        for arrow in (False, True):
+            row = await seglog_append(base / "db", batches, shape, 100, arrow=arrow)
+            row.ratio_vs_raw = row.records_s / raw.records_s
+            rows.append(row)
+        _log(f"  scaling {shards} shards: " + ", ".join(f"{r.system} {r.records_s:,.0f}/s" for r in rows[-2:]))
+    return rows
+
+
+def render_scaling(rows: list[AppendRow]) -> list[str]:
+    """The keyed shard-count table."""
+    raw = rows[0]
+    out = [
+        "",
+        f"Keyed appends by shard count (4 producers, {BATCH_RECORDS}-record batches of 100 B values, a key on "
+        f"every record from {DEVICES:,} devices, fsync=\"always\"); ratio against the raw single-file loop "
+        f"(1 writer, os.write + os.fdatasync per {BATCH_RECORDS} records) of the same run: "
+        f"{raw.records_s:,.0f} records/s.",
+        "",
+        "| shards | system | records/s | syncs | records/s ÷ raw |",
+        "|---:|---|---:|---:|---:|",
+    ]
+    for r in rows[1:]:
+        shards = r.shape.split("/")[1].split("s")[0]
+        out.append(f"| {shards} | {r.system} | {r.records_s:,.0f} | {r.syncs:,} | {r.ratio_vs_raw:.3f} |")
+    return out
+
+
 def render(meta: dict[str, Any], rows: list[AppendRow], reads: dict[int, dict[str, float]],
-           lk: dict[str, float], engines: list[dict[str, Any]]) -> str:
+           lk: dict[str, float], engines: list[dict[str, Any]], scaling: list[AppendRow]) -> str:
     """The Markdown report."""
     out = [
         f"# seglog core benchmark, {meta['date']} ({meta['mode']})",
@@ -444,6 +481,7 @@ def render(meta: dict[str, Any], rows: list[AppendRow], reads: dict[int, dict[st
         f"4p/16s keys = 4 producers, 16 shards, a key on every record ({DEVICES:,} devices). In the "
         "multi-producer shapes seglog can group-commit several producers' batches into one fdatasync per "
         "shard, which the raw threads do not do: a ratio there mixes batching with per-record cost.",
+        *render_scaling(scaling),
         "",
         "Sequential reads of the 4p/4s topics database (served from the page cache):",
         "",
@@ -483,6 +521,7 @@ async def run(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
         for value_bytes, n in ((100, args.records_100), (1024, args.records_1k)):
             got, reads[value_bytes] = await append_rows(base, value_bytes, n)
             rows += got
+        scaling = await scaling_rows(base, args.records_scaling, args.scaling_shards)
         _log("  lookups")
         lk = await lookups(base / "lookup", args.lookup_records)
         shutil.rmtree(base / "lookup", ignore_errors=True)
@@ -511,8 +550,9 @@ async def run(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
         "reads": {str(v): r for v, r in reads.items()},
         "lookups": lk,
         "engines": engines,
+        "scaling": [r.to_json() for r in scaling],
     }
-    return render(meta, rows, reads, lk, engines), data
+    return render(meta, rows, reads, lk, engines, scaling), data
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -523,6 +563,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lookup-records", type=int, default=5_000_000)
     p.add_argument("--records-engines", type=int, default=200_000)
     p.add_argument("--tail-seconds", type=float, default=3.0)
+    p.add_argument("--records-scaling", type=int, default=200_000)
+    p.add_argument("--scaling-shards", type=lambda v: tuple(int(x) for x in v.split(",")), default=SCALING_SHARDS,
+                   help="comma-separated shard counts of the keyed table")
     p.add_argument("--out", type=Path, default=None,
                    help="Markdown file; JSON goes next to it (default: bench/results/core-<date>.md)")
     p.add_argument("--dir", default=None, help="where to put temporary data (default: system temp)")
@@ -530,6 +573,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.records_100, args.records_1k, args.lookup_records = 20_000, 5_000, 50_000
         args.records_engines, args.tail_seconds = 20_000, 0.5
+        args.records_scaling, args.scaling_shards = 10_000, (1, 16, 64)
     text, data = asyncio.run(run(args))
     print(text)
     out = args.out if args.out is not None or args.quick else RESULTS_DIR / f"core-{data['meta']['date']}.md"

@@ -314,19 +314,7 @@ class Database:
             (base,) = await engine.append_many([(shard, batch)], self._quota)
             return np.full(n, shard, np.int32), np.arange(base, base + n, dtype=np.int64)
         routes = self._routes(batch, explicit)
-        order = np.argsort(routes, kind="stable")
-        counts = np.bincount(routes, minlength=self.config.shards)
-        parts: list[tuple[int, np.ndarray[Any, np.dtype[np.intp]]]] = []
-        start = 0
-        for s, c in enumerate(counts.tolist()):
-            if c:
-                parts.append((s, order[start : start + c]))
-                start += c
-        bases = await engine.append_many([(s, batch.take(pa.array(idx))) for s, idx in parts], self._quota)
-        offset_col = np.empty(n, np.int64)
-        for (_, idx), base in zip(parts, bases, strict=True):
-            offset_col[idx] = np.arange(base, base + len(idx), dtype=np.int64)
-        return routes, offset_col
+        return routes, await engine.append_routed(batch, routes, self._quota)
 
     def _routes(self, batch: pa.RecordBatch, explicit: list[int | None]) -> np.ndarray[Any, np.dtype[np.int32]]:
         """Shard of every row: explicit, else the routing hash of the key, else of the topic."""

@@ -23,6 +23,7 @@ from seglog.engines.base import Engine, EngineConfig, FsyncPolicy
 from seglog.engines.lmdb_engine import LmdbEngine
 from seglog.engines.memory import MemoryEngine
 from seglog.engines.segment import SegmentEngine
+from seglog.engines.segment_writer import DEFAULT_BUFFER_MS
 from seglog.errors import (
     ClosedResourceError,
     ConfigMismatch,
@@ -37,6 +38,7 @@ from seglog.errors import (
 from seglog.groups import GroupStore
 from seglog.io_pool import DEFAULT_IO_WORKERS, IoPool
 from seglog.record import COMPRESSION_NONE, COMPRESSION_ZSTD, now_us
+from seglog.segment.journal import DEFAULT_JOURNAL_BYTES
 from seglog.segment.log_segment import SEGMENT_SUFFIX
 from seglog.tiering.db_tier import DbTier
 from seglog.tiering.targets import TierTarget, open_target
@@ -123,7 +125,15 @@ class Store:
         s3_secret_key: str | None = None,
         s3_region: str | None = None,
         tier_interval_ms: int | None = None,
+        buffer_ms: int = DEFAULT_BUFFER_MS,
+        journal_bytes: int = DEFAULT_JOURNAL_BYTES,
     ) -> None:
+        if type(buffer_ms) is not int or buffer_ms < 1:
+            raise InvalidArgument("buffer_ms must be an int >= 1")
+        if type(journal_bytes) is not int or journal_bytes < (1 << 20):
+            raise InvalidArgument("journal_bytes must be an int >= 1 MiB (1048576)")
+        self.buffer_ms = buffer_ms
+        self.journal_bytes = journal_bytes
         if tier is not None and not isinstance(tier, str):
             raise InvalidArgument("tier must be None or a 'file:///abs/dir' or 's3://bucket/prefix' URI")
         if tier_interval_ms is not None and (type(tier_interval_ms) is not int or tier_interval_ms < 1):
@@ -479,6 +489,8 @@ class Store:
             max_record_bytes=config.max_record_bytes,
             fsync=self.fsync,
             fsync_interval_ms=self.fsync_interval_ms,
+            journal_bytes=self.journal_bytes,
+            buffer_ms=self.buffer_ms,
             clock_us=self.clock_us,
         )
         engine: Engine
@@ -577,6 +589,8 @@ def open(
     s3_secret_key: str | None = None,
     s3_region: str | None = None,
     tier_interval_ms: int | None = None,
+    buffer_ms: int = DEFAULT_BUFFER_MS,
+    journal_bytes: int = DEFAULT_JOURNAL_BYTES,
 ) -> Store:
     """Open (creating if needed) the store at ``path``; use with ``async with`` or ``await``.
 
@@ -609,6 +623,12 @@ def open(
             the usual ``AWS_*`` environment / boto3 chain).
         tier_interval_ms: How often every open tiered database runs ``tier_now`` in the
             background (``None``: only when called). Failures are logged and retried.
+        buffer_ms: ``segment`` engine: how long rows of an append that reached several
+            shards of one I/O worker may wait (durable in the worker's journal, readable in
+            this process) before they are written into their shards' segments, where
+            followers in other processes see them. An idle worker writes them at once.
+        journal_bytes: ``segment`` engine: size of each I/O worker's journal per database;
+            when full, every segment is synced and the journal is reused (a checkpoint).
     """
     return Store(
         path,
@@ -626,4 +646,6 @@ def open(
         s3_secret_key=s3_secret_key,
         s3_region=s3_region,
         tier_interval_ms=tier_interval_ms,
+        buffer_ms=buffer_ms,
+        journal_bytes=journal_bytes,
     )

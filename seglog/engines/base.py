@@ -11,8 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final, Literal, Protocol
+from typing import Any, Final, Literal, Protocol
 
+import numpy as np
 import pyarrow as pa
 
 from seglog.record import DEFAULT_MAX_RECORD_BYTES, FRAME_SCHEMA
@@ -87,6 +88,10 @@ class EngineConfig:
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
     fsync: FsyncPolicy = "always"
     fsync_interval_ms: int = 1000
+    # Segment engine: per-worker journal size before a checkpoint, and how long rows of a
+    # multi-shard append may wait before they are written into their shards' segments.
+    journal_bytes: int = 64 << 20
+    buffer_ms: int = 1000
     clock_us: Callable[[], int] = field(default=lambda: 0)
 
 
@@ -132,6 +137,14 @@ class Engine(Protocol):
 
         Raises:
             AppendFailed: Some parts failed; nothing of them is in the log.
+        """
+
+    async def append_routed(
+        self, batch: pa.RecordBatch, routes: np.ndarray[Any, np.dtype[np.int32]], quota: Quota | None = None
+    ) -> np.ndarray[Any, np.dtype[np.int64]]:
+        """Append each row of ``batch`` to the shard ``routes`` names; return each row's offset.
+
+        Same atomicity and errors as :meth:`append_many` (per shard part).
         """
 
     listener: Callable[[int], None] | None

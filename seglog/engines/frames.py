@@ -418,6 +418,28 @@ class FrameTableEngine(abc.ABC):
     def _key_offsets(self, shard: int, key: bytes) -> list[int]:
         """Offsets that may hold ``key`` (a superset; filtered against the real key)."""
 
+    @abc.abstractmethod
+    async def append_many(self, parts: Sequence[tuple[int, pa.RecordBatch]], quota: Quota | None = None) -> list[int]:
+        """Append batches to distinct shards (the engine protocol's)."""
+
+    async def append_routed(
+        self, batch: pa.RecordBatch, routes: np.ndarray[Any, np.dtype[np.int32]], quota: Quota | None = None
+    ) -> np.ndarray[Any, np.dtype[np.int64]]:
+        """Append rows to the shards ``routes`` names, one part per shard (:meth:`append_many`)."""
+        order = np.argsort(routes, kind="stable")
+        counts = np.bincount(routes, minlength=len(self._tables))
+        parts: list[tuple[int, np.ndarray[Any, Any]]] = []
+        start = 0
+        for s, c in enumerate(counts.tolist()):
+            if c:
+                parts.append((s, order[start : start + c]))
+                start += c
+        bases = await self.append_many([(s, batch.take(pa.array(idx))) for s, idx in parts], quota)
+        offsets = np.empty(batch.num_rows, np.int64)
+        for (_, idx), base in zip(parts, bases, strict=True):
+            offsets[idx] = np.arange(base, base + len(idx), dtype=np.int64)
+        return offsets
+
     # --- common ------------------------------------------------------------------------
 
     def _table(self, shard: int) -> FrameTable:

@@ -1,10 +1,9 @@
-"""The ``segment`` engine: segment files + sparse LMDB indexes + the I/O pool.
+"""The ``segment`` engine: segment files + sparse LMDB indexes + the I/O pool + journals.
 
-Offsets are assigned on the event loop when a batch is encoded, and the frames are queued to
-the shard's I/O worker in that order, so a shard's file order is its offset order. A shard
-whose write fails is failed for good (the offsets queued behind the failure can no longer be
-honoured); every later append raises :class:`~seglog.errors.StorageError` until the store is
-reopened, which recovers the shard from disk.
+Offsets are assigned on the event loop and the requests are queued to each shard's I/O worker
+in that order, so a shard's file order is its offset order. The write path (one journal and
+one fdatasync per worker drain, pending rows, rollback of a failed drain) is in
+:mod:`seglog.engines.segment_writer`; this module owns the shards, reads and maintenance.
 """
 
 from __future__ import annotations
@@ -29,11 +28,24 @@ from seglog.engines.base import (
     empty_read_table,
     retention_start,
 )
-from seglog.engines.frames import IntervalSync, Maintenance, WriteGenerations, check_writable, queue_appends
+from seglog.engines.frames import Maintenance, split_batch
 from seglog.engines.frames import frame_keys as _frame_keys
-from seglog.engines.frames import split_batch as _split
 from seglog.engines.frames import with_offsets as _with_offsets
-from seglog.errors import ClosedResourceError, CorruptFrame, InvalidArgument, OffsetOutOfRange, StorageError
+from seglog.engines.segment_writer import (
+    FrameRequest,
+    RowsRequest,
+    WorkerLog,
+    journal_path,
+    replay_journals,
+)
+from seglog.errors import (
+    AppendFailed,
+    ClosedResourceError,
+    CorruptFrame,
+    InvalidArgument,
+    OffsetOutOfRange,
+    StorageError,
+)
 from seglog.index import FrameEntry, ShardIndex
 from seglog.io_pool import IoPool
 from seglog.record import (
@@ -45,7 +57,7 @@ from seglog.record import (
     verify_frame,
 )
 from seglog.segment import FramePosition, LogSegment, ShardLog
-from seglog.segment.shard_log import AppendMark
+from seglog.segment.journal import Journal
 
 __all__ = ["SegmentEngine", "SegmentRange", "shard_dir_name"]
 
@@ -66,86 +78,36 @@ class SegmentRange(NamedTuple):
     max_ts: int | None
 
 
-class _PendingFrames(NamedTuple):
-    gen: int  # the shard's write generation when the offsets were assigned
-    frames: list[EncodedFrame]
-    keys: list[list[tuple[bytes, int]]]
-    tags: list[list[int]]
+class _Shard:
+    """One shard: its log, its index, its pending rows and its offsets.
 
-
-class _Shard(WriteGenerations):
-    """One shard: its log, its index and its write state (a :class:`BatchWriter`).
-
-    A failed write is rolled back (:meth:`ShardLog.rollback`) before its callers hear of it,
-    and the shard keeps taking writes: offsets assigned behind the failure are refused and
-    the next offsets continue from the durable end (see :class:`WriteGenerations`). Only when
-    the rollback itself fails, or an ``interval`` sync fails (acknowledged data may be lost),
-    does the shard become read-only until the store is reopened.
+    ``next_offset`` is the event loop's (the next offset to assign); ``durable_end`` the
+    worker's (acknowledged); ``pending`` holds acknowledged rows not yet in the segment
+    (:mod:`seglog.engines.segment_writer`), as ``(base offset, batch)`` in offset order.
     """
 
     def __init__(self, number: int, log_: ShardLog, index: ShardIndex, config: EngineConfig) -> None:
-        super().__init__(log_.next_offset)
         self.number = number
         self.log = log_
         self.index = index
         self.config = config
+        self.next_offset = log_.next_offset  # event loop
         self.durable_end = log_.next_offset  # acknowledged (worker thread)
+        self.pending: list[tuple[int, pa.RecordBatch]] = []
         self.maintenance = Maintenance()
-        self._interval = IntervalSync(config.fsync_interval_ms)
+        self.writer: WorkerLog | None = None
         # Frames the index has not taken yet (its write failed): caught up from the segments.
         self.index_lagging = False
         # The index disagreed with the segments: rebuilt from scratch on the worker.
         self.index_suspect = False
 
-    # BatchWriter -----------------------------------------------------------------------
+    def check_writable(self) -> None:
+        """Raise :class:`StorageError` if the shard is read-only."""
+        if self.writer is not None:
+            self.writer.check_writable(self.number)
 
-    def write_batch(self, items: Sequence[_PendingFrames]) -> Sequence[Any]:
-        live, results = self.split_stale(items)
-        if not live:
-            return results
-        frames = [f for item in live for f in item.frames]
-        if frames[0].header.base_offset != self.log.next_offset:
-            raise StorageError(
-                f"shard {self.number}: frames at {frames[0].header.base_offset} do not continue the log "
-                f"at {self.log.next_offset}"
-            )
-        mark = self.log.mark()
-        syncing = False
-        try:
-            positions = self.log.append(frames)
-            syncing = True
-            self._sync_per_policy()
-        except OSError as exc:
-            self._undo(mark, live[0].gen, exc, sync_failed=syncing)
-            raise StorageError(f"write to shard {self.number} failed; nothing of it was kept") from exc
-        self.durable_end = positions[-1].header.next_offset
-        try:
-            self.log.publish_durable_end()
-        except OSError as exc:
-            # The batch is durable, so it is acknowledged; but followers would no longer see
-            # the log grow, so the shard takes no more writes until reopen.
-            self.make_read_only(exc, "publishing its durable end failed")
-        self._index(live, positions)
-        return self.merge_results(results, [item.frames[0].header.base_offset for item in live])
-
-    def _undo(self, mark: AppendMark, gen: int, exc: OSError, *, sync_failed: bool) -> None:
-        """Roll a failed write back, or make the shard read-only if that fails too."""
-        try:
-            self.log.rollback(mark)
-        except OSError as undo_exc:
-            self.make_read_only(undo_exc, "a write it could not undo")
-            try:
-                self.log.fence(mark)
-            except OSError:
-                log.error("shard %d: the durable-end fence could not be written either; a reopen in this "
-                          "process still removes the failed write, a restart of the process may not", self.number)
-            return
-        log.warning("shard %d: write failed (%s); rolled back to offset %d", self.number, exc, self.durable_end)
-        self.rewind(gen, self.durable_end)
-        if sync_failed and self._interval.pending:
-            self._interval_sync_failed(exc)
-
-    def _index(self, items: Sequence[_PendingFrames], positions: Sequence[FramePosition]) -> None:
+    def index_frames(self, frames: Sequence[tuple[FramePosition, pa.RecordBatch]]) -> None:
+        """(Worker) Index frames just written (or catch a lagging/suspect index up)."""
         try:
             if self.index_suspect:
                 self.index.reset()
@@ -155,43 +117,37 @@ class _Shard(WriteGenerations):
                 _catch_up_index(self)
                 self.index_lagging = False
                 return  # the catch-up read these frames from the segments too
-            entries = []
-            i = 0
-            for item in items:
-                for keys, tags in zip(item.keys, item.tags, strict=True):
-                    entries.append(_entry(positions[i], keys, tags))
-                    i += 1
-            self.index.add(entries)
-        except (StorageError, CorruptFrame, OSError):
+            self.index.add([
+                _entry(p, _frame_keys(batch, p.header.base_offset), _frame_tags(batch)) for p, batch in frames
+            ])
+        except (StorageError, CorruptFrame, OSError) as exc:
             # The data is durable and acknowledged; the index is derived and caught up later.
+            # (No traceback kept: its frames would pin segment mappings.)
             self.index_lagging = True
-            log.exception("shard %d: index write failed; it catches up on the next write", self.number)
+            log.error("shard %d: index write failed (%s: %s); it catches up on the next write",
+                      self.number, type(exc).__name__, exc)
 
-    def sync_deadline(self) -> float | None:
-        return None if self.failed is not None else self._interval.deadline()
+    def pending_snapshot(self, stop: int) -> tuple[int, list[tuple[int, pa.RecordBatch]]]:
+        """``(first pending offset or stop, pending rows)``: the segments hold all below the first.
 
-    def flush_idle(self) -> None:
-        if self._interval.pending and self.failed is None:
-            try:
-                self.log.sync()
-            except OSError as exc:
-                self._interval_sync_failed(exc)
-                return
-            self._interval.synced()
-        self.rebuild_index()
+        Read ``durable_end`` before taking it: a flush writes the segment before it empties
+        the list, so everything below ``stop`` is in one or the other.
+        """
+        pending = list(self.pending)
+        return (pending[0][0] if pending else stop), pending
 
-    def _interval_sync_failed(self, exc: OSError) -> None:
-        # Acknowledged writes were in that sync: the kernel may have dropped their pages.
-        self.make_read_only(exc, "a failed fsync (acknowledged writes since the last sync may be lost)")
-
-    def _sync_per_policy(self) -> None:
-        policy = self.config.fsync
-        if policy == "always":
-            self.log.sync()
-        elif policy == "interval" and self._interval.due():
-            self.log.sync()
-            self._interval.synced()
-        # "never": the OS writes back when it likes; seal and close still fsync.
+    @staticmethod
+    def pending_tables(pending: list[tuple[int, pa.RecordBatch]], offset: int, stop: int) -> list[pa.RecordBatch]:
+        """Rows ``[offset, stop)`` of a pending snapshot (:data:`READ_SCHEMA` batches)."""
+        out = []
+        for base, batch in pending:
+            end = base + batch.num_rows
+            if end <= offset or base >= stop:
+                continue
+            lo = max(offset, base) - base
+            hi = min(stop, end) - base
+            out.append(_with_offsets(batch, base, lo, hi))
+        return out
 
     # maintenance (the shard's I/O worker) ---------------------------------------------
 
@@ -256,8 +212,8 @@ class _Shard(WriteGenerations):
 
     def rebuild_index(self) -> None:
         """(Worker) Rebuild a suspect or lagging index now."""
-        if self.failed is None and (self.index_lagging or self.index_suspect):
-            self._index([], [])
+        if self.index_lagging or self.index_suspect:
+            self.index_frames([])
 
     def frames(self, offset: int, end: int) -> Iterator[FramePosition]:
         """Frames from the one holding ``offset`` up to ``end`` (exclusive)."""
@@ -309,9 +265,12 @@ class SegmentEngine:
 
     name: Final = "segment"
 
-    def __init__(self, config: EngineConfig, shards: list[_Shard], io_pool: IoPool, executor: Executor) -> None:
+    def __init__(
+        self, config: EngineConfig, shards: list[_Shard], writers: list[WorkerLog], io_pool: IoPool, executor: Executor
+    ) -> None:
         self.config = config
         self._shards = shards
+        self._writers = writers
         self._io_pool = io_pool
         self._executor = executor
         self._closed = False
@@ -321,7 +280,7 @@ class SegmentEngine:
 
     @classmethod
     def open_blocking(cls, config: EngineConfig, io_pool: IoPool, executor: Executor) -> SegmentEngine:
-        """Open or create every shard: recover segments, then bring indexes up to date."""
+        """Open or create every shard: recover segments, replay the journals, update indexes."""
         clock_ms: Callable[[], int] = lambda: config.clock_us() // 1000  # noqa: E731
         shards = []
         for n in range(config.shards):
@@ -330,10 +289,30 @@ class SegmentEngine:
                 directory, segment_bytes=config.segment_bytes, segment_ms=config.segment_ms, clock_ms=clock_ms
             )
             index = ShardIndex(directory / "index", index_interval_bytes=config.index_interval_bytes)
-            shard = _Shard(n, log_, index, config)
+            shards.append(_Shard(n, log_, index, config))
+        replay_journals(config.directory, shards, compression=config.compression)
+        for shard in shards:
             _catch_up_index(shard)
-            shards.append(shard)
-        return cls(config, shards, io_pool, executor)
+        workers = io_pool.io_workers
+        writers = []
+        for w in range(workers):
+            journal = Journal(journal_path(config.directory, w), journal_bytes=config.journal_bytes)
+            journal.recycle()  # everything it held was replayed and synced above
+            writer = WorkerLog(
+                w,
+                shards[w::workers],
+                journal,
+                fsync=config.fsync,
+                fsync_interval_ms=config.fsync_interval_ms,
+                buffer_ms=config.buffer_ms,
+                compression=config.compression,
+            )
+            writers.append(writer)
+            for s in writer.shards:
+                s.writer = writer
+        for stale in sorted((config.directory / "journal").glob("*.journal"))[workers:]:
+            stale.unlink()  # an earlier open had more I/O workers; replayed above
+        return cls(config, shards, writers, io_pool, executor)
 
     def _shard(self, shard: int) -> _Shard:
         if self._closed:
@@ -353,28 +332,141 @@ class SegmentEngine:
     async def append(self, shard: int, batch: pa.RecordBatch) -> int:
         return (await self.append_many([(shard, batch)]))[0]
 
-    def _encode(self, gen: int, base: int, batch: pa.RecordBatch) -> tuple[_PendingFrames, int]:
-        frames: list[EncodedFrame] = []
-        keys: list[list[tuple[bytes, int]]] = []
-        tags: list[list[int]] = []
-        offset = base
-        for part in _split(batch):
-            frames.append(encode_frame(part, offset, compression=self.config.compression))
-            keys.append(_frame_keys(part, offset))
-            tags.append(_frame_tags(part))
-            offset += part.num_rows
-        return _PendingFrames(gen, frames, keys, tags), offset
-
     async def append_many(self, parts: Sequence[tuple[int, pa.RecordBatch]], quota: Quota | None = None) -> list[int]:
         """Append batches to distinct shards; ``quota`` may veto before anything is queued."""
-        shards = [self._shard(n) for n, _ in parts]
-        check_writable(shards)
-        # Encoding, admission and offset assignment run without awaiting: no interleaving.
-        encoded = [
-            self._encode(s.gen, s.next_offset, batch) for s, (_, batch) in zip(shards, parts, strict=True)
-        ]
-        sizes = [sum(f.size for f in pending.frames) for pending, _ in encoded]
-        return await queue_appends(self._io_pool, shards, encoded, sizes, quota, self.listener)
+        parts = [(n, b) for n, b in parts if b.num_rows]
+        for n, _ in parts:
+            self._shard(n)
+        if not parts:
+            return []
+        if len(parts) == 1:
+            shard, batch = parts[0]
+            routes = np.full(batch.num_rows, shard, np.int32)
+        else:
+            batch = pa.Table.from_batches([b for _, b in parts]).combine_chunks().to_batches()[0]
+            routes = np.repeat(np.array([n for n, _ in parts], np.int32), [b.num_rows for _, b in parts])
+        offsets = await self.append_routed(batch, routes, quota)
+        bases = []
+        row = 0
+        for _, b in parts:
+            bases.append(int(offsets[row]))
+            row += b.num_rows
+        return bases
+
+    async def append_routed(
+        self, batch: pa.RecordBatch, routes: np.ndarray[Any, np.dtype[np.int32]], quota: Quota | None = None
+    ) -> np.ndarray[Any, np.dtype[np.int64]]:
+        """Append the rows of ``batch`` to the shards ``routes`` names; return each row's offset.
+
+        One request per I/O worker (see :mod:`seglog.engines.segment_writer`); offsets are
+        assigned without awaiting, so concurrent appends cannot interleave.
+
+        Raises:
+            QuotaExceeded: From ``quota``; nothing was queued.
+            AppendFailed: Some workers' parts failed (nothing of them is in the log); the
+                others were written.
+        """
+        if self._closed:
+            raise ClosedResourceError("the database is closed")
+        n = batch.num_rows
+        nshards = len(self._shards)
+        workers = self._io_pool.io_workers
+        key = (routes % workers).astype(np.int64) * nshards + routes
+        order: np.ndarray[Any, Any] | None = None
+        if n > 1 and bool((key[1:] < key[:-1]).any()):
+            order = np.argsort(key, kind="stable")
+            key = key[order]
+            batch = batch.take(pa.array(order))
+        cuts = np.flatnonzero(key[1:] != key[:-1]) + 1
+        starts = np.concatenate(([0], cuts))
+        counts = np.diff(np.concatenate((starts, [n])))
+        shard_ids = (key[starts] % nshards).tolist()
+        shards = [self._shards[i] for i in shard_ids]
+        for s in shards:
+            s.check_writable()
+        bases = [s.next_offset for s in shards]
+        # Requests are built before any offset moves: an encoding error assigns nothing.
+        requests: list[tuple[WorkerLog, FrameRequest | RowsRequest, list[_Shard], int]] = []
+        i = 0
+        starts_l = starts.tolist()
+        counts_l = counts.tolist()
+        while i < len(shards):
+            writer = shards[i].writer
+            assert writer is not None
+            j = i + 1
+            while j < len(shards) and shards[j].writer is writer:
+                j += 1
+            lo = starts_l[i]
+            hi = starts_l[j - 1] + counts_l[j - 1]
+            req: FrameRequest | RowsRequest
+            if j == i + 1:
+                frames, batches = self._encode(bases[i], batch.slice(lo, hi - lo))
+                req = FrameRequest(writer.gen, shards[i], frames, batches)
+                size = sum(f.size for f in frames)
+            else:
+                part = batch.slice(lo, hi - lo)
+                groups = [(shards[k], starts_l[k] - lo, counts_l[k], bases[k]) for k in range(i, j)]
+                req = RowsRequest(writer.gen, part, groups)
+                size = part.nbytes
+            requests.append((writer, req, shards[i:j], size))
+            i = j
+        if quota is not None:
+            quota.admit(sum(r[3] for r in requests))
+        for s, count in zip(shards, counts_l, strict=True):
+            s.next_offset += count
+        loop = asyncio.get_running_loop()
+        futures = []
+        for writer, req, _, _ in requests:
+            writer.loop = loop
+            futures.append(self._io_pool.submit(writer.worker, writer, req))
+        if len(futures) == 1:
+            try:
+                outcomes: list[Any] = [await futures[0]]
+            except StorageError as exc:
+                outcomes = [exc]
+        else:
+            outcomes = await asyncio.gather(*futures, return_exceptions=True)
+        failed: dict[int, BaseException] = {}
+        written: dict[int, int] = {}
+        listener = self.listener
+        k = 0
+        for (_, _, owned, size), outcome in zip(requests, outcomes, strict=True):
+            if isinstance(outcome, BaseException):
+                for s in owned:
+                    failed[s.number] = outcome
+                if quota is not None:
+                    quota.release(size)
+            else:
+                for m, s in enumerate(owned):
+                    written[s.number] = bases[k + m]
+                    if listener is not None:
+                        listener(s.number)
+            k += len(owned)
+        if failed:
+            first = next(iter(failed.values()))
+            if not isinstance(first, StorageError):
+                raise first
+            raise AppendFailed(
+                f"append failed on shard(s) {sorted(failed)} (nothing of those parts was kept)"
+                + (f"; the parts for shard(s) {sorted(written)} were written" if written else ""),
+                failed=failed,
+                written=written,
+            ) from first
+        sorted_offsets = np.repeat(np.asarray(bases, np.int64) - starts, counts) + np.arange(n, dtype=np.int64)
+        if order is None:
+            return sorted_offsets
+        offsets = np.empty(n, np.int64)
+        offsets[order] = sorted_offsets
+        return offsets
+
+    def _encode(self, base: int, batch: pa.RecordBatch) -> tuple[list[EncodedFrame], list[pa.RecordBatch]]:
+        frames: list[EncodedFrame] = []
+        batches = split_batch(batch)
+        offset = base
+        for part in batches:
+            frames.append(encode_frame(part, offset, compression=self.config.compression))
+            offset += part.num_rows
+        return frames, batches
 
     # --- reads -------------------------------------------------------------------------
 
@@ -394,16 +486,20 @@ class SegmentEngine:
         stop = min(end, offset + max_records)
         if offset >= stop:
             return empty_read_table()
+        mem_start, pending = s.pending_snapshot(stop)
+        seg_stop = min(stop, mem_start)
         out: list[pa.RecordBatch] = []
         try:
-            for fp in s.frames(offset, stop):
-                h = fp.header
-                batch = s.decode(fp)
-                lo = max(offset, h.base_offset) - h.base_offset
-                hi = min(stop, h.next_offset) - h.base_offset
-                out.append(_with_offsets(batch, h.base_offset, lo, hi))
+            if offset < seg_stop:
+                for fp in s.frames(offset, seg_stop):
+                    h = fp.header
+                    batch = s.decode(fp)
+                    lo = max(offset, h.base_offset) - h.base_offset
+                    hi = min(seg_stop, h.next_offset) - h.base_offset
+                    out.append(_with_offsets(batch, h.base_offset, lo, hi))
         except CorruptFrame as exc:
             raise StorageError(f"shard {shard}: corrupt frame while reading offset {offset}") from exc
+        out.extend(s.pending_tables(pending, max(offset, seg_stop), stop))
         return pa.Table.from_batches(out, schema=READ_SCHEMA)
 
     async def read_arrow(self, shard: int, offset: int, max_records: int) -> pa.Table:
@@ -426,16 +522,23 @@ class SegmentEngine:
         begin = start if lower is None else max(start, lower)
         if begin >= end:
             return end
-        for fp in s.frames(begin, end):
-            h = fp.header
-            if h.max_ts < ts:
-                continue
-            batch = s.decode(fp)
-            first_row = max(begin, h.base_offset) - h.base_offset
-            mask = pc.greater_equal(batch.column(0).slice(first_row), ts)
-            idx = int(pc.index(mask, True).as_py())
+        mem_start, pending = s.pending_snapshot(end)
+        seg_stop = min(end, mem_start)
+        if begin < seg_stop:
+            for fp in s.frames(begin, seg_stop):
+                h = fp.header
+                if h.max_ts < ts:
+                    continue
+                batch = s.decode(fp)
+                first_row = max(begin, h.base_offset) - h.base_offset
+                mask = pc.greater_equal(batch.column(0).slice(first_row), ts)
+                idx = int(pc.index(mask, True).as_py())
+                if idx >= 0:
+                    return h.base_offset + first_row + idx
+        for part in s.pending_tables(pending, max(begin, seg_stop), end):
+            idx = int(pc.index(pc.greater_equal(part.column(1), ts), True).as_py())
             if idx >= 0:
-                return h.base_offset + first_row + idx
+                return int(part.column(0)[idx].as_py())
         return end
 
     async def offset_for_time(self, shard: int, ts: int) -> int:
@@ -452,8 +555,10 @@ class SegmentEngine:
         yet (a failed index write) or all frames (a suspect index) are scanned.
         """
         s = self._shard(shard)
-        end = s.durable_end
+        durable_end = s.durable_end
         start = s.log.log_start_offset
+        mem_start, pending = s.pending_snapshot(durable_end)
+        end = min(durable_end, mem_start)  # the segments' part
         scan_from = start
         offsets: list[int] = []
         if not s.index_suspect:
@@ -483,6 +588,8 @@ class SegmentEngine:
                 lo = max(scan_from, h.base_offset) - h.base_offset
                 rows_arr = pa.array(np.arange(lo, h.next_offset - h.base_offset, dtype=np.int64))
                 out.append(_key_rows(batch, h.base_offset, rows_arr, key))
+        for part in s.pending_tables(pending, max(start, end), durable_end):
+            out.append(part.filter(pc.equal(part.column(3), pa.scalar(key, pa.binary()))))
         return pa.Table.from_batches(out, schema=READ_SCHEMA)
 
     async def read_key(self, shard: int, key: bytes) -> pa.Table:
@@ -542,7 +649,15 @@ class SegmentEngine:
     # --- maintenance --------------------------------------------------------------------
 
     async def _on_worker(self, s: _Shard, fn: Callable[[], Any]) -> Any:
-        return await self._io_pool.submit(s.number, s.maintenance, fn)
+        """Run ``fn`` on ``s``'s I/O worker, after its pending rows are in the segment."""
+        writer = s.writer
+        assert writer is not None
+
+        def run() -> Any:
+            writer.flush_shard(s)
+            return fn()
+
+        return await self._io_pool.submit(s.number, s.maintenance, run)
 
     async def seal(self, shard: int) -> bool:
         """Seal the active segment of ``shard`` if it holds data (a new empty one follows).
@@ -611,11 +726,16 @@ class SegmentEngine:
         return sum(s.log.size_bytes() for s in self._shards)
 
     def close_blocking(self) -> None:
-        """Checkpoint and close every shard (after the I/O pool drained)."""
+        """Checkpoint the journals and close every shard (the I/O pool is drained or closed)."""
         if self._closed:
             return
         self._closed = True
         errors: list[BaseException] = []
+        for writer in self._writers:
+            try:
+                writer.close()
+            except (OSError, StorageError) as exc:
+                errors.append(exc)
         for s in self._shards:
             for close in (s.log.close, s.index.close):
                 try:
@@ -626,6 +746,15 @@ class SegmentEngine:
             raise StorageError("closing the engine failed") from errors[0]
 
     async def close(self) -> None:
+        if self._closed:
+            return
+        # On the workers, so no idle flush of the pool races the final checkpoint.
+        maintenance = Maintenance()
+        with contextlib.suppress(ClosedResourceError):  # a closed pool runs nothing more
+            await asyncio.gather(
+                *(self._io_pool.submit(w.worker, maintenance, w.close) for w in self._writers),
+                return_exceptions=True,
+            )
         await self._run(self.close_blocking)
 
 

@@ -56,7 +56,13 @@ class LogSegment:
         """Create a new empty active segment (durably: the directory is fsynced)."""
         path = directory / segment_name(base_offset)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-        fsync_dir(directory)
+        try:
+            fsync_dir(directory)
+        except OSError:
+            os.close(fd)  # a leaked descriptor would keep a dead filesystem mounted
+            with contextlib.suppress(OSError):
+                path.unlink()
+            raise
         return cls(path, base_offset, fd, 0, sealed=False)
 
     @classmethod

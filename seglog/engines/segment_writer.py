@@ -1,0 +1,564 @@
+"""The write path of the segment engine: one journal and one fdatasync per I/O-worker drain.
+
+Each I/O worker owns the shards ``n % io_workers`` of a database and one :class:`Journal`.
+An append is cut on the event loop into one request per worker:
+
+* a **frame request** when the worker gets rows of a single shard: the frames are encoded on
+  the loop and written to the shard's segment in the drain, byte for byte the same as in
+  the journal entry;
+* a **rows request** when the worker gets rows of several shards (keyed records spread over
+  many shards): the rows go to the journal as one Arrow batch (with ``shard`` and
+  ``offset`` columns) and wait in the shard's *pending* buffer; they are written into the
+  shard's segment as frames later, many producers' rows at once (:meth:`WorkerLog.flush`),
+  so a record that is one of 1024 shards' share of a batch does not cost a frame of its own.
+
+A drain writes every request's segment frames (page cache), then all journal entries with
+one ``pwritev`` and one ``fdatasync`` (``fsync="always"``), and only then acknowledges. A
+drain that touched a single shard with frames only syncs that segment instead and skips the
+journal (the same bytes and one sync, as before there was a journal).
+
+A failed drain fails every request in it: segment writes are rolled back, the journal entries
+are discarded, and the worker's write generation moves on so requests queued behind it (their
+offsets no longer continue the log) are refused too; offsets restart at each shard's durable
+end. A segment is synced at its roll and at a checkpoint, which runs before the journal would
+overflow: flush every pending buffer, fdatasync every segment written since the last
+checkpoint, then recycle the journal. Recovery replays the journal past each shard's log end
+(see :func:`replay_journals`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
+
+import numpy as np
+import pyarrow as pa
+
+from seglog.engines.frames import IntervalSync, split_batch
+from seglog.errors import CorruptFrame, StorageError
+from seglog.io_pool import ItemError
+from seglog.record import FRAME_SCHEMA, EncodedFrame, encode_frame, parse_header, verify_frame
+from seglog.segment import FramePosition
+from seglog.segment.journal import ENTRY_FRAME, ENTRY_ROWS, Journal, journal_name
+from seglog.segment.shard_log import AppendMark
+
+if TYPE_CHECKING:
+    from seglog.engines.segment import _Shard
+
+__all__ = [
+    "DEFAULT_BUFFER_BYTES",
+    "DEFAULT_BUFFER_MS",
+    "FrameRequest",
+    "RowsRequest",
+    "WorkerLog",
+    "replay_journals",
+    "rows_body",
+]
+
+log = logging.getLogger("seglog.engines.segment")
+
+# Rows wait in a shard's pending buffer at most this long under load (an idle worker flushes
+# at once); cross-process followers see them after the flush.
+DEFAULT_BUFFER_MS: Final = 1000
+# A worker flushes its pending buffers when they hold this many bytes.
+DEFAULT_BUFFER_BYTES: Final = 64 << 20
+_JOURNAL_DIR: Final = "journal"
+_ROWS_SCHEMA: Final = pa.schema([*FRAME_SCHEMA, pa.field("shard", pa.int32()), pa.field("offset", pa.int64())])
+
+
+class FrameRequest(NamedTuple):
+    """Frames of one shard, encoded on the loop at the offsets assigned there."""
+
+    gen: int  # the worker's write generation when the offsets were assigned
+    shard: _Shard
+    frames: list[EncodedFrame]
+    batches: list[pa.RecordBatch]  # the batch of each frame (for the index)
+
+
+class RowsRequest(NamedTuple):
+    """Rows of several shards of one worker, sorted by shard (see the module docstring)."""
+
+    gen: int
+    batch: pa.RecordBatch  # FRAME_SCHEMA rows, grouped by shard
+    groups: list[tuple[_Shard, int, int, int]]  # (shard, first row, row count, base offset)
+
+
+def rows_body(req: RowsRequest) -> pa.Buffer:
+    """The journal body of a rows request: its batch plus ``shard`` and ``offset`` columns."""
+    n = req.batch.num_rows
+    shards = np.empty(n, np.int32)
+    offsets = np.empty(n, np.int64)
+    for s, lo, count, base in req.groups:
+        shards[lo : lo + count] = s.number
+        offsets[lo : lo + count] = np.arange(base, base + count, dtype=np.int64)
+    full = pa.RecordBatch.from_arrays(
+        [*req.batch.columns, pa.array(shards), pa.array(offsets)], schema=_ROWS_SCHEMA
+    )
+    return full.serialize()
+
+
+class WorkerLog:
+    """The writer of one I/O worker for one database (a :class:`~seglog.io_pool.BatchWriter`).
+
+    Attributes:
+        gen: The write generation requests are stamped with (event-loop thread).
+        failed: Set when the worker cannot undo a failed write: every shard it owns is
+            read-only until the store is reopened.
+    """
+
+    def __init__(
+        self,
+        worker: int,
+        shards: list[_Shard],
+        journal: Journal,
+        *,
+        fsync: str,
+        fsync_interval_ms: int,
+        buffer_ms: int = DEFAULT_BUFFER_MS,
+        buffer_bytes: int = DEFAULT_BUFFER_BYTES,
+        compression: int = 0,
+    ) -> None:
+        self.worker = worker
+        self.shards = shards
+        self.journal = journal
+        self.fsync = fsync
+        self.buffer_s = buffer_ms / 1000
+        self.buffer_bytes = buffer_bytes
+        self.compression = compression
+        self._interval = IntervalSync(fsync_interval_ms)
+        self.gen = 0  # event loop
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.failed: BaseException | None = None
+        self.read_only_reason = ""
+        self._min_gen = 0  # worker thread
+        self._pending_bytes = 0
+        self._pending_since: float | None = None
+        self._pending_shards: dict[int, _Shard] = {}
+        self._dirty: dict[int, _Shard] = {}  # written since the last checkpoint, not synced
+        self.closed = False
+
+    # --- state -------------------------------------------------------------------------
+
+    def make_read_only(self, exc: BaseException, reason: str) -> None:
+        """(Worker) Refuse every later write until reopen."""
+        self.failed = exc
+        self.read_only_reason = reason
+        log.error("I/O worker %d of %s: %s (%s); its shards are read-only until reopen",
+                  self.worker, self.journal.path.parent.parent, reason, exc)
+
+    def check_writable(self, shard: int) -> None:
+        """Raise :class:`StorageError` if the worker's shards are read-only."""
+        if self.failed is not None:
+            raise StorageError(
+                f"shard {shard} is read-only after {self.read_only_reason}; reopen the store"
+            ) from self.failed
+
+    # --- BatchWriter -------------------------------------------------------------------
+
+    def write_batch(self, items: Sequence[FrameRequest | RowsRequest]) -> Sequence[Any]:
+        if self.failed is not None:
+            raise StorageError(
+                f"I/O worker {self.worker}'s shards are read-only after {self.read_only_reason}; reopen the store"
+            ) from self.failed
+        results: list[Any] = []
+        run: list[FrameRequest | RowsRequest] = []
+        run_rows: set[int] = set()
+        for item in items:
+            if isinstance(item, FrameRequest) and item.shard.number in run_rows:
+                # Its shard's rows earlier in this drain are buffered only once durable.
+                results.extend(self._write_run(run))
+                run, run_rows = [], set()
+            run.append(item)
+            if isinstance(item, RowsRequest):
+                run_rows.update(s.number for s, _, _, _ in item.groups)
+        results.extend(self._write_run(run))
+        return results
+
+    def _write_run(self, items: Sequence[FrameRequest | RowsRequest]) -> list[Any]:
+        """Write one run of requests atomically; stale ones (behind a failure) are refused."""
+        results: list[Any] = [None] * len(items)
+        live: list[FrameRequest | RowsRequest] = []
+        for i, item in enumerate(items):
+            if item.gen < self._min_gen or self.failed is not None:
+                results[i] = ItemError(StorageError(
+                    "not written: an earlier write to this shard's I/O worker failed and was rolled back; retry"
+                ))
+            else:
+                live.append(item)
+        if not live:
+            return results
+        try:
+            written = self._write(live)
+        except BaseException as exc:
+            return [ItemError(exc) if r is None else r for r in results]
+        it = iter(written)
+        return [next(it) if r is None else r for r in results]
+
+    def _write(self, items: Sequence[FrameRequest | RowsRequest]) -> list[Any]:
+        bodies: list[tuple[int, int, Sequence[Any]]] = []
+        for item in items:
+            if isinstance(item, FrameRequest):
+                for frame in item.frames:
+                    bodies.append((ENTRY_FRAME, item.shard.number, frame.buffers))
+            else:
+                bodies.append((ENTRY_ROWS, 0, (rows_body(item),)))
+        need = sum(Journal.entry_bytes(sum(memoryview(b).nbytes for b in body)) for _, _, body in bodies)
+        marks: dict[int, tuple[_Shard, AppendMark]] = {}
+        frame_writes: list[tuple[FrameRequest, list[FramePosition]]] = []
+        direct = self.fsync == "always" and all(isinstance(i, FrameRequest) for i in items) and len(
+            {i.shard.number for i in items if isinstance(i, FrameRequest)}) == 1
+        journal_start: int | None = None
+        stage = "checkpoint"
+        try:
+            if not self.journal.fits(need):
+                self.checkpoint()
+            stage = "segment write"
+            for item in items:
+                if not isinstance(item, FrameRequest):
+                    continue
+                s = item.shard
+                if s.pending:
+                    self._flush_shard(s)
+                if item.frames[0].header.base_offset != s.log.next_offset:
+                    raise StorageError(
+                        f"shard {s.number}: frames at {item.frames[0].header.base_offset} do not continue "
+                        f"the log at {s.log.next_offset}"
+                    )
+                if s.number not in marks:
+                    marks[s.number] = (s, s.log.mark())
+                frame_writes.append((item, s.log.append(item.frames)))
+            stage = "sync"
+            if direct:
+                s = frame_writes[0][0].shard
+                s.log.sync()
+                self._dirty.pop(s.number, None)
+            else:
+                stage = "journal write"
+                journal_start = self.journal.append(bodies)
+                stage = "sync"
+                self._sync_journal()
+        except (OSError, StorageError) as exc:
+            self._undo(items, marks, journal_start, exc, stage)
+            if isinstance(exc, StorageError):
+                raise
+            raise StorageError(f"{stage} failed on I/O worker {self.worker}; nothing of the batch was kept") from exc
+        # Durable (per the policy): publish, index, buffer.
+        out: list[Any] = []
+        for item in items:
+            if isinstance(item, FrameRequest):
+                out.append(item.frames[0].header.base_offset)
+            else:
+                self._buffer(item)
+                out.append(None)
+        for item, positions in frame_writes:
+            s = item.shard
+            s.durable_end = positions[-1].header.next_offset
+            if not direct:
+                self._dirty[s.number] = s
+            self._publish(s)
+            s.index_frames(list(zip(positions, item.batches, strict=True)))
+        return out
+
+    def _undo(
+        self,
+        items: Sequence[FrameRequest | RowsRequest],
+        marks: dict[int, tuple[_Shard, AppendMark]],
+        journal_start: int | None,
+        exc: BaseException,
+        stage: str,
+    ) -> None:
+        """Roll every segment write of a failed drain back and refuse what is queued behind it."""
+        undo_failed: BaseException | None = None
+        for s, mark in marks.values():
+            try:
+                s.log.rollback(mark)
+            except OSError as undo_exc:
+                undo_failed = undo_exc
+                with contextlib.suppress(OSError):
+                    s.log.fence(mark)
+        if journal_start is not None:
+            try:
+                self.journal.discard_from(journal_start)
+            except OSError as undo_exc:
+                undo_failed = undo_exc
+        if undo_failed is not None:
+            self.make_read_only(undo_failed, "a write it could not undo")
+            return
+        log.warning("I/O worker %d: %s failed (%s); the drain was rolled back", self.worker, stage, exc)
+        gen = max(item.gen for item in items)
+        self._min_gen = gen + 1
+        ends = {s.number: s.durable_end for s in self.shards}
+        loop = self.loop
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(self._rewound, gen, ends)
+        if stage == "sync" and self._interval.pending:
+            self.make_read_only(exc, "a failed fsync (acknowledged writes since the last sync may be lost)")
+
+    def _rewound(self, gen: int, ends: dict[int, int]) -> None:
+        if self.gen == gen:
+            self.gen = gen + 1
+            for s in self.shards:
+                s.next_offset = ends[s.number]
+
+    def _sync_journal(self) -> None:
+        if self.fsync == "always":
+            self.journal.sync()
+        elif self.fsync == "interval" and self._interval.due():
+            self.journal.sync()
+            self._interval.synced()
+
+    def _publish(self, s: _Shard) -> None:
+        try:
+            s.log.publish_durable_end()
+        except OSError as exc:
+            # Durable and acknowledged; but followers would no longer see the log grow.
+            self.make_read_only(exc, "publishing a durable end failed")
+
+    # --- pending rows ------------------------------------------------------------------
+
+    def _buffer(self, req: RowsRequest) -> None:
+        for s, lo, count, base in req.groups:
+            s.pending.append((base, req.batch.slice(lo, count)))
+            s.durable_end = base + count
+            self._pending_shards[s.number] = s
+        self._pending_bytes += req.batch.nbytes
+        if self._pending_since is None:
+            self._pending_since = time.monotonic()
+
+    def _flush_shard(self, s: _Shard) -> None:
+        """Write a shard's pending rows into its segment as frames (the rows are durable already).
+
+        Raises:
+            OSError: The segment write failed; it was rolled back and the rows stay pending.
+        """
+        pending = s.pending
+        if not pending:
+            return
+        base = pending[0][0]
+        if base != s.log.next_offset:
+            raise StorageError(f"shard {s.number}: pending rows at {base} do not continue the log at {s.log.next_offset}")
+        table = pa.Table.from_batches([b for _, b in pending], schema=FRAME_SCHEMA).combine_chunks()
+        frames: list[EncodedFrame] = []
+        batches: list[pa.RecordBatch] = []
+        offset = base
+        for batch in table.to_batches():
+            for part in split_batch(batch):
+                frames.append(encode_frame(part, offset, compression=self.compression))
+                batches.append(part)
+                offset += part.num_rows
+        mark = s.log.mark()
+        try:
+            positions = s.log.append(frames)
+        except OSError:
+            try:
+                s.log.rollback(mark)
+            except OSError as undo_exc:
+                self.make_read_only(undo_exc, "a segment write it could not undo")
+                with contextlib.suppress(OSError):
+                    s.log.fence(mark)
+            raise
+        s.pending = []
+        self._pending_shards.pop(s.number, None)
+        self._dirty[s.number] = s
+        self._publish(s)
+        s.index_frames(list(zip(positions, batches, strict=True)))
+
+    def flush(self) -> None:
+        """Write every pending buffer into its segment.
+
+        Raises:
+            OSError: A segment write failed (that shard's rows stay pending; retried later).
+        """
+        first: OSError | None = None
+        for s in list(self._pending_shards.values()):
+            try:
+                self._flush_shard(s)
+            except OSError as exc:
+                log.warning("shard %d: writing buffered rows into the segment failed (%s); they are "
+                            "safe in the journal and retried", s.number, exc)
+                first = first or exc
+        if not self._pending_shards:
+            self._pending_bytes = 0
+            self._pending_since = None
+        if first is not None:
+            raise first
+
+    def flush_shard(self, s: _Shard) -> None:
+        """(Worker) Write ``s``'s pending rows into its segment before a maintenance step."""
+        try:
+            self._flush_shard(s)
+        except OSError as exc:
+            raise StorageError(f"shard {s.number}: writing buffered rows failed") from exc
+
+    def checkpoint(self) -> None:
+        """Make every segment hold and sync what the journal has; then recycle the journal.
+
+        Raises:
+            StorageError: A segment could not be written or synced; the journal is kept.
+        """
+        try:
+            self.flush()
+            for s in list(self._dirty.values()):
+                s.log.sync()
+                del self._dirty[s.number]
+            self.journal.recycle()
+        except OSError as exc:
+            raise StorageError(
+                f"I/O worker {self.worker}: the journal is full and the segments cannot take its "
+                f"entries ({exc}); nothing more is accepted until they can"
+            ) from exc
+        self._interval.synced()
+
+    def sync_deadline(self) -> float | None:
+        if self.failed is not None or self.closed:
+            return None
+        due = self._interval.deadline()
+        if self._pending_since is not None:
+            flush_at = self._pending_since + self.buffer_s
+            if self._pending_bytes >= self.buffer_bytes:
+                flush_at = 0.0
+            due = flush_at if due is None else min(due, flush_at)
+        return due
+
+    def flush_idle(self) -> None:
+        if self.failed is not None or self.closed:
+            return
+        if self._interval.pending:
+            try:
+                self.journal.sync()
+            except OSError as exc:
+                self.make_read_only(exc, "a failed fsync (acknowledged writes since the last sync may be lost)")
+                return
+            self._interval.synced()
+        with contextlib.suppress(OSError):  # logged; retried at the next deadline or checkpoint
+            self.flush()
+        for s in self.shards:
+            s.rebuild_index()
+
+    def close(self) -> None:
+        """Checkpoint (everything into the segments, synced) and close the journal.
+
+        Raises:
+            StorageError: The checkpoint failed; the journal keeps the data for the next open.
+        """
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            if self.failed is None:
+                self.checkpoint()
+        finally:
+            self.journal.close()
+
+
+# --- recovery -----------------------------------------------------------------------------
+
+
+def journal_path(db_directory: Path, worker: int) -> Path:
+    """The journal file of ``worker`` in a database directory."""
+    return db_directory / _JOURNAL_DIR / journal_name(worker)
+
+
+def replay_journals(db_directory: Path, shards: Sequence[_Shard], *, compression: int) -> dict[int, int]:
+    """Write what the journals hold past each shard's log end into its segments; sync them.
+
+    Runs at open, before the journals are reused. A crash during replay leaves the journals
+    as they were, and segment bytes that a later open validates: replay is idempotent.
+
+    Returns:
+        Records replayed per shard.
+    """
+    directory = db_directory / _JOURNAL_DIR
+    if not directory.is_dir():
+        return {}
+    replayed: dict[int, int] = {}
+    touched: dict[int, _Shard] = {}
+    for path in sorted(directory.glob("*.journal")):
+        journal = Journal(path)
+        try:
+            for entry in journal.entries():
+                if entry.kind == ENTRY_FRAME:
+                    _replay_frame(shards, entry.shard, entry.body, touched, replayed)
+                else:
+                    _replay_rows(shards, entry.body, touched, replayed, compression)
+        finally:
+            journal.close()
+    for s in touched.values():
+        s.log.sync()
+        s.log.publish_durable_end()
+        s.durable_end = s.log.next_offset
+        s.next_offset = s.log.next_offset
+    for shard, count in sorted(replayed.items()):
+        log.info("shard %d: replayed %d records from the journal", shard, count)
+    return replayed
+
+
+def _replay_frame(
+    shards: Sequence[_Shard], shard: int, body: memoryview, touched: dict[int, _Shard], replayed: dict[int, int]
+) -> None:
+    if not 0 <= shard < len(shards):
+        log.error("journal entry for shard %d, which this database does not have; skipped", shard)
+        return
+    s = shards[shard]
+    try:
+        header = parse_header(body, 0)
+        verify_frame(body, 0, header)
+    except CorruptFrame as exc:
+        log.error("shard %d: a journal frame failed its check (%s); skipped", shard, exc)
+        return
+    end = s.log.next_offset
+    if header.next_offset <= end:
+        return
+    if header.base_offset != end:
+        log.error("shard %d: the journal continues at %d but the log ends at %d; records %d..%d are lost",
+                  shard, header.base_offset, end, end, header.base_offset)
+        return
+    s.log.append([EncodedFrame(header, (bytes(body[: header.size]),))])
+    touched[shard] = s
+    replayed[shard] = replayed.get(shard, 0) + header.record_count
+
+
+def _replay_rows(
+    shards: Sequence[_Shard],
+    body: memoryview,
+    touched: dict[int, _Shard],
+    replayed: dict[int, int],
+    compression: int,
+) -> None:
+    batch = pa.ipc.read_record_batch(pa.py_buffer(body), _ROWS_SCHEMA)
+    shard_col = batch.column(len(FRAME_SCHEMA)).to_numpy()
+    offset_col = batch.column(len(FRAME_SCHEMA) + 1).to_numpy()
+    rows = pa.RecordBatch.from_arrays(batch.columns[: len(FRAME_SCHEMA)], schema=FRAME_SCHEMA)
+    bounds = np.flatnonzero(np.diff(shard_col)) + 1
+    starts = [0, *bounds.tolist()]
+    stops = [*bounds.tolist(), len(shard_col)]
+    for lo, hi in zip(starts, stops, strict=True):
+        shard = int(shard_col[lo])
+        if not 0 <= shard < len(shards):
+            log.error("journal rows for shard %d, which this database does not have; skipped", shard)
+            continue
+        s = shards[shard]
+        end = s.log.next_offset
+        first, last = int(offset_col[lo]), int(offset_col[hi - 1])
+        if last < end:
+            continue
+        skip = max(0, end - first)
+        if first + skip != end:
+            log.error("shard %d: the journal continues at %d but the log ends at %d; records are lost",
+                      shard, first + skip, end)
+            continue
+        part = rows.slice(lo + skip, hi - lo - skip)
+        offset = end
+        frames = []
+        for piece in split_batch(part):
+            frames.append(encode_frame(piece, offset, compression=compression))
+            offset += piece.num_rows
+        s.log.append(frames)
+        touched[shard] = s
+        replayed[shard] = replayed.get(shard, 0) + part.num_rows
