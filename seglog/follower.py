@@ -18,6 +18,7 @@ which under ``fsync="interval"``/``"never"`` can be before it is durable against
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import os
 from collections.abc import AsyncGenerator, AsyncIterator
 from pathlib import Path
@@ -40,7 +41,7 @@ from seglog.errors import (
     StorageError,
 )
 from seglog.groups import GroupStore, validate_group_name
-from seglog.record import decode_body
+from seglog.record import decode_body, timestamp_us
 from seglog.segment.shard_reader import ShardReader
 from seglog.store import STORE_FILE, db_directory, is_open_in_this_process, read_db_config
 
@@ -63,7 +64,7 @@ class Follower:
         shard: int,
         *,
         offset: int | None = None,
-        from_time_us: int | None = None,
+        from_time_us: int | dt.datetime | None = None,
         poll_interval_ms: int = DEFAULT_POLL_INTERVAL_MS,
         group: str | None = None,
     ) -> None:
@@ -74,8 +75,8 @@ class Follower:
             raise InvalidArgument("shard must be an int >= 0")
         if offset is not None and (type(offset) is not int or offset < 0):
             raise InvalidArgument("offset must be None or an int >= 0")
-        if from_time_us is not None and type(from_time_us) is not int:
-            raise InvalidArgument("from_time_us must be None or an int (µs since the epoch)")
+        if from_time_us is not None:
+            from_time_us = timestamp_us(from_time_us, "from_time_us")
         if offset is not None and from_time_us is not None:
             raise InvalidArgument("give offset or from_time_us, not both")
         if type(poll_interval_ms) is not int or poll_interval_ms < 1:
@@ -240,7 +241,7 @@ def follow(
     shard: int,
     *,
     offset: int | None = None,
-    from_time_us: int | None = None,
+    from_time_us: int | dt.datetime | None = None,
     poll_interval_ms: int = DEFAULT_POLL_INTERVAL_MS,
     group: str | None = None,
 ) -> Follower:
@@ -254,7 +255,8 @@ def follow(
         db: Database name.
         shard: Shard number.
         offset: First offset to deliver (default: the shard's local start).
-        from_time_us: Start at the first record with ``ts >= from_time_us`` instead.
+        from_time_us: Start at the first record with ``ts >= from_time_us`` instead (µs
+            since 1970, or a datetime; naive means UTC).
         poll_interval_ms: How often the files are checked for new frames while caught up.
         group: A consumer group: start at its committed offset (unless ``offset`` or
             ``from_time_us`` is given) and allow :meth:`Follower.commit`.

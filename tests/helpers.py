@@ -6,8 +6,11 @@ from pathlib import Path
 
 import seglog
 
+# A realistic timestamp (2023-11-14T22:13:20Z in µs): databases accept 2000..2200 by default.
+T0 = 1_700_000_000_000_000
 
-def make_records(n: int, *, start: int = 0, ts0: int = 1_000_000, keyed: bool = True) -> list[seglog.Record]:
+
+def make_records(n: int, *, start: int = 0, ts0: int = T0, keyed: bool = True) -> list[seglog.Record]:
     return [
         seglog.Record(
             topic=f"sensors/site{i % 7}/dev{i % 50}/temp",

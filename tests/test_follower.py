@@ -25,7 +25,7 @@ from seglog.errors import (
     OffsetOutOfRange,
     StorageError,
 )
-from tests.helpers import make_records, segment_files
+from tests.helpers import T0, make_records, segment_files
 
 T = TypeVar("T")
 Run = Callable[[Coroutine[Any, Any, T]], T]
@@ -70,8 +70,8 @@ def test_from_time_and_groups(data_dir: Path, run: Run[None]) -> None:
     async def main() -> None:
         async with seglog.open(data_dir) as store:
             db = await store.create_db("f", 1, segment_bytes=4096)
-            await db.append(make_records(400), shard=0)  # ts = 1_000_000 + 10 * i
-            async with seglog.follow(data_dir, "f", 0, from_time_us=1_000_000 + 10 * 250 - 5) as f:
+            await db.append(make_records(400), shard=0)  # ts = T0 + 10 * i
+            async with seglog.follow(data_dir, "f", 0, from_time_us=T0 + 10 * 250 - 5) as f:
                 first = await f.read_available()
                 assert first.column("offset")[0].as_py() == 250
                 assert first.column("offset")[-1].as_py() == 399

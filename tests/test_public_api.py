@@ -12,10 +12,13 @@ def test_all_is_exact_and_importable() -> None:
         "AppendResult",
         "ClosedResourceError",
         "ConfigMismatch",
+        "Consumer",
         "Database",
         "DbConfig",
         "Follower",
+        "InvalidArgument",
         "InvalidRecord",
+        "InvalidTimestamp",
         "OffsetOutOfRange",
         "Record",
         "RecordMeta",
@@ -26,7 +29,9 @@ def test_all_is_exact_and_importable() -> None:
         "__version__",
         "errors",
         "follow",
+        "now_us",
         "open",
+        "timestamp_us",
     }
     assert set(seglog.__all__) >= expected
     for name in seglog.__all__:
@@ -45,6 +50,8 @@ def test_error_tree_is_rooted_and_split() -> None:
         assert issubclass(cls, errors.SeglogError), name
     assert issubclass(errors.InvalidTopic, errors.InvalidRecord)
     assert issubclass(errors.InvalidRecord, errors.UsageError)
+    assert issubclass(errors.InvalidTimestamp, errors.InvalidRecord)
+    assert issubclass(errors.StoreNotFound, errors.DatabaseNotFound)
     assert issubclass(errors.StoreLocked, errors.BusyResourceError)
     assert issubclass(errors.CorruptFrame, errors.StorageError)
     assert issubclass(errors.TierError, errors.StorageError)
