@@ -49,6 +49,26 @@ __all__ = ["DEFAULT_POLL_INTERVAL_MS", "Follower", "follow"]
 
 DEFAULT_POLL_INTERVAL_MS: Final = 50
 _READ_BYTES: Final = 4 << 20
+# LMDB allows one handle per environment per process: followers of several shards of one
+# database share its group store (reference-counted).
+_GROUP_STORES: dict[Path, tuple[GroupStore, int]] = {}
+
+
+def _acquire_groups(db_dir: Path) -> GroupStore:
+    store, refs = _GROUP_STORES.get(db_dir, (None, 0))
+    if store is None:
+        store = GroupStore(db_dir)
+    _GROUP_STORES[db_dir] = (store, refs + 1)
+    return store
+
+
+def _release_groups(db_dir: Path) -> None:
+    store, refs = _GROUP_STORES[db_dir]
+    if refs > 1:
+        _GROUP_STORES[db_dir] = (store, refs - 1)
+        return
+    del _GROUP_STORES[db_dir]
+    store.close()
 
 
 class Follower:
@@ -89,6 +109,7 @@ class Follower:
         self._from_time_us = from_time_us
         self.group = group
         self._groups: GroupStore | None = None
+        self._groups_dir = Path()
         self._reader: ShardReader | None = None
         self._state = "new"
         self.position = -1  # the next offset to deliver, once open
@@ -141,7 +162,8 @@ class Follower:
                     "or follow without group=..."
                 )
             # LMDB's own lock file makes this safe next to the owner's handle on it.
-            self._groups = GroupStore(db_dir)
+            self._groups = _acquire_groups(db_dir)
+            self._groups_dir = db_dir
             committed = self._groups.committed(self.group, self.shard)
         if committed is not None and self._offset is None and self._from_time_us is None:
             start = max(committed, reader.start_offset())
@@ -162,8 +184,8 @@ class Follower:
             self._reader.close()
             self._reader = None
         if self._groups is not None:
-            self._groups.close()
             self._groups = None
+            _release_groups(self._groups_dir)
 
     async def commit(self, offset: int) -> None:
         """Commit ``offset`` (the next one to consume) for the follower's group, durably.

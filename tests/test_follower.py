@@ -96,6 +96,25 @@ def test_from_time_and_groups(data_dir: Path, run: Run[None]) -> None:
     run(main())
 
 
+def test_followers_of_several_shards_share_the_group_store(data_dir: Path, run: Run[None]) -> None:
+    async def main() -> None:
+        async with seglog.open(data_dir) as store:
+            db = await store.create_db("f", 2)
+            await db.append(make_records(10), shard=0)
+            await db.append(make_records(10), shard=1)
+        # LMDB allows one handle per environment per process: the followers share it.
+        async with seglog.follow(data_dir, "f", 0, group="g") as f0, seglog.follow(data_dir, "f", 1, group="g") as f1:
+            await f0.commit(4)
+            await f1.commit(7)
+        async with seglog.follow(data_dir, "f", 1, group="g") as f1:
+            assert f1.position == 7
+        async with seglog.open(data_dir) as store:
+            db = await store.open_db("f")
+            assert [await db.committed("g", s) for s in (0, 1)] == [4, 7]
+
+    run(main())
+
+
 def test_validation_and_out_of_range(data_dir: Path, run: Run[None]) -> None:
     async def main() -> None:
         with pytest.raises(DatabaseNotFound):
