@@ -161,10 +161,9 @@ def _check_ts_range(ts: pa.Array, lo: int | None, hi: int | None) -> None:
     """Raise :class:`InvalidTimestamp` for the first ``ts`` outside ``[lo, hi]`` (vectorised)."""
     if (lo is None and hi is None) or len(ts) == 0:
         return
-    mm = pc.min_max(ts)
-    if (lo is None or mm["min"].as_py() >= lo) and (hi is None or mm["max"].as_py() <= hi):
+    arr = ts.to_numpy(zero_copy_only=False)  # no nulls here: zero-copy
+    if (lo is None or int(arr.min()) >= lo) and (hi is None or int(arr.max()) <= hi):
         return
-    arr = ts.to_numpy(zero_copy_only=False)
     bad = np.zeros(len(arr), bool)
     if lo is not None:
         bad |= arr < lo

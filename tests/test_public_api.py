@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import inspect
+from pathlib import Path
 
 import seglog
 from seglog import errors
@@ -65,3 +66,9 @@ def test_append_failed_is_a_storage_error_with_parts() -> None:
     e = errors.AppendFailed("x", failed={1: cause}, written={0: 5})
     assert isinstance(e, errors.StorageError) and not isinstance(e, errors.UsageError)
     assert e.failed == {1: cause} and e.written == {0: 5}
+
+
+def test_the_project_does_not_claim_replication_it_lacks() -> None:
+    root = Path(__file__).resolve().parent.parent
+    assert "replicated" not in (seglog.__doc__ or "")
+    assert "replicated" not in (root / "pyproject.toml").read_text()
