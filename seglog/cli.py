@@ -638,6 +638,8 @@ async def _produce(args: argparse.Namespace) -> int:
         raise InvalidArgument("--key-separator must not be empty")
     producer = _Producer(args)
     data = _writable_data_dir(args.data)
+    if not args.file and sys.stdin is None:
+        raise InvalidArgument("stdin is closed: pipe lines in or use --file")
     file: IO[bytes] | None = open(args.file, "rb") if args.file else None  # noqa: SIM115
     fd = file.fileno() if file is not None else sys.stdin.fileno()
     loop = asyncio.get_running_loop()
