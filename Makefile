@@ -19,7 +19,7 @@ demo: venv
 	$(BIN)/seglog demo $(DEMO_DATA)
 
 lint: venv
-	$(BIN)/ruff check seglog tests bench
+	$(BIN)/ruff check seglog tests bench examples
 
 typecheck: venv
 	$(BIN)/mypy seglog

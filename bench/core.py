@@ -274,6 +274,9 @@ async def seglog_reads(directory: Path) -> dict[str, float]:
     return out
 
 
+LOOKUP_TS0 = 1_700_000_000_000_000  # µs; databases accept 2000..2200 by default
+
+
 async def lookups(directory: Path, n: int, samples: int = 2000) -> dict[str, float]:
     """p50/p99 of offset_for_time and random read(shard, offset, 1) on a shard of n records."""
     shutil.rmtree(directory, ignore_errors=True)
@@ -284,7 +287,7 @@ async def lookups(directory: Path, n: int, samples: int = 2000) -> dict[str, flo
         for start in range(0, n, chunk):
             m = min(chunk, n - start)
             await db.append_arrow(pa.table({
-                "ts": pa.array(range(start * 10, (start + m) * 10, 10), pa.int64()),
+                "ts": pa.array(range(LOOKUP_TS0 + start * 10, LOOKUP_TS0 + (start + m) * 10, 10), pa.int64()),
                 "topic": pa.array(["sensors/a/b/temp"] * m),
                 "value": pa.array([value] * m, pa.binary()),
             }), shard=0)
@@ -293,11 +296,11 @@ async def lookups(directory: Path, n: int, samples: int = 2000) -> dict[str, flo
         db = await store.open_db("lookup")
         t_time, t_read = [], []
         for _ in range(samples):
-            ts = rng.randrange(0, n * 10)
+            ts = LOOKUP_TS0 + rng.randrange(0, n * 10)
             t0 = time.perf_counter()
             off = await db.offset_for_time(0, ts)
             t_time.append(time.perf_counter() - t0)
-            assert off == (ts + 9) // 10
+            assert off == (ts - LOOKUP_TS0 + 9) // 10
             o = rng.randrange(0, n)
             t0 = time.perf_counter()
             rec = await db.read(0, o, 1)

@@ -1,21 +1,24 @@
-"""seglog: a durable, replicated, segmented message log for MQTT-style data."""
+"""seglog: a durable, segmented message log for MQTT-style data, embedded in asyncio services."""
 
 from __future__ import annotations
 
 from seglog import errors
+from seglog.consumer import Consumer
 from seglog.db import AppendResult, Database, DbConfig
 from seglog.errors import (
     AppendFailed,
     ClosedResourceError,
     ConfigMismatch,
+    InvalidArgument,
     InvalidRecord,
+    InvalidTimestamp,
     OffsetOutOfRange,
     SeglogError,
     StorageError,
     StoreLocked,
 )
 from seglog.follower import Follower, follow
-from seglog.record import Record, RecordMeta
+from seglog.record import Record, RecordMeta, now_us, timestamp_us
 from seglog.store import Store, open
 
 __version__ = "0.1.0"
@@ -25,10 +28,13 @@ __all__ = [
     "AppendResult",
     "ClosedResourceError",
     "ConfigMismatch",
+    "Consumer",
     "Database",
     "DbConfig",
     "Follower",
+    "InvalidArgument",
     "InvalidRecord",
+    "InvalidTimestamp",
     "OffsetOutOfRange",
     "Record",
     "RecordMeta",
@@ -39,5 +45,7 @@ __all__ = [
     "__version__",
     "errors",
     "follow",
+    "now_us",
     "open",
+    "timestamp_us",
 ]

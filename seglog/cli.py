@@ -1,26 +1,49 @@
-"""The ``seglog`` command line."""
+"""The ``seglog`` command line.
+
+Conventions: errors print one line (``seglog: error: ...``) on stderr and exit 1 (usage
+errors exit 2, from argparse); ``--debug`` (before or after the command) shows tracebacks
+instead. Ctrl-C exits 130; ``produce`` first appends the lines it has read. A closed stdout
+(``seglog consume ... | head``) ends the command quietly with status 0. Read-only commands
+(``consume``, ``stats``, ``groups``, ``inspect``) never create a file or directory.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
+import contextlib
 import datetime as dt
+import heapq
 import json
+import os
 import random
+import re
 import shutil
+import signal
 import sys
 import time
+from collections import Counter, deque
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, Final
 
 import pyarrow as pa
 from tqdm import tqdm
 
 import seglog
-from seglog._routing import shard_for
-from seglog.errors import CorruptFrame, InvalidArgument, SeglogError, StoreLocked
-from seglog.record import parse_header, records_from_table, verify_frame
+from seglog.db import validate_db_name
+from seglog.errors import DatabaseNotFound, InvalidArgument, InvalidRecord, SeglogError, StoreLocked
+from seglog.readonly import check_store, db_view, group_lags, list_dbs
+from seglog.record import (
+    decode_body,
+    parse_header,
+    records_from_table,
+    records_to_batch,
+    verify_frame,
+)
+from seglog.store import STORE_FILE, read_db_config
+from seglog.tiering.targets import open_target
 
 __all__ = ["main"]
 
@@ -30,6 +53,19 @@ DEMO_SITES = 10
 DEMO_METRICS = ("temp", "humidity", "pressure", "co2")
 DEMO_BATCH_RECORDS = 1000
 DEMO_PRODUCERS = 4
+# Written into the directories ``seglog demo`` makes: only those may be wiped by a rerun.
+DEMO_MARK: Final = ".seglog-demo"
+READ_CHUNK_BYTES: Final = 1 << 16
+_RECORD_PREFIX: Final = re.compile(r"^record \d+: ")
+
+
+def _progress(args: argparse.Namespace) -> bool:
+    """Whether to draw a progress bar: ``--progress``/``--no-progress``, else when stderr is a terminal."""
+    flag: bool | None = getattr(args, "progress", None)
+    return sys.stderr.isatty() if flag is None else flag
+
+
+# --- demo ------------------------------------------------------------------------------
 
 
 def _demo_records(n: int, start_us: int, seed: int = 7) -> list[seglog.Record]:
@@ -50,32 +86,62 @@ def _demo_records(n: int, start_us: int, seed: int = 7) -> list[seglog.Record]:
     return out
 
 
+def _demo_made(directory: Path) -> bool:
+    return (directory / DEMO_MARK).is_file()
+
+
+def _demo_prepare(data: Path, tier_dir: Path, chart: Path) -> None:
+    """Check that the demo may use its three paths, then clear what an earlier demo left.
+
+    A directory is used only when it is absent, empty, or was made by ``seglog demo`` (it
+    holds :data:`DEMO_MARK`); the chart is overwritten only after an earlier demo run.
+
+    Raises:
+        InvalidArgument: A path holds something the demo did not make (nothing is touched).
+    """
+    for d in (data, tier_dir):
+        if d.exists() and not d.is_dir():
+            raise InvalidArgument(f"refusing to use {d}: it exists and is not a directory")
+        if d.is_dir() and not _demo_made(d) and any(d.iterdir()):
+            raise InvalidArgument(
+                f"refusing to use {d}: it is not empty and was not made by `seglog demo` "
+                "(give a new or empty directory)"
+            )
+    if chart.exists() and not _demo_made(data):
+        raise InvalidArgument(f"refusing to overwrite {chart}: it was not made by `seglog demo`")
+    if not data.parent.is_dir():
+        raise InvalidArgument(f"cannot create {data}: {data.parent} does not exist")
+    for d in (data, tier_dir):
+        if _demo_made(d):
+            shutil.rmtree(d)
+        d.mkdir(exist_ok=True)
+        (d / DEMO_MARK).write_text("made by `seglog demo`; a rerun of the demo deletes this directory\n")
+
+
 async def _demo(args: argparse.Namespace) -> int:
-    data = Path(args.data)
-    if data.exists():
-        shutil.rmtree(data)
+    data = Path(args.data).absolute()
+    tier_dir = Path(str(data) + "-tier")
+    chart = Path(str(data) + "-sites.png")
+    _demo_prepare(data, tier_dir, chart)
     n = args.records
     start_us = 1_767_225_600_000_000  # 2026-01-01T00:00:00Z
     print(f"generating {n:,} records from {DEMO_DEVICES} devices ...")
     records = _demo_records(n, start_us)
     batches = [records[i : i + DEMO_BATCH_RECORDS] for i in range(0, n, DEMO_BATCH_RECORDS)]
-    tier_dir = Path(str(data) + "-tier")
-    if tier_dir.exists():
-        shutil.rmtree(tier_dir)
-    tier_uri = f"file://{tier_dir.absolute()}"
+    tier_uri = f"file://{tier_dir}"
     async with seglog.open(data, fsync="always", tier=tier_uri) as store:
         db = await store.create_db("telemetry", shards=args.shards, segment_bytes=16 << 20)
-        bar = tqdm(total=n, unit="rec", unit_scale=True, desc="ingest (fsync=always)")
+        with tqdm(total=n, unit="rec", unit_scale=True, desc="ingest (fsync=always)",
+                  disable=not _progress(args)) as bar:
 
-        async def produce(k: int) -> None:
-            for b in batches[k::DEMO_PRODUCERS]:
-                await db.append(b)
-                bar.update(len(b))
+            async def produce(k: int) -> None:
+                for b in batches[k::DEMO_PRODUCERS]:
+                    await db.append(b)
+                    bar.update(len(b))
 
-        t0 = time.perf_counter()
-        await asyncio.gather(*(produce(k) for k in range(DEMO_PRODUCERS)))
-        ingest_s = time.perf_counter() - t0
-        bar.close()
+            t0 = time.perf_counter()
+            await asyncio.gather(*(produce(k) for k in range(DEMO_PRODUCERS)))
+            ingest_s = time.perf_counter() - t0
         t0 = time.perf_counter()
         await db.seal()
         entries = await db.tier_now()
@@ -95,32 +161,28 @@ async def _demo(args: argparse.Namespace) -> int:
                 offset += table.num_rows
         read_s = time.perf_counter() - t0
         if total != n:
-            print(f"error: read back {total} records, wrote {n}", file=sys.stderr)
-            return 1
-        mid_ts = start_us + (n // 2) * 1000
-        shard0_mid = await db.offset_for_time(0, mid_ts)
+            raise SeglogError(f"read back {total} records, wrote {n}")
+        mid = dt.datetime.fromtimestamp(start_us / 1e6 + n // 2 / 1000, tz=dt.UTC)
+        shard0_mid = await db.offset_for_time(0, mid)
         first = (await db.read(0, shard0_mid, 1))[0]
         device = b"dev0042"
-        key_shard = shard_for(device, db.shards)
-        by_key = await db.read_key(key_shard, device)
+        by_key = await db.read_key(device)
         expected_key = len([r for r in records if r.key == device])
         stats = db.stats()
     print()
     print(f"{'ingested':<22}{n:>14,} records in {ingest_s:6.2f} s  = {n / ingest_s:>12,.0f} records/s (durable)")
     print(f"{'read back (arrow)':<22}{total:>14,} records in {read_s:6.2f} s  = {total / read_s:>12,.0f} records/s")
-    print(f"{'offset_for_time':<22}shard 0 at {time.strftime('%H:%M:%S', time.gmtime(mid_ts / 1e6))}Z -> offset "
-          f"{shard0_mid:,} ({first.topic}, ts {first.ts})")
-    print(f"{'read_key':<22}{device.decode()} -> {len(by_key):,} records on shard {key_shard} "
+    print(f"{'offset_for_time':<22}shard 0 at {mid:%H:%M:%S}Z -> offset {shard0_mid:,} ({first.topic}, ts {first.ts})")
+    print(f"{'read_key':<22}{device.decode()} -> {len(by_key):,} records on shard {db.shard_for(device)} "
           f"(expected {expected_key:,})")
     for s in stats:
         print(f"  shard {s.shard}: offsets {s.start_offset:,}..{s.end_offset:,}, {s.segments} segment(s), "
               f"{s.bytes / 1e6:.1f} MB")
     if len(by_key) != expected_key:
-        print("error: key lookup mismatch", file=sys.stderr)
-        return 1
+        raise SeglogError("key lookup mismatch")
     print(f"{'tiered':<22}{len(entries)} Parquet objects, {tier_bytes / 1e6:.1f} MB in {tier_s:.2f} s -> {tier_uri}")
     if not args.no_spark:
-        _demo_spark(tier_uri, Path(str(data) + "-sites.png"))
+        _demo_spark(tier_uri, chart)
     print(f"\ndata directory: {data}")
     return 0
 
@@ -148,56 +210,101 @@ def _demo_spark(tier_uri: str, chart: Path) -> None:
     print(f"Spark job: {len(rows)} (site, minute) rows in {spark_s:.1f} s; chart written to {chart}")
 
 
+# --- record output ---------------------------------------------------------------------
+
+
+def _bytes_json(value: bytes | None, fmt: str) -> Any:
+    """``fmt`` ``auto``: UTF-8 text as a JSON string, anything else as ``{"base64": ...}``;
+    ``base64``: always a base64 string. Either way a reader can tell text from bytes."""
+    if value is None:
+        return None
+    if fmt == "base64":
+        return base64.b64encode(value).decode("ascii")
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError:
+        return {"base64": base64.b64encode(value).decode("ascii")}
+
+
+def _format(rec: seglog.Record, fmt: str, value_format: str) -> bytes:
+    if fmt == "raw":
+        return rec.value + b"\n"
+    doc = {
+        "shard": rec.shard,
+        "offset": rec.offset,
+        "ts": rec.ts,
+        "topic": rec.topic,
+        "key": _bytes_json(rec.key, value_format),
+        "value": _bytes_json(rec.value, value_format),
+        "headers": None if not rec.headers else {k: _bytes_json(v, value_format) for k, v in rec.headers.items()},
+    }
+    return json.dumps(doc, ensure_ascii=False).encode() + b"\n"
+
+
+# --- inspect ---------------------------------------------------------------------------
+
+
 def _inspect(args: argparse.Namespace) -> int:
     path = Path(args.segment)
     data = path.read_bytes()
     pos = 0
     frames = records = 0
     bad: str | None = None
+    out = sys.stdout.buffer
     while pos < len(data):
         try:
             header = parse_header(data, pos)
             verify_frame(data, pos, header)
-        except CorruptFrame as exc:
+        except SeglogError as exc:
             bad = str(exc)
             break
         frames += 1
         records += header.record_count
         if not args.quiet:
-            print(json.dumps({
+            out.write(json.dumps({
                 "pos": pos, "base_offset": header.base_offset, "records": header.record_count,
                 "leader_epoch": header.leader_epoch, "min_ts": header.min_ts, "max_ts": header.max_ts,
                 "body_bytes": header.body_len, "compression": ["none", "zstd"][header.compression],
                 "crc": f"{header.crc:08x}",
-            }))
+            }).encode() + b"\n")
+            if args.records:
+                batch = decode_body(data, pos, header)
+                table = pa.Table.from_batches([batch]).add_column(
+                    0, "offset", pa.array(range(header.base_offset, header.next_offset), pa.int64())
+                )
+                out.write(b"".join(_format(r, "json", args.value_format) for r in records_from_table(table, None)))  # type: ignore[arg-type]
         pos += header.size
-    print(f"{path.name}: {frames} frames, {records} records, {pos} valid bytes of {len(data)}")
+    out.write(f"{path.name}: {frames} frames, {records} records, {pos} valid bytes of {len(data)}\n".encode())
+    out.flush()
     if bad is not None:
-        print(f"error: corrupt at position {pos}: {bad}", file=sys.stderr)
+        print(f"seglog: error: {path}: corrupt at position {pos}: {bad}", file=sys.stderr)
         return 1
     return 0
 
 
-def _open_with_tier(args: argparse.Namespace) -> seglog.Store:
-    return seglog.open(
-        args.data,
-        tier=args.tier,
-        s3_endpoint=args.s3_endpoint,
-        retention_interval_ms=None,
-    )
+# --- stats, groups, tier -----------------------------------------------------------------
 
 
-async def _stats(args: argparse.Namespace) -> int:
-    async with _open_with_tier(args) as store:
-        rows: list[dict[str, Any]] = []
-        for name in store.list_dbs():
-            db = await store.open_db(name)
-            tiers = {t.shard: t for t in db.tier_stats()}
-            for s in db.stats():
-                t = tiers[s.shard]
-                rows.append({"db": name, "shard": s.shard, "start": s.start_offset, "end": s.end_offset,
-                             "segments": s.segments, "bytes": s.bytes, "hot": t.hot_bytes,
-                             "warm": t.warm_bytes, "cold": t.cold_bytes})
+def _tier_target(args: argparse.Namespace) -> Any:
+    if not args.tier:
+        return None
+    return open_target(args.tier, s3_endpoint=args.s3_endpoint)
+
+
+def _stats(args: argparse.Namespace) -> int:
+    root = check_store(args.data)
+    target = _tier_target(args)
+    rows: list[dict[str, Any]] = []
+    try:
+        for name in list_dbs(root):
+            config, views = db_view(root, name, tier=target)
+            for v in views:
+                rows.append({"db": name, "engine": config.engine, "shard": v.shard, "start": v.start_offset,
+                             "end": v.end_offset, "segments": v.segments, "bytes": v.bytes, "hot": v.hot_bytes,
+                             "warm": v.warm_bytes, "cold": v.cold_bytes})
+    finally:
+        if target is not None:
+            target.close()
     if args.json:
         print(json.dumps(rows))
         return 0
@@ -205,13 +312,39 @@ async def _stats(args: argparse.Namespace) -> int:
     for r in rows:
         print(f"{r['db']:<16}{r['shard']:>6}{r['start']:>12,}{r['end']:>12,}{r['segments']:>9}"
               f"{r['hot']:>14,}{r['warm']:>14,}{r['cold']:>14,}")
+    if not rows:
+        print(f"no databases in {root}", file=sys.stderr)
+    return 0
+
+
+def _groups(args: argparse.Namespace) -> int:
+    validate_db_name(args.db)
+    lags = group_lags(args.data, args.db)
+    if args.json:
+        print(json.dumps([{"group": g.group, "shard": g.shard, "committed": g.committed, "end": g.end_offset,
+                           "lag": g.lag} for g in lags]))
+        return 0
+    if not lags:
+        print(f"no consumer groups in {args.db}", file=sys.stderr)
+        return 0
+    print(f"{'group':<24}{'shard':>6}{'committed':>12}{'end':>12}{'lag':>12}")
+    for g in lags:
+        committed = "-" if g.committed is None else f"{g.committed:,}"
+        print(f"{g.group:<24}{g.shard:>6}{committed:>12}{g.end_offset:>12,}{g.lag:>12,}")
+    totals: Counter[str] = Counter()
+    for g in lags:
+        totals[g.group] += g.lag
+    for group, lag in totals.items():
+        print(f"{group:<24}{'all':>6}{'':>12}{'':>12}{lag:>12,}")
     return 0
 
 
 async def _tier(args: argparse.Namespace) -> int:
     if not args.tier:
         raise InvalidArgument("--tier is required (file:///abs/dir or s3://bucket/prefix)")
-    async with _open_with_tier(args) as store:
+    check_store(args.data)
+    async with seglog.open(args.data, tier=args.tier, s3_endpoint=args.s3_endpoint,
+                           retention_interval_ms=None) as store:
         db = await store.open_db(args.db)
         if args.seal:
             await db.seal()
@@ -224,128 +357,506 @@ async def _tier(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- produce ---------------------------------------------------------------------------
+
+
+class _Input:
+    """Lines of a file descriptor, read on the event loop.
+
+    Pipes and terminals are watched with ``add_reader``: each readiness gives one ``read``
+    (which cannot block), and the bytes go straight into :attr:`lines` in the same loop
+    callback, so whatever was read is in :attr:`lines` when a Ctrl-C is handled. Regular
+    files (which cannot be watched, and never block) are read on demand with
+    :meth:`read_more`.
+    """
+
+    def __init__(self, fd: int, wake: asyncio.Event, *, max_lines: int) -> None:
+        self.fd = fd
+        self.lines: deque[bytes] = deque()
+        self.eof = False
+        self.error: OSError | None = None  # a failed read, raised once the lines before it are in
+        self._partial: list[bytes] = []
+        self._wake = wake
+        self._max_lines = max_lines
+        self._loop = asyncio.get_running_loop()
+        self._watching = False
+        try:
+            self._loop.add_reader(fd, self._on_readable)
+            self._watching = True
+            self.pollable = True
+        except PermissionError:  # a regular file (or /dev/null): epoll refuses it
+            self.pollable = False
+
+    def _on_readable(self) -> None:
+        try:
+            data = os.read(self.fd, READ_CHUNK_BYTES)
+        except OSError as exc:
+            self.error, data = exc, b""
+        self._feed(data)
+        if len(self.lines) >= self._max_lines:
+            self._unwatch()  # back-pressure: resumed by take()
+        self._wake.set()
+
+    def _unwatch(self) -> None:
+        if self._watching:
+            self._loop.remove_reader(self.fd)
+            self._watching = False
+
+    def _feed(self, data: bytes) -> None:
+        if not data:
+            self.eof = True
+            self._unwatch()
+            if self._partial:
+                self.lines.append(b"".join(self._partial))
+                self._partial = []
+            return
+        if b"\n" not in data:
+            self._partial.append(data)
+            return
+        if self._partial:
+            data = b"".join(self._partial) + data
+        *lines, rest = data.split(b"\n")
+        self._partial = [rest] if rest else []
+        self.lines.extend(lines)
+
+    def read_more(self) -> None:
+        """Read the next chunk of a regular file (never blocks)."""
+        self._feed(os.read(self.fd, READ_CHUNK_BYTES * 16))
+
+    def take(self) -> bytes:
+        """The next line (call only while :attr:`lines` is not empty)."""
+        line = self.lines.popleft()
+        if self.pollable and not self._watching and not self.eof and len(self.lines) < self._max_lines // 2:
+            self._loop.add_reader(self.fd, self._on_readable)
+            self._watching = True
+        return line
+
+    def close(self) -> None:
+        self._unwatch()
+
+
+class _BadLine(Exception):
+    def __init__(self, line: int, message: str) -> None:
+        super().__init__(message)
+        self.line = line
+        self.message = message
+
+
+class _Producer:
+    """Lines -> records -> appends, in batches of ``--batch`` lines or every ``--linger-ms``."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.db: seglog.Database | None = None
+        self.bar: tqdm[Any] | None = None
+        self.topic: str = args.topic
+        self.key: bytes | None = None if args.key is None else args.key.encode()
+        self.sep: bytes | None = None if args.key_separator is None else args.key_separator.encode()
+        self.headers: dict[str, bytes] | None = _parse_headers(args.header)
+        self.shard: int | None = args.shard
+        self.batch_size: int = args.batch
+        self.linger_s: float = args.linger_ms / 1000
+        self.batch: list[seglog.Record] = []
+        self.first_line = 0  # file line of batch[0]
+        self.line_no = 0  # lines taken so far
+        self.stored = 0
+        self.shards: Counter[int] = Counter()
+        self.deadline: float | None = None
+        self.stopped = False
+        self.wake = asyncio.Event()
+
+    def interrupt(self) -> None:
+        self.stopped = True
+        self.wake.set()
+
+    def _record(self, line: bytes) -> seglog.Record:
+        if line.endswith(b"\r"):
+            line = line[:-1]
+        key = self.key
+        if self.sep is not None:
+            key, found, value = line.partition(self.sep)
+            if not found:
+                raise _BadLine(self.line_no, f"no key separator {self.sep.decode()!r} in the line")
+            line = value
+        return seglog.Record(topic=self.topic, value=line, key=key, headers=self.headers)
+
+    def _take(self, source: _Input, limit: int) -> None:
+        """Move up to ``limit`` lines into the batch (raises :class:`_BadLine`)."""
+        while source.lines and len(self.batch) < limit:
+            line = source.take()
+            self.line_no += 1
+            if not self.batch:
+                self.first_line = self.line_no
+                self.deadline = asyncio.get_running_loop().time() + self.linger_s
+            self.batch.append(self._record(line))
+
+    async def flush(self) -> None:
+        """Append the batch; on an invalid record, append the lines before it and raise."""
+        assert self.db is not None and self.bar is not None
+        batch, first = self.batch, self.first_line
+        self.batch, self.deadline = [], None
+        n = len(batch)
+        bad: InvalidRecord | None = None
+        while n:
+            try:
+                metas = await self.db.append(batch[:n], shard=self.shard)
+            except InvalidRecord as exc:
+                if exc.index is None or exc.index >= n:
+                    raise
+                bad, n = exc, exc.index  # retried: the first bad one may be earlier
+                continue
+            self.stored += len(metas)
+            self.shards.update(metas.shards.tolist())
+            self.bar.update(len(metas))
+            break
+        if bad is not None and bad.index is not None:
+            raise _BadLine(first + bad.index, _RECORD_PREFIX.sub("", str(bad)))
+
+    async def run(self, source: _Input) -> None:
+        """Until end of input or :meth:`interrupt`; what was read is appended either way."""
+        loop = asyncio.get_running_loop()
+        try:
+            while not self.stopped:
+                self._take(source, self.batch_size)
+                if len(self.batch) >= self.batch_size:
+                    await self.flush()
+                    continue
+                if source.eof and not source.lines:
+                    break
+                if not source.pollable:
+                    source.read_more()
+                    await asyncio.sleep(0)  # let a Ctrl-C be handled between chunks
+                    continue
+                if self.deadline is not None and loop.time() >= self.deadline:
+                    await self.flush()
+                    continue
+                self.wake.clear()
+                timeout = None if self.deadline is None else self.deadline - loop.time()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.wake.wait(), timeout)
+            # End of input or Ctrl-C: every line read so far is appended.
+            while source.lines:
+                self._take(source, len(self.batch) + len(source.lines))
+            while self.batch:
+                await self.flush()
+            if source.error is not None:
+                raise source.error
+        except _BadLine:
+            if self.batch:  # the lines before the bad one (a key-separator error)
+                await self.flush()
+            raise
+
+    async def read_all(self, source: _Input) -> list[seglog.Record] | None:
+        """Every line of the input as a record (``--atomic``); ``None`` if interrupted."""
+        records: list[seglog.Record] = []
+        while not self.stopped:
+            while source.lines:
+                line = source.take()
+                self.line_no += 1
+                records.append(self._record(line))
+            if source.error is not None:
+                raise source.error
+            if source.eof:
+                return records
+            if not source.pollable:
+                source.read_more()
+                await asyncio.sleep(0)
+                continue
+            self.wake.clear()
+            await self.wake.wait()
+        return None
+
+    def validate(self, records: list[seglog.Record], config: seglog.DbConfig) -> None:
+        """Raise :class:`_BadLine` for the first record ``config`` would refuse."""
+        for i in range(0, len(records), self.batch_size):
+            try:
+                records_to_batch(records[i : i + self.batch_size], max_record_bytes=config.max_record_bytes,
+                                 min_ts_us=config.min_ts_us, max_ts_us=config.max_ts_us)
+            except InvalidRecord as exc:
+                if exc.index is None:
+                    raise
+                raise _BadLine(i + exc.index + 1, _RECORD_PREFIX.sub("", str(exc))) from None
+
+    async def append_all(self, records: list[seglog.Record]) -> None:
+        for i in range(0, len(records), self.batch_size):
+            self.batch, self.first_line = records[i : i + self.batch_size], i + 1
+            await self.flush()
+
+    def where(self) -> str:
+        return ", ".join(f"shard {s}: {c}" for s, c in sorted(self.shards.items()))
+
+    def summary(self, name: str) -> str:
+        if not self.stored:
+            return f"appended 0 records to {name}"
+        return f"appended {self.stored} records to {name} ({self.where()})"
+
+
+def _parse_headers(items: Sequence[str] | None) -> dict[str, bytes] | None:
+    if not items:
+        return None
+    out: dict[str, bytes] = {}
+    for item in items:
+        name, found, value = item.partition("=")
+        if not found or not name:
+            raise InvalidArgument(f"--header {item!r}: expected NAME=VALUE")
+        out[name] = value.encode()
+    return out
+
+
+def _writable_data_dir(path: str) -> Path:
+    """The data directory ``produce`` may use: a store, an empty or new directory whose parent exists.
+
+    Raises:
+        InvalidArgument: It would mean creating parents or writing into a foreign directory.
+    """
+    p = Path(path).absolute()
+    if (p / STORE_FILE).is_file():
+        return p
+    if p.exists():
+        if not p.is_dir():
+            raise InvalidArgument(f"{p} exists and is not a directory")
+        if any(p.iterdir()):
+            raise InvalidArgument(f"{p} is not empty and is not a seglog data directory (no {STORE_FILE}); "
+                                  "not writing into it")
+        return p
+    if not p.parent.is_dir():
+        raise InvalidArgument(f"cannot create {p}: its parent directory {p.parent} does not exist")
+    return p
+
+
+def _check_topic(topic: str) -> None:
+    try:
+        records_to_batch([seglog.Record(topic=topic, value=b"")])
+    except InvalidRecord as exc:
+        raise InvalidArgument(f"--topic {topic!r}: {_RECORD_PREFIX.sub('', str(exc))}") from None
+
+
+async def _produce(args: argparse.Namespace) -> int:
+    # Everything that can be checked is checked before anything is created.
+    validate_db_name(args.db)
+    _check_topic(args.topic)
+    if args.key_separator == "":
+        raise InvalidArgument("--key-separator must not be empty")
+    producer = _Producer(args)
+    data = _writable_data_dir(args.data)
+    if not args.file and sys.stdin is None:
+        raise InvalidArgument("stdin is closed: pipe lines in or use --file")
+    file: IO[bytes] | None = open(args.file, "rb") if args.file else None  # noqa: SIM115
+    fd = file.fileno() if file is not None else sys.stdin.fileno()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGINT, producer.interrupt)
+    source = _Input(fd, producer.wake, max_lines=4 * args.batch)
+    try:
+        records: list[seglog.Record] | None = None
+        if args.atomic:
+            records = await producer.read_all(source)
+            if records is None:
+                print("interrupted: nothing stored (--atomic)", file=sys.stderr)
+                return 130
+            producer.validate(records, _config_for(data, args))
+        async with seglog.open(data) as store:
+            db = await store.create_db(args.db, args.shards, exist_ok=True)
+            if args.shard is not None and not 0 <= args.shard < db.shards:
+                raise InvalidArgument(f"--shard {args.shard}: {args.db} has shards 0..{db.shards - 1}")
+            with tqdm(unit="rec", unit_scale=True, desc="produce", disable=not _progress(args)) as bar:
+                producer.db, producer.bar = db, bar
+                if records is not None:
+                    await producer.append_all(records)  # a Ctrl-C now waits for the end
+                else:
+                    await producer.run(source)
+    except _BadLine as bad:
+        if args.atomic:
+            after = "nothing was stored (--atomic)"
+        elif producer.stored:
+            after = f"the {producer.stored} records before it were appended to {args.db} ({producer.where()}), " \
+                    "nothing after it"
+        else:
+            after = "nothing was appended"
+        raise InvalidRecord(f"line {bad.line}: {bad.message}; {after}") from None
+    finally:
+        source.close()
+        loop.remove_signal_handler(signal.SIGINT)
+        if file is not None:
+            file.close()
+    if producer.stopped and not args.atomic:
+        print(f"interrupted: {producer.summary(args.db)}", file=sys.stderr)
+        return 130
+    print(producer.summary(args.db), file=sys.stderr)
+    return 0
+
+
+def _config_for(data: Path, args: argparse.Namespace) -> seglog.DbConfig:
+    """The config ``args.db`` has (it exists) or will get (read without opening the store)."""
+    with contextlib.suppress(DatabaseNotFound):
+        return read_db_config(data, args.db)
+    return seglog.DbConfig() if args.shards is None else seglog.DbConfig(shards=args.shards)
+
+
+# --- consume ---------------------------------------------------------------------------
+
+
 def _parse_time(text: str) -> int:
     """ISO 8601 (naive means UTC) -> µs since the epoch."""
     try:
         moment = dt.datetime.fromisoformat(text)
     except ValueError:
         raise InvalidArgument(f"--from-time: not an ISO 8601 time: {text!r}") from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=dt.UTC)
-    return int(moment.timestamp() * 1_000_000)
+    return seglog.timestamp_us(moment)
 
 
-async def _produce(args: argparse.Namespace) -> int:
-    source = open(args.file, "rb") if args.file else sys.stdin.buffer  # noqa: SIM115
-    key = args.key.encode() if args.key is not None else None
-    total = 0
-    try:
-        async with seglog.open(args.data) as store:
-            db = await store.create_db(args.db, args.shards, exist_ok=True)
-            bar = tqdm(unit="rec", unit_scale=True, desc="produce", disable=not args.file)
-            batch: list[seglog.Record] = []
-            for line in source:
-                batch.append(seglog.Record(topic=args.topic, value=line.rstrip(b"\r\n"), key=key))
-                if len(batch) >= 1000:
-                    await db.append(batch, shard=args.shard)
-                    total += len(batch)
-                    bar.update(len(batch))
-                    batch = []
-            if batch:
-                await db.append(batch, shard=args.shard)
-                total += len(batch)
-                bar.update(len(batch))
-            bar.close()
-    finally:
-        if args.file:
-            source.close()
-    print(f"appended {total} records to {args.db}", file=sys.stderr)
-    return 0
-
-
-def _format(rec: seglog.Record, fmt: str) -> bytes:
-    if fmt == "raw":
-        return rec.value + b"\n"
-    doc = {
-        "shard": rec.shard, "offset": rec.offset, "ts": rec.ts, "topic": rec.topic,
-        "key": None if rec.key is None else rec.key.decode("utf-8", "backslashreplace"),
-        "value": rec.value.decode("utf-8", "backslashreplace"),
-        "headers": None if not rec.headers else {k: v.decode("utf-8", "backslashreplace") for k, v in rec.headers.items()},
-    }
-    return json.dumps(doc, ensure_ascii=False).encode() + b"\n"
+Commit = Callable[[int, int], Awaitable[None]]
 
 
 async def _consume(args: argparse.Namespace) -> int:
+    validate_db_name(args.db)
+    root = check_store(args.data)  # never creates the directory
+    config = read_db_config(root, args.db)
+    if args.shard is not None and not 0 <= args.shard < config.shards:
+        raise InvalidArgument(f"--shard {args.shard}: {args.db} has shards 0..{config.shards - 1}")
+    if args.from_offset is not None and args.shard is None:
+        if config.shards != 1:
+            raise InvalidArgument(f"--from OFFSET needs --shard N: {args.db} has {config.shards} shards, each with "
+                                  "its own offsets (--from-time works on every shard)")
+        args.shard = 0
+    shards = [args.shard] if args.shard is not None else list(range(config.shards))
+    from_time = None if args.from_time is None else _parse_time(args.from_time)
     if args.follow:
-        return await _consume_read_only(args, stop_at_end=False)
-    store = seglog.open(args.data, retention_interval_ms=None)
+        return await _consume_read_only(args, root, shards, from_time, stop_at_end=False)
+    store = seglog.open(root, retention_interval_ms=None)
     try:
         await store
     except StoreLocked:
         # Another process owns the store: print what it has written so far, read-only.
-        return await _consume_read_only(args, stop_at_end=True)
+        return await _consume_read_only(args, root, shards, from_time, stop_at_end=True)
     try:
         db = await store.open_db(args.db)
-        shard = args.shard
-        committed = await db.committed(args.group, shard) if args.group else None
-        if args.from_time is not None:
-            offset = await db.offset_for_time(shard, _parse_time(args.from_time))
-        elif args.from_offset is not None:
-            offset = args.from_offset
-        elif committed is not None:
-            offset = max(committed, db.start_offset(shard))
-        else:
-            offset = db.start_offset(shard)
         group = args.group
+        sources = {}
+        for shard in shards:
+            committed = await db.committed(group, shard) if group else None
+            if from_time is not None:
+                offset = await db.offset_for_time(shard, from_time)
+            elif args.from_offset is not None:
+                offset = args.from_offset
+            elif committed is not None:
+                offset = max(committed, db.start_offset(shard))
+            else:
+                offset = db.start_offset(shard)
+            sources[shard] = _until_end(db, shard, offset)
 
-        async def commit(offset: int) -> None:
+        async def commit(shard: int, offset: int) -> None:
             await db.commit(group, shard, offset)
 
-        await _print_records(_until_end(db, shard, offset), args, commit if group else None)
+        await _print_merged(sources, args, commit if group else None)
     finally:
         await store.close()
     return 0
 
 
-async def _consume_read_only(args: argparse.Namespace, *, stop_at_end: bool) -> int:
-    follower = seglog.follow(
-        args.data,
-        args.db,
-        args.shard,
-        offset=args.from_offset,
-        from_time_us=None if args.from_time is None else _parse_time(args.from_time),
-        group=args.group,
-    )
-    async with follower:
-        await _print_records(
-            follower.batches(stop_at_end=stop_at_end), args, follower.commit if args.group else None
-        )
+async def _consume_read_only(
+    args: argparse.Namespace, root: Path, shards: list[int], from_time: int | None, *, stop_at_end: bool
+) -> int:
+    async with contextlib.AsyncExitStack() as stack:
+        followers = {}
+        for shard in shards:
+            followers[shard] = await stack.enter_async_context(seglog.follow(
+                root, args.db, shard, offset=args.from_offset, from_time_us=from_time, group=args.group,
+            ))
+
+        async def commit(shard: int, offset: int) -> None:
+            await followers[shard].commit(offset)
+
+        if stop_at_end:
+            sources = {s: f.batches(stop_at_end=True) for s, f in followers.items()}
+            await _print_merged(sources, args, commit if args.group else None)
+        else:
+            await _print_live(followers, args, commit if args.group else None)
     return 0
 
 
-async def _print_records(
-    tables: AsyncGenerator[pa.Table, None],
-    args: argparse.Namespace,
-    commit: Callable[[int], Awaitable[None]] | None,
-) -> None:
-    """Print records as they come; with a group, commit after each printed batch."""
+def _write(recs: list[seglog.Record], args: argparse.Namespace) -> None:
     out = sys.stdout.buffer
+    out.write(b"".join(_format(r, args.format, args.value_format) for r in recs))
+    out.flush()
+
+
+async def _commit_printed(recs: list[seglog.Record], commit: Commit | None) -> None:
+    """Commit after the records were written out: at-least-once delivery."""
+    if commit is None:
+        return
+    ends: dict[int, int] = {}
+    for r in recs:
+        ends[r.shard] = r.offset + 1  # type: ignore[index,operator]
+    for shard, offset in sorted(ends.items()):
+        await commit(shard, offset)
+
+
+def _merge_key(rec: seglog.Record) -> tuple[int, int, int]:
+    """Records read back always have ``ts``, ``shard`` and ``offset``."""
+    return rec.ts or 0, rec.shard or 0, rec.offset or 0
+
+
+async def _print_merged(
+    sources: dict[int, AsyncGenerator[pa.Table, None]], args: argparse.Namespace, commit: Commit | None
+) -> None:
+    """Print every shard's records to their end, merged by (ts, shard, offset)."""
     remaining: int | None = args.max
+    pending: dict[int, deque[seglog.Record]] = {}
+    heap: list[tuple[int, int, int]] = []  # (ts, shard, offset) of each shard's next record
+
+    async def refill(shard: int) -> None:
+        table = await anext(sources[shard], None)
+        if table is not None and table.num_rows:
+            pending[shard] = deque(records_from_table(table, shard))
+            heapq.heappush(heap, _merge_key(pending[shard][0]))
+
     try:
-        async for table in tables:
+        for shard in sources:
+            await refill(shard)
+        out: list[seglog.Record] = []
+        while heap and (remaining is None or remaining > 0):
+            _, shard, _ = heapq.heappop(heap)
+            out.append(pending[shard].popleft())
+            if remaining is not None:
+                remaining -= 1
+            if pending[shard]:
+                heapq.heappush(heap, _merge_key(pending[shard][0]))
+            elif remaining is None or remaining > 0:
+                _write(out, args)  # before waiting on a read
+                await _commit_printed(out, commit)
+                out = []
+                await refill(shard)
+            if len(out) >= 1000:
+                _write(out, args)
+                await _commit_printed(out, commit)
+                out = []
+        _write(out, args)
+        await _commit_printed(out, commit)
+    finally:
+        for source in sources.values():
+            await source.aclose()
+
+
+async def _print_live(followers: dict[int, seglog.Follower], args: argparse.Namespace, commit: Commit | None) -> None:
+    """Print new records of every shard as they arrive (each shard in offset order)."""
+    remaining: int | None = args.max
+    poll_s = min(f.poll_interval_ms for f in followers.values()) / 1000
+    while True:
+        got = False
+        for shard, follower in followers.items():
+            table = await follower.read_available()
+            if not table.num_rows:
+                continue
+            got = True
             if remaining is not None:
                 table = table.slice(0, remaining)
                 remaining -= table.num_rows
-            recs = records_from_table(table, args.shard)
-            out.write(b"".join(_format(r, args.format) for r in recs))
-            out.flush()
-            if commit is not None and recs:
-                # Committed after the records are written out: at-least-once delivery.
-                await commit(recs[-1].offset + 1)  # type: ignore[operator]
+            recs = records_from_table(table, shard)
+            _write(recs, args)
+            await _commit_printed(recs, commit)
             if remaining is not None and remaining <= 0:
-                break
-    finally:
-        await tables.aclose()
+                return
+        if not got:
+            await asyncio.sleep(poll_s)
 
 
 async def _until_end(db: seglog.Database, shard: int, offset: int) -> AsyncGenerator[pa.Table, None]:
@@ -357,46 +868,98 @@ async def _until_end(db: seglog.Database, shard: int, offset: int) -> AsyncGener
         yield table
 
 
+# --- arguments -------------------------------------------------------------------------
+
+
+def _int_at_least(minimum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, not {value}")
+        return value
+
+    parse.__name__ = f"int >= {minimum}"
+    return parse
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="seglog", description="A durable segmented log for MQTT-style data.")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
+    p.add_argument("--version", action="version", version=f"seglog {seglog.__version__}")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
+    bar = argparse.ArgumentParser(add_help=False)
+    bar.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                     help="progress bar on stderr (default: when stderr is a terminal)")
+    values = argparse.ArgumentParser(add_help=False)
+    values.add_argument("--value-format", choices=("auto", "base64"), default="auto",
+                        help="JSON keys/values/headers: auto = UTF-8 text as a string, other bytes as "
+                        '{"base64": "..."}; base64 = always a base64 string')
     sub = p.add_subparsers(dest="command", required=True)
-    d = sub.add_parser("demo", help="ingest synthetic MQTT telemetry, reopen and read it back")
-    d.add_argument("data", help="data directory (wiped first)")
-    d.add_argument("--records", type=int, default=DEMO_RECORDS)
-    d.add_argument("--shards", type=int, default=4)
+
+    d = sub.add_parser("demo", parents=[common, bar], help="ingest synthetic MQTT telemetry, read it back, tier it")
+    d.add_argument("data", help="new or empty data directory (a rerun reuses one made by the demo; "
+                   "DATA-tier and DATA-sites.png are made next to it)")
+    d.add_argument("--records", type=_int_at_least(1), default=DEMO_RECORDS)
+    d.add_argument("--shards", type=_int_at_least(1), default=4)
     d.add_argument("--no-spark", action="store_true", help="skip the PySpark job over the tier")
-    i = sub.add_parser("inspect", help="dump frame headers of a segment file and verify every CRC")
+
+    i = sub.add_parser("inspect", parents=[common, values],
+                       help="dump frame headers of a segment file and verify every CRC")
     i.add_argument("segment")
     i.add_argument("--quiet", "-q", action="store_true", help="only the summary line")
-    pr = sub.add_parser("produce", help="append lines of stdin (or --file) as records")
-    pr.add_argument("data")
+    i.add_argument("--records", action="store_true", help="also print every record (JSON lines)")
+
+    pr = sub.add_parser("produce", parents=[common, bar], help="append lines of stdin (or --file) as records")
+    pr.add_argument("data", help="data directory (created if missing; its parent must exist)")
     pr.add_argument("db")
     pr.add_argument("--topic", required=True)
     pr.add_argument("--file", help="read lines from this file instead of stdin")
-    pr.add_argument("--key", help="record key for every line")
-    pr.add_argument("--shard", type=int, help="append to this shard (default: route by key/topic)")
-    pr.add_argument("--shards", type=int, default=None, help="shards when the database is created")
-    co = sub.add_parser("consume", help="print records of one shard")
+    keys = pr.add_mutually_exclusive_group()
+    keys.add_argument("--key", help="record key for every line")
+    keys.add_argument("--key-separator", metavar="SEP", help="each line is KEY<SEP>VALUE")
+    pr.add_argument("--header", action="append", metavar="NAME=VALUE", help="a header on every record (repeatable)")
+    pr.add_argument("--shard", type=_int_at_least(0), help="append to this shard (default: route by key/topic)")
+    pr.add_argument("--shards", type=_int_at_least(1), default=None, help="shards when the database is created")
+    pr.add_argument("--batch", type=_int_at_least(1), default=1000, help="most lines per append (default 1000)")
+    pr.add_argument("--linger-ms", type=_int_at_least(0), default=50,
+                    help="append a partial batch this long after its first line arrived (default 50)")
+    pr.add_argument("--atomic", action="store_true",
+                    help="read and validate the whole input before appending anything")
+
+    co = sub.add_parser("consume", parents=[common, values],
+                        help="print records of every shard (merged by timestamp), or of one")
     co.add_argument("data")
     co.add_argument("db")
-    co.add_argument("--shard", type=int, default=0)
+    co.add_argument("--shard", type=_int_at_least(0), help="only this shard (default: every shard)")
     start = co.add_mutually_exclusive_group()
-    start.add_argument("--from", dest="from_offset", type=int, help="first offset (default: the start)")
+    start.add_argument("--from", dest="from_offset", type=_int_at_least(0),
+                       help="first offset (needs --shard unless the database has one shard; default: the start)")
     start.add_argument("--from-time", help="first record at or after this ISO 8601 time (UTC if naive)")
-    co.add_argument("--max", type=int, help="stop after this many records")
-    co.add_argument("--group", help="consumer group: start at its committed offset, commit as records print")
+    co.add_argument("--max", type=_int_at_least(1), help="stop after this many records")
+    co.add_argument("--group", help="consumer group: start at its committed offsets, commit as records print")
     co.add_argument("--format", choices=("json", "raw"), default="json")
     co.add_argument(
         "--follow",
         action="store_true",
         help="keep printing new records as they are written, also while another process owns the store "
-        "(read-only; Ctrl-C to stop)",
+        "(read-only; shards interleaved as records arrive; Ctrl-C to stop)",
     )
-    s = sub.add_parser("stats", help="databases, shards, offsets, segments and hot/warm/cold bytes")
+
+    s = sub.add_parser("stats", parents=[common],
+                       help="databases, shards, offsets, segments and hot/warm/cold bytes (read-only)")
     s.add_argument("data")
     s.add_argument("--json", action="store_true")
-    t = sub.add_parser("tier", help="upload sealed segments of a database to the tier now")
+
+    g = sub.add_parser("groups", parents=[common], help="consumer groups of a database with their lag per shard")
+    g.add_argument("data")
+    g.add_argument("db")
+    g.add_argument("--json", action="store_true")
+
+    t = sub.add_parser("tier", parents=[common], help="upload sealed segments of a database to the tier now")
     t.add_argument("data")
     t.add_argument("db")
     t.add_argument("--seal", action="store_true", help="seal the active segments first")
@@ -406,32 +969,52 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _run(args: argparse.Namespace) -> int:
+    if args.command == "demo":
+        return asyncio.run(_demo(args))
+    if args.command == "inspect":
+        return _inspect(args)
+    if args.command == "stats":
+        return _stats(args)
+    if args.command == "groups":
+        return _groups(args)
+    if args.command == "tier":
+        return asyncio.run(_tier(args))
+    if args.command == "produce":
+        return asyncio.run(_produce(args))
+    if args.command == "consume":
+        return asyncio.run(_consume(args))
+    raise InvalidArgument(f"unknown command {args.command!r}")
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's last flush cannot fail again."""
+    with contextlib.suppress(OSError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``seglog`` console script."""
     args = _parser().parse_args(argv)
     try:
-        if args.command == "demo":
-            return asyncio.run(_demo(args))
-        if args.command == "inspect":
-            return _inspect(args)
-        if args.command == "stats":
-            return asyncio.run(_stats(args))
-        if args.command == "tier":
-            return asyncio.run(_tier(args))
-        if args.command == "produce":
-            return asyncio.run(_produce(args))
-        if args.command == "consume":
-            return asyncio.run(_consume(args))
+        code = _run(args)
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        # The reader went away (``| head``): not an error of ours.
+        _silence_stdout()
+        return 0
     except (SeglogError, OSError) as exc:
         if args.debug:
             raise
+        sys.stderr.flush()
         print(f"seglog: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
-    return 2
 
 
 if __name__ == "__main__":
     sys.exit(main())
-

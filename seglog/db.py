@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import functools
 import re
 from collections.abc import AsyncGenerator, Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, fields, replace
-from typing import Any, Final, Literal, overload
+from typing import TYPE_CHECKING, Any, Final, Literal, overload
 
 import numpy as np
 import pyarrow as pa
@@ -27,15 +28,21 @@ from seglog.errors import ClosedResourceError, ConfigMismatch, InvalidArgument, 
 from seglog.groups import GroupStore, validate_group_name
 from seglog.record import (
     DEFAULT_MAX_RECORD_BYTES,
+    DEFAULT_MAX_TS_US,
+    DEFAULT_MIN_TS_US,
     Record,
     RecordMeta,
     now_us,
     records_from_table,
     records_to_batch,
     table_to_batch,
+    timestamp_us,
 )
 from seglog.tiering.db_tier import DbTier
 from seglog.tiering.manifest import ManifestEntry
+
+if TYPE_CHECKING:
+    from seglog.consumer import Consumer, StartFrom
 
 __all__ = ["AppendResult", "Database", "DbConfig", "TierShardStats", "shard_for", "validate_db_name"]
 
@@ -137,6 +144,11 @@ class DbConfig:
     # ``local_retention_ms``. ``None`` (both): keep every local copy.
     local_retention_bytes: int | None = None
     local_retention_ms: int | None = None
+    # The ``ts`` an append accepts, in µs since 1970 (``None``: no bound). A record outside
+    # it raises InvalidTimestamp, whose message names the likely unit (s, ms, ns) when the
+    # value looks like one. Default: 2000-01-01T00:00:00Z .. 2200-01-01T00:00:00Z.
+    min_ts_us: int | None = DEFAULT_MIN_TS_US
+    max_ts_us: int | None = DEFAULT_MAX_TS_US
 
     IMMUTABLE: Final = ("shards", "engine")  # type: ignore[misc]
     # What Database.configure may change (``compression`` and ``index_interval_bytes`` are
@@ -150,6 +162,8 @@ class DbConfig:
         "retention_overrides_groups",
         "local_retention_bytes",
         "local_retention_ms",
+        "min_ts_us",
+        "max_ts_us",
     )
 
     def validate(self) -> DbConfig:
@@ -182,6 +196,12 @@ class DbConfig:
             raise InvalidArgument("local_retention_bytes/local_retention_ms need the 'segment' engine (tiering)")
         if type(self.retention_overrides_groups) is not bool:
             raise InvalidArgument("retention_overrides_groups must be a bool")
+        for name in ("min_ts_us", "max_ts_us"):
+            value = getattr(self, name)
+            if value is not None and (type(value) is not int or not -(1 << 63) <= value < 1 << 63):
+                raise InvalidArgument(f"{name} must be None or an int64 (µs since 1970)")
+        if self.min_ts_us is not None and self.max_ts_us is not None and self.min_ts_us > self.max_ts_us:
+            raise InvalidArgument("min_ts_us must not be greater than max_ts_us")
         return self
 
     def to_json(self) -> dict[str, Any]:
@@ -253,28 +273,47 @@ class Database:
 
     # --- append ------------------------------------------------------------------------
 
-    async def append(self, records: Iterable[Record], *, shard: int | None = None) -> AppendResult:
-        """Append records durably; return where each went, in input order.
+    async def append(self, records: Record | Iterable[Record], *, shard: int | None = None) -> AppendResult:
+        """Append one record or a batch durably; return where each went, in input order.
 
         Records go to ``shard`` if given, else to their own ``shard`` attribute if set, else
-        to the routing hash of the key or topic (see :mod:`seglog._routing`). Within a shard, records keep their
-        order. Either every record is validated and written or, on a validation error,
-        nothing is.
+        to :meth:`shard_for` of the key, or of the topic when there is no key. Within a shard,
+        records keep their order. Either every record is validated and written or, on a
+        validation error, nothing is.
+
+        Records without ``ts`` are stamped ``now_us()`` (read once per call) plus their index
+        in the call, so a batch keeps its order in time. Every ``ts`` must lie in
+        ``[config.min_ts_us, config.max_ts_us]``.
 
         Returns:
             An :class:`AppendResult`: a read-only list of ``RecordMeta(shard, offset, ts)``.
 
         Raises:
-            InvalidRecord: A record is invalid (its index is in the message).
+            InvalidRecord: A record is invalid (its index is in the message);
+                :class:`~seglog.errors.InvalidTimestamp` for a ``ts`` out of range.
+            InvalidArgument: ``records`` is neither a Record nor an iterable of them.
             StorageError: The disk failed; records of other shards may have been written.
         """
         engine = self._check()
-        recs = records if isinstance(records, list) else list(records)
+        if isinstance(records, Record):
+            recs: list[Record] = [records]
+        elif isinstance(records, list):
+            recs = records
+        else:
+            try:
+                recs = list(records)
+            except TypeError:
+                raise InvalidArgument(
+                    f"append takes a Record or an iterable of Records, not {type(records).__name__}"
+                ) from None
         if not recs:
             return AppendResult.empty()
         if shard is not None:
             self._check_shard(shard)
-        batch = records_to_batch(recs, max_record_bytes=self.config.max_record_bytes)
+        cfg = self.config
+        batch = records_to_batch(
+            recs, max_record_bytes=cfg.max_record_bytes, min_ts_us=cfg.min_ts_us, max_ts_us=cfg.max_ts_us
+        )
         explicit: list[int | None] = []
         if shard is None:
             explicit = [r.shard for r in recs]
@@ -287,17 +326,27 @@ class Database:
         return AppendResult(shard_col, offset_col, batch.column(0).to_numpy())
 
     async def append_arrow(self, data: pa.Table | pa.RecordBatch, *, shard: int | None = None) -> pa.Table:
-        """Append columns ``ts, topic, key, value[, headers]`` durably.
+        """Append columns ``ts, topic, key, value[, headers][, stream]`` durably.
+
+        ``topic`` and ``value`` are required; ``ts`` (int64 µs, or any Arrow timestamp) and
+        ``key`` may be missing or null; routing and ``ts`` stamping are as in :meth:`append`.
 
         Returns:
-            A table with ``shard`` and ``offset`` for each input row, in input order.
+            A table with columns ``shard`` (int32) and ``offset`` (int64), one row per input
+            row, in input order.
+
+        Raises:
+            InvalidRecord: A row or column is invalid; nothing was written.
         """
         engine = self._check()
         if not isinstance(data, (pa.Table, pa.RecordBatch)):
             raise InvalidArgument("append_arrow takes a pyarrow Table or RecordBatch")
         if shard is not None:
             self._check_shard(shard)
-        batch = table_to_batch(data, max_record_bytes=self.config.max_record_bytes)
+        cfg = self.config
+        batch = table_to_batch(
+            data, max_record_bytes=cfg.max_record_bytes, min_ts_us=cfg.min_ts_us, max_ts_us=cfg.max_ts_us
+        )
         shard_col, offset_col = await self._append_routed(engine, batch, shard, [])
         return pa.table({"shard": pa.array(shard_col), "offset": pa.array(offset_col)})
 
@@ -315,6 +364,21 @@ class Database:
             return np.full(n, shard, np.int32), np.arange(base, base + n, dtype=np.int64)
         routes = self._routes(batch, explicit)
         return routes, await engine.append_routed(batch, routes, self._quota)
+
+    def shard_for(self, key_or_topic: bytes | str) -> int:
+        """The shard a record routes to: pass its key (``bytes``), or its topic (``str``) when
+        it has no key. The same stable hash :meth:`append` uses (see :mod:`seglog._routing`).
+
+        Raises:
+            InvalidArgument: Neither bytes nor str.
+        """
+        if isinstance(key_or_topic, str):
+            data = key_or_topic.encode()
+        elif isinstance(key_or_topic, bytes | bytearray | memoryview):
+            data = bytes(key_or_topic)
+        else:
+            raise InvalidArgument(f"shard_for takes a key (bytes) or a topic (str), not {type(key_or_topic).__name__}")
+        return shard_for(data, self.config.shards)
 
     def _routes(self, batch: pa.RecordBatch, explicit: list[int | None]) -> np.ndarray[Any, np.dtype[np.int32]]:
         """Shard of every row: explicit, else the routing hash of the key, else of the topic."""
@@ -365,10 +429,16 @@ class Database:
                     raise
         return await engine.read_arrow(shard, offset, max_records)
 
-    async def offset_for_time(self, shard: int, ts: int) -> int:
-        """First offset whose record has ``ts >=`` the given µs timestamp; the end offset if none."""
+    async def offset_for_time(self, shard: int, ts: int | dt.datetime) -> int:
+        """First offset whose record has ``ts >=`` the given time; the end offset if none.
+
+        Args:
+            shard: The shard.
+            ts: µs since 1970, or a datetime (naive means UTC).
+        """
         engine = self._check()
         self._check_shard(shard)
+        ts = timestamp_us(ts)
         _check_int("ts", ts, minimum=-(1 << 63))
         tier = self._tier
         if tier is None:
@@ -383,16 +453,44 @@ class Database:
             if engine.start_offset(shard) == local_start:
                 return offset
 
-    async def read_key(self, shard: int, key: bytes) -> list[Record]:
-        """Every record of ``shard`` with ``key``, in offset order."""
-        return await self._to_records(await self.read_key_arrow(shard, key), shard)
-
-    async def read_key_arrow(self, shard: int, key: bytes) -> pa.Table:
-        """Like :meth:`read_key`, as a table."""
-        engine = self._check()
-        self._check_shard(shard)
+    def _key_shard(self, a: bytes | int, b: bytes | None, shard: int | None) -> tuple[int, bytes]:
+        if type(a) is int:  # read_key(shard, key)
+            if b is None or shard is not None:
+                raise InvalidArgument("call read_key(key), read_key(key, shard=n) or read_key(shard, key)")
+            a, b = b, a
+        elif b is not None:
+            raise InvalidArgument("call read_key(key), read_key(key, shard=n) or read_key(shard, key)")
+        key = a
         if not isinstance(key, bytes):
-            raise InvalidArgument("key must be bytes")
+            raise InvalidArgument(f"key must be bytes, not {type(key).__name__}")
+        if shard is None:
+            shard = self.shard_for(key)
+        return self._check_shard(shard), key
+
+    @overload
+    async def read_key(self, key: bytes, /, *, shard: int | None = None) -> list[Record]: ...
+
+    @overload
+    async def read_key(self, shard: int, key: bytes, /) -> list[Record]: ...
+
+    async def read_key(self, a: bytes | int, b: bytes | None = None, /, *, shard: int | None = None) -> list[Record]:
+        """Every record with a key, in offset order: ``read_key(key)`` looks in the shard the
+        key routes to (:meth:`shard_for`); pass ``shard=`` (or ``read_key(shard, key)``) if
+        the records were appended to a chosen shard."""
+        s, key = self._key_shard(a, b, shard)
+        return await self._to_records(await self.read_key_arrow(key, shard=s), s)
+
+    @overload
+    async def read_key_arrow(self, key: bytes, /, *, shard: int | None = None) -> pa.Table: ...
+
+    @overload
+    async def read_key_arrow(self, shard: int, key: bytes, /) -> pa.Table: ...
+
+    async def read_key_arrow(self, a: bytes | int, b: bytes | None = None, /, *, shard: int | None = None) -> pa.Table:
+        """Like :meth:`read_key`, as a table with the columns of :meth:`read_arrow`
+        (``offset, ts, topic, key, value, headers, stream``)."""
+        engine = self._check()
+        shard, key = self._key_shard(a, b, shard)
         tier = self._tier
         if tier is None:
             return await engine.read_key(shard, key)
@@ -430,7 +528,10 @@ class Database:
         return self._check().end_offset(shard)
 
     def stats(self) -> list[ShardStats]:
-        """Offsets and sizes of every shard."""
+        """Per shard: ``ShardStats(shard, start_offset, end_offset, segments, bytes)`` -- the
+        first readable offset (with a tier, tiered offsets count), the next offset to be
+        assigned, the number of local segment files and their bytes (0 segments for the
+        ``memory`` and ``lmdb`` engines)."""
         engine = self._check()
         out = [engine.stats(s) for s in range(self.config.shards)]
         if self._tier is not None:
@@ -599,9 +700,12 @@ class Database:
         """Make ``offset`` the first readable offset of ``shard`` and delete sealed segments below it.
 
         Ignores consumer groups. The start never moves backwards (a lower ``offset`` is a no-op).
+        Only whole sealed segments are deleted; the one holding ``offset`` stays on disk but
+        serves nothing below it.
 
         Returns:
-            Bytes of segment files removed.
+            Bytes of local segment files removed (0 when none was wholly below ``offset``;
+            tier objects deleted are not counted).
 
         Raises:
             OffsetOutOfRange: ``offset`` is past the end offset.
@@ -640,7 +744,8 @@ class Database:
         smallest offset any group committed on the shard is kept.
 
         Returns:
-            Bytes of segment files removed.
+            Bytes of local segment files removed; 0 when nothing expired (tier objects
+            deleted by retention are not counted).
         """
         engine = self._check()
         cfg = self.config
@@ -690,11 +795,13 @@ class Database:
     # --- live tail -----------------------------------------------------------------------
 
     def _wake(self, shard: int) -> None:
-        event = self._wakeups.pop(shard, None)
-        if event is not None:
-            event.set()
+        for key in (shard, _ANY_SHARD):
+            event = self._wakeups.pop(key, None)
+            if event is not None:
+                event.set()
 
     def _wakeup(self, shard: int) -> asyncio.Event:
+        """An event set by the next completed append to ``shard`` (``_ANY_SHARD``: to any)."""
         event = self._wakeups.get(shard)
         if event is None:
             event = self._wakeups[shard] = asyncio.Event()
@@ -739,6 +846,27 @@ class Database:
                     yield rec
         finally:
             await tables.aclose()
+
+    def consumer(
+        self,
+        group: str | None = None,
+        *,
+        from_: StartFrom = None,
+        batch_records: int = 1000,
+    ) -> Consumer:
+        """An async iterator over every shard, with a position per shard (see :class:`~seglog.Consumer`).
+
+        Args:
+            group: A consumer group: positions start at its commits and
+                :meth:`Consumer.commit` stores them.
+            from_: Where shards without a commit (or every shard, if not ``None``) start:
+                ``"earliest"`` (default), ``"latest"``, a datetime, or ``{shard: offset}``.
+            batch_records: Most records read from one shard at a time.
+        """
+        from seglog.consumer import Consumer
+
+        self._check()
+        return Consumer(self, group, from_=from_, batch_records=batch_records)
 
     # --- consumer groups ---------------------------------------------------------------
 
@@ -805,6 +933,9 @@ class TierShardStats:
     local_start_offset: int
     end_offset: int
     tier_objects: int
+
+
+_ANY_SHARD: Final = -1
 
 
 def _check_int(name: str, value: object, *, minimum: int = 0) -> None:

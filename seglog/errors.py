@@ -25,6 +25,7 @@ __all__ = [
     "InvalidKey",
     "InvalidName",
     "InvalidRecord",
+    "InvalidTimestamp",
     "InvalidTopic",
     "InvalidTopicFilter",
     "InvalidValue",
@@ -34,6 +35,7 @@ __all__ = [
     "SeglogError",
     "StorageError",
     "StoreLocked",
+    "StoreNotFound",
     "TierError",
     "UsageError",
 ]
@@ -86,6 +88,14 @@ class RecordTooLarge(InvalidRecord):
     """A value is larger than the database's ``max_record_bytes``."""
 
 
+class InvalidTimestamp(InvalidRecord):
+    """A ``ts`` that is not µs since 1970 within the database's accepted range.
+
+    The message names the likely unit when the value looks like seconds, milliseconds or
+    nanoseconds (see ``DbConfig.min_ts_us``/``max_ts_us``).
+    """
+
+
 class InvalidName(UsageError, ValueError):
     """A database name is empty, too long, or could escape the data directory."""
 
@@ -103,6 +113,10 @@ class DatabaseNotFound(UsageError, KeyError):
 
     def __str__(self) -> str:  # KeyError would repr() the message
         return str(self.args[0]) if self.args else ""
+
+
+class StoreNotFound(DatabaseNotFound):
+    """The path is not a seglog data directory (a read-only command never creates one)."""
 
 
 class ClosedResourceError(UsageError):

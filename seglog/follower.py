@@ -18,6 +18,7 @@ which under ``fsync="interval"``/``"never"`` can be before it is durable against
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import os
 from collections.abc import AsyncGenerator, AsyncIterator
 from pathlib import Path
@@ -40,7 +41,7 @@ from seglog.errors import (
     StorageError,
 )
 from seglog.groups import GroupStore, validate_group_name
-from seglog.record import decode_body
+from seglog.record import decode_body, timestamp_us
 from seglog.segment.shard_reader import ShardReader
 from seglog.store import STORE_FILE, db_directory, is_open_in_this_process, read_db_config
 
@@ -48,6 +49,26 @@ __all__ = ["DEFAULT_POLL_INTERVAL_MS", "Follower", "follow"]
 
 DEFAULT_POLL_INTERVAL_MS: Final = 50
 _READ_BYTES: Final = 4 << 20
+# LMDB allows one handle per environment per process: followers of several shards of one
+# database share its group store (reference-counted).
+_GROUP_STORES: dict[Path, tuple[GroupStore, int]] = {}
+
+
+def _acquire_groups(db_dir: Path) -> GroupStore:
+    store, refs = _GROUP_STORES.get(db_dir, (None, 0))
+    if store is None:
+        store = GroupStore(db_dir)
+    _GROUP_STORES[db_dir] = (store, refs + 1)
+    return store
+
+
+def _release_groups(db_dir: Path) -> None:
+    store, refs = _GROUP_STORES[db_dir]
+    if refs > 1:
+        _GROUP_STORES[db_dir] = (store, refs - 1)
+        return
+    del _GROUP_STORES[db_dir]
+    store.close()
 
 
 class Follower:
@@ -63,7 +84,7 @@ class Follower:
         shard: int,
         *,
         offset: int | None = None,
-        from_time_us: int | None = None,
+        from_time_us: int | dt.datetime | None = None,
         poll_interval_ms: int = DEFAULT_POLL_INTERVAL_MS,
         group: str | None = None,
     ) -> None:
@@ -74,8 +95,8 @@ class Follower:
             raise InvalidArgument("shard must be an int >= 0")
         if offset is not None and (type(offset) is not int or offset < 0):
             raise InvalidArgument("offset must be None or an int >= 0")
-        if from_time_us is not None and type(from_time_us) is not int:
-            raise InvalidArgument("from_time_us must be None or an int (µs since the epoch)")
+        if from_time_us is not None:
+            from_time_us = timestamp_us(from_time_us, "from_time_us")
         if offset is not None and from_time_us is not None:
             raise InvalidArgument("give offset or from_time_us, not both")
         if type(poll_interval_ms) is not int or poll_interval_ms < 1:
@@ -88,6 +109,7 @@ class Follower:
         self._from_time_us = from_time_us
         self.group = group
         self._groups: GroupStore | None = None
+        self._groups_dir = Path()
         self._reader: ShardReader | None = None
         self._state = "new"
         self.position = -1  # the next offset to deliver, once open
@@ -140,7 +162,8 @@ class Follower:
                     "or follow without group=..."
                 )
             # LMDB's own lock file makes this safe next to the owner's handle on it.
-            self._groups = GroupStore(db_dir)
+            self._groups = _acquire_groups(db_dir)
+            self._groups_dir = db_dir
             committed = self._groups.committed(self.group, self.shard)
         if committed is not None and self._offset is None and self._from_time_us is None:
             start = max(committed, reader.start_offset())
@@ -161,8 +184,8 @@ class Follower:
             self._reader.close()
             self._reader = None
         if self._groups is not None:
-            self._groups.close()
             self._groups = None
+            _release_groups(self._groups_dir)
 
     async def commit(self, offset: int) -> None:
         """Commit ``offset`` (the next one to consume) for the follower's group, durably.
@@ -240,7 +263,7 @@ def follow(
     shard: int,
     *,
     offset: int | None = None,
-    from_time_us: int | None = None,
+    from_time_us: int | dt.datetime | None = None,
     poll_interval_ms: int = DEFAULT_POLL_INTERVAL_MS,
     group: str | None = None,
 ) -> Follower:
@@ -254,7 +277,8 @@ def follow(
         db: Database name.
         shard: Shard number.
         offset: First offset to deliver (default: the shard's local start).
-        from_time_us: Start at the first record with ``ts >= from_time_us`` instead.
+        from_time_us: Start at the first record with ``ts >= from_time_us`` instead (µs
+            since 1970, or a datetime; naive means UTC).
         poll_interval_ms: How often the files are checked for new frames while caught up.
         group: A consumer group: start at its committed offset (unless ``offset`` or
             ``from_time_us`` is given) and allow :meth:`Follower.commit`.

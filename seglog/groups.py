@@ -54,12 +54,24 @@ class GroupStore:
         StorageError: From the constructor and every method when the directory or LMDB fails.
     """
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, *, read_only: bool = False) -> None:
+        """Open (creating unless ``read_only``) the group store of the database in ``directory``.
+
+        ``read_only`` opens an existing environment for reads only, without creating or
+        syncing anything (safe beside a writer in another process: LMDB's lock file).
+        """
         self.path = directory / GROUPS_DIR
         self._lock = threading.Lock()
+        self._env: lmdb.Environment | None
+        if read_only:
+            try:
+                self._env = lmdb.open(str(self.path), max_dbs=1, readonly=True, lock=True, create=False)
+            except lmdb.Error as exc:
+                raise StorageError(f"cannot open group store at {self.path} read-only") from exc
+            return
         try:
             self.path.mkdir(parents=True, exist_ok=True)
-            self._env: lmdb.Environment | None = lmdb.open(
+            self._env = lmdb.open(
                 str(self.path), map_size=_MAP_SIZE_BYTES, max_dbs=1, sync=True, metasync=True, lock=True
             )
             # LMDB fsyncs its data file but never a directory: make the entries of its files in

@@ -25,6 +25,7 @@ implicit (``base offset + row``). Frames are padded to 8 bytes so that bodies re
 
 from __future__ import annotations
 
+import datetime as dt
 import struct
 import time
 from collections.abc import Iterable, Sequence
@@ -42,6 +43,7 @@ from seglog.errors import (
     InvalidHeaders,
     InvalidKey,
     InvalidRecord,
+    InvalidTimestamp,
     InvalidTopic,
     InvalidValue,
     RecordTooLarge,
@@ -51,6 +53,8 @@ __all__ = [
     "COMPRESSION_NONE",
     "COMPRESSION_ZSTD",
     "DEFAULT_MAX_RECORD_BYTES",
+    "DEFAULT_MAX_TS_US",
+    "DEFAULT_MIN_TS_US",
     "FRAME_HEADER_BYTES",
     "FRAME_SCHEMA",
     "HEADERS_TYPE",
@@ -67,6 +71,7 @@ __all__ = [
     "records_from_table",
     "records_to_batch",
     "table_to_batch",
+    "timestamp_us",
     "verify_frame",
 ]
 
@@ -83,6 +88,12 @@ DEFAULT_MAX_RECORD_BYTES: Final = 1 << 20
 # instead of being trusted.
 MAX_FRAME_BODY_BYTES: Final = 256 << 20
 _ZSTD_LEVEL: Final = 3
+# The ``ts`` range a database accepts by default (``DbConfig.min_ts_us``/``max_ts_us``):
+# 2000-01-01T00:00:00Z .. 2200-01-01T00:00:00Z in µs. Seconds, milliseconds (Kafka's unit)
+# and nanoseconds since 1970 of any date in that range all fall outside it.
+DEFAULT_MIN_TS_US: Final = 946_684_800_000_000
+DEFAULT_MAX_TS_US: Final = 7_258_118_400_000_000
+_EPOCH: Final = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 HEADERS_TYPE: Final = pa.map_(pa.string(), pa.binary())
 FRAME_SCHEMA: Final = pa.schema(
@@ -104,13 +115,85 @@ def now_us() -> int:
     return time.time_ns() // 1000
 
 
+def timestamp_us(value: object, what: str = "ts") -> int:
+    """A time as int µs since 1970: an ``int`` as is, a :class:`datetime.datetime` converted.
+
+    A naive datetime is taken as UTC.
+
+    Raises:
+        InvalidArgument: ``value`` is neither.
+    """
+    if type(value) is int:
+        return value
+    if isinstance(value, dt.datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=dt.UTC)
+        return (value - _EPOCH) // dt.timedelta(microseconds=1)
+    if isinstance(value, np.integer):
+        return int(value)
+    raise InvalidArgument(f"{what} must be an int (µs since 1970) or a datetime, not {type(value).__name__}")
+
+
+def _iso(us: int) -> str:
+    try:
+        return (_EPOCH + dt.timedelta(microseconds=us)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    except OverflowError:
+        return "out of datetime range"
+
+
+def _unit_hint(value: int, lo: int | None, hi: int | None) -> str:
+    def ok(v: int) -> bool:
+        return (lo is None or v >= lo) and (hi is None or v <= hi)
+
+    if value < 0:
+        return "; a negative ts is before 1970"
+    for unit, us, fix in (
+        ("milliseconds", value * 1000, "multiply by 1000"),
+        ("seconds", value * 1_000_000, "multiply by 1000000"),
+        ("nanoseconds", value // 1000, "divide by 1000"),
+    ):
+        if ok(us):
+            return f"; it looks like {unit} since 1970 ({fix}, or pass a datetime)"
+    return ""
+
+
+def _check_ts_range(ts: pa.Array, lo: int | None, hi: int | None) -> None:
+    """Raise :class:`InvalidTimestamp` for the first ``ts`` outside ``[lo, hi]`` (vectorised)."""
+    if (lo is None and hi is None) or len(ts) == 0:
+        return
+    arr = ts.to_numpy(zero_copy_only=False)  # no nulls here: zero-copy
+    if (lo is None or int(arr.min()) >= lo) and (hi is None or int(arr.max()) <= hi):
+        return
+    bad = np.zeros(len(arr), bool)
+    if lo is not None:
+        bad |= arr < lo
+    if hi is not None:
+        bad |= arr > hi
+    idx = int(np.argmax(bad))
+    value = int(arr[idx])
+    low = "-inf" if lo is None else f"{lo} ({_iso(lo)})"
+    high = "+inf" if hi is None else f"{hi} ({_iso(hi)})"
+    raise InvalidTimestamp(
+        f"ts {value} is outside the accepted range [{low}, {high}] of µs since 1970 "
+        f"(DbConfig min_ts_us/max_ts_us){_unit_hint(value, lo, hi)}",
+        index=idx,
+    )
+
+
+def _stamps(base: int, n: int) -> pa.Array:
+    """The ``ts`` of rows appended without one: ``base`` + row index (increasing µs)."""
+    return pa.array(np.arange(base, base + n, dtype=np.int64))
+
+
 class Record:
     """One Topic-Timestamp-Value record.
 
     Args:
         topic: MQTT topic name (UTF-8, no wildcards, no NUL, 1..65535 bytes).
         value: The payload.
-        ts: Microseconds since the epoch; assigned at append when ``None``.
+        ts: Microseconds since 1970 (UTC), or a :class:`datetime.datetime` (naive means
+            UTC); when ``None``, the append assigns ``now_us()`` plus the record's index in
+            the call, so records stamped by one call keep their order in time.
         key: Optional routing and lookup key.
         headers: Optional MQTT 5 style properties, ``str -> bytes``.
         shard: Set on records read back (or to force a shard on append).
@@ -123,7 +206,7 @@ class Record:
         self,
         topic: str,
         value: bytes,
-        ts: int | None = None,
+        ts: int | dt.datetime | None = None,
         key: bytes | None = None,
         headers: dict[str, bytes] | None = None,
         shard: int | None = None,
@@ -131,7 +214,9 @@ class Record:
     ) -> None:
         self.topic = topic
         self.value = value
-        self.ts = ts
+        if type(ts) is not int and isinstance(ts, dt.datetime):
+            ts = timestamp_us(ts)
+        self.ts: int | None = ts  # anything else is rejected at append, with its index
         self.key = key
         self.headers = headers
         self.shard = shard
@@ -275,12 +360,17 @@ def records_to_batch(
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
     default_ts_us: int | None = None,
     stream: int = 0,
+    min_ts_us: int | None = None,
+    max_ts_us: int | None = None,
 ) -> pa.RecordBatch:
     """Validate records and convert them into one Arrow batch with :data:`FRAME_SCHEMA`.
 
+    Records without ``ts`` get ``default_ts_us`` (default ``now_us()``) plus their index.
+
     Raises:
         InvalidRecord: (a subclass naming the problem and the record's index) when any
-            record is invalid; nothing is converted.
+            record is invalid, e.g. :class:`InvalidTimestamp` for a ``ts`` outside
+            ``[min_ts_us, max_ts_us]`` (``None``: unbounded); nothing is converted.
     """
     n = len(records)
     try:
@@ -304,9 +394,12 @@ def records_to_batch(
         idx = next(i for i, k in enumerate(keys_py) if not (k is None or isinstance(k, bytes)))
         raise InvalidKey(f"key must be bytes or None, not {type(keys_py[idx]).__name__}", index=idx)
     ts_types = set(map(type, ts_py)) - {int, type(None)}
+    if ts_types and any(issubclass(t, dt.datetime) for t in ts_types):
+        ts_py = [timestamp_us(t) if isinstance(t, dt.datetime) else t for t in ts_py]
+        ts_types = set(map(type, ts_py)) - {int, type(None)}
     if ts_types:
         idx = next(i for i, t in enumerate(ts_py) if not (t is None or type(t) is int))
-        raise InvalidRecord("ts must be an int (µs since epoch) or None", index=idx)
+        raise InvalidRecord("ts must be an int (µs since 1970), a datetime or None", index=idx)
     topics = pa.array(topics_py, type=pa.string())
     _check_topics(topics, _first_true)
     values = pa.array(values_py, type=pa.binary())
@@ -316,7 +409,8 @@ def records_to_batch(
     except OverflowError:
         raise InvalidRecord("ts does not fit in int64") from None
     if ts.null_count:
-        ts = pc.fill_null(ts, now_us() if default_ts_us is None else default_ts_us)
+        ts = pc.coalesce(ts, _stamps(now_us() if default_ts_us is None else default_ts_us, n))
+    _check_ts_range(ts, min_ts_us, max_ts_us)
     keys = pa.array(keys_py, type=pa.binary())
     headers = pa.nulls(n, HEADERS_TYPE) if headers_py.count(None) == n else _headers_array(headers_py)
     streams = pa.repeat(pa.scalar(stream, pa.uint32()), n) if n else pa.array([], pa.uint32())
@@ -328,11 +422,15 @@ def table_to_batch(
     *,
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
     default_ts_us: int | None = None,
+    min_ts_us: int | None = None,
+    max_ts_us: int | None = None,
 ) -> pa.RecordBatch:
     """Validate caller columns (``ts, topic, key, value[, headers][, stream]``) into a frame batch.
 
-    ``ts`` and ``key`` may be missing or null (``ts`` is then assigned); the column types are
-    cast to the frame schema. Raises the same errors as :func:`records_to_batch`.
+    ``ts`` and ``key`` may be missing or null (``ts`` is then assigned as in
+    :func:`records_to_batch`); ``ts`` may be an integer column (µs since 1970) or an Arrow
+    timestamp of any unit. The column types are cast to the frame schema. Raises the same
+    errors as :func:`records_to_batch`.
     """
     if isinstance(data, pa.Table):
         batches = data.combine_chunks().to_batches()
@@ -364,12 +462,16 @@ def table_to_batch(
     values = column("value", pa.binary(), InvalidValue)
     _check_values(values, max_record_bytes)
     if "ts" in names:
-        ts = column("ts", pa.int64(), InvalidRecord)
+        ts_type = data.column("ts").type
+        if pa.types.is_timestamp(ts_type):
+            ts = data.column("ts").cast(pa.timestamp("us", ts_type.tz), safe=False).cast(pa.int64())
+        else:
+            ts = column("ts", pa.int64(), InvalidRecord)
         if ts.null_count:
-            ts = pc.fill_null(ts, now_us() if default_ts_us is None else default_ts_us)
+            ts = pc.coalesce(ts, _stamps(now_us() if default_ts_us is None else default_ts_us, n))
     else:
-        ts = pa.repeat(pa.scalar(now_us() if default_ts_us is None else default_ts_us), n)
-        ts = ts.cast(pa.int64())
+        ts = _stamps(now_us() if default_ts_us is None else default_ts_us, n)
+    _check_ts_range(ts, min_ts_us, max_ts_us)
     keys = column("key", pa.binary(), InvalidKey) if "key" in names else pa.nulls(n, pa.binary())
     headers = column("headers", HEADERS_TYPE, InvalidHeaders) if "headers" in names else pa.nulls(
         n, HEADERS_TYPE

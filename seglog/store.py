@@ -277,6 +277,9 @@ class Store:
         self.used_bytes = max(0, self.used_bytes - nbytes)
 
     def _open_blocking(self) -> None:
+        if self.path in _OPEN_HERE:
+            self._state = "closed"
+            raise StoreLocked(f"{self.path} is already open in this process (share that Store)")
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.path / _LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
@@ -405,7 +408,8 @@ class Store:
             exist_ok: Open an existing database instead of raising :class:`DatabaseExists`.
             **settings: ``engine``, ``segment_bytes``, ``segment_ms``, ``compression``,
                 ``max_record_bytes``, ``index_interval_bytes``, ``retention_bytes``,
-                ``retention_ms``, ``retention_overrides_groups``. ``engine`` (immutable) is
+                ``retention_ms``, ``retention_overrides_groups``, ``min_ts_us``,
+                ``max_ts_us`` (see :class:`~seglog.DbConfig`). ``engine`` (immutable) is
                 ``"segment"`` (default: segment files + LMDB indexes), ``"memory"`` (frames
                 in RAM; nothing survives a close) or ``"lmdb"`` (frames in one LMDB
                 environment under ``<db>/frames/``); see :mod:`seglog.engines`.
@@ -456,7 +460,8 @@ class Store:
         return read_db_config(self.path, name)
 
     async def open_db(self, name: str) -> Database:
-        """Open an existing database.
+        """Open an existing database (the same :class:`Database` object on every call while
+        the store is open); ``create_db(name, exist_ok=True)`` also creates it.
 
         Raises:
             DatabaseNotFound: No database of that name.

@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import fcntl
+import queue
+import struct
+import termios
+import threading
+import time
 from pathlib import Path
+from typing import IO
 
 import seglog
 
+# A realistic timestamp (2023-11-14T22:13:20Z in µs): databases accept 2000..2200 by default.
+T0 = 1_700_000_000_000_000
 
-def make_records(n: int, *, start: int = 0, ts0: int = 1_000_000, keyed: bool = True) -> list[seglog.Record]:
+
+def make_records(n: int, *, start: int = 0, ts0: int = T0, keyed: bool = True) -> list[seglog.Record]:
     return [
         seglog.Record(
             topic=f"sensors/site{i % 7}/dev{i % 50}/temp",
@@ -32,3 +42,38 @@ async def read_all(db: seglog.Database, shard: int) -> list[seglog.Record]:
 
 def segment_files(data: Path, db: str, shard: int) -> list[Path]:
     return sorted((data / "dbs" / db / f"shard-{shard:04d}").glob("*.log"))
+
+
+class ChildLines:
+    """Lines of a child's pipe, read by a thread so the test can wait for each with a timeout."""
+
+    def __init__(self, stream: IO[bytes], timeout_s: float = 60) -> None:
+        self._q: queue.Queue[bytes] = queue.Queue()
+        self.timeout_s = timeout_s
+        threading.Thread(target=self._pump, args=(stream,), daemon=True).start()
+
+    def _pump(self, stream: IO[bytes]) -> None:
+        for line in stream:
+            self._q.put(line)
+        self._q.put(b"")
+
+    def next(self, timeout_s: float | None = None) -> bytes:
+        """The next line; ``b""`` once the child closed the pipe; ``queue.Empty`` on timeout."""
+        return self._q.get(timeout=self.timeout_s if timeout_s is None else timeout_s)
+
+    def take(self, n: int) -> list[bytes]:
+        return [self.next() for _ in range(n)]
+
+
+def wait_pipe_drained(fd: int, timeout_s: float = 60) -> None:
+    """Wait until the reader of the pipe whose write end is ``fd`` has read everything in it.
+
+    There is no event for "a pipe became empty", so this checks ``FIONREAD`` (bytes still in
+    the pipe) until it is 0 or ``timeout_s`` passes; it waits for the child's read, not for a
+    guessed amount of time.
+    """
+    deadline = time.monotonic() + timeout_s
+    while struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]:
+        if time.monotonic() > deadline:
+            raise TimeoutError("the child did not read its input")
+        time.sleep(0.005)

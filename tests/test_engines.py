@@ -15,7 +15,7 @@ import pytest
 import seglog
 from seglog import errors
 from tests.crash_child import value_for
-from tests.helpers import make_records, read_all
+from tests.helpers import T0, make_records, read_all
 
 ENGINES = ["segment", "memory", "lmdb"]
 
@@ -105,12 +105,12 @@ def test_offset_for_time_out_of_order(run, data_dir: Path, engine: str) -> None:
     async def main() -> None:
         async with seglog.open(data_dir) as store:
             db = await store.create_db("t", engine=engine, index_interval_bytes=64)
-            ts = [50, 10, 70, 20, 90, 30, 100, 5]
+            ts = [T0 + t for t in (50, 10, 70, 20, 90, 30, 100, 5)]
             for t in ts:
                 await db.append([seglog.Record(topic="a", value=b"x" * 100, ts=t)])
-            await db.append([seglog.Record(topic="a", value=b"y", ts=t) for t in (3, 200, 1)])
-            ts += [3, 200, 1]
-            for target in (0, 10, 15, 50, 60, 71, 95, 100, 101, 150, 201):
+            await db.append([seglog.Record(topic="a", value=b"y", ts=T0 + t) for t in (3, 200, 1)])
+            ts += [T0 + 3, T0 + 200, T0 + 1]
+            for target in (T0 + t for t in (0, 10, 15, 50, 60, 71, 95, 100, 101, 150, 201)):
                 want = next((i for i, t in enumerate(ts) if t >= target), len(ts))
                 assert await db.offset_for_time(0, target) == want, target
 
@@ -123,7 +123,7 @@ def test_append_arrow_routes(run, data_dir: Path, engine: str) -> None:
             db = await store.create_db("t", shards=3, engine=engine, compression="zstd")
             n = 600
             table = pa.table({
-                "ts": pa.array(range(n), pa.int64()),
+                "ts": pa.array(range(T0, T0 + n), pa.int64()),
                 "topic": [f"s/{i % 13}" for i in range(n)],
                 "key": pa.array([None if i % 2 else f"k{i % 5}".encode() for i in range(n)], pa.binary()),
                 "value": [f"v{i}".encode() for i in range(n)],
@@ -132,7 +132,7 @@ def test_append_arrow_routes(run, data_dir: Path, engine: str) -> None:
             for row in (0, 1, 300, 599):
                 s, o = pos.column("shard")[row].as_py(), pos.column("offset")[row].as_py()
                 rec = (await db.read(s, o, 1))[0]
-                assert rec.value == f"v{row}".encode() and rec.ts == row
+                assert rec.value == f"v{row}".encode() and rec.ts == T0 + row
             assert sum(db.end_offset(s) for s in range(3)) == n
             assert len({pos.column("shard")[i].as_py() for i in range(0, n, 10)}) == 1
             pos1 = await db.append_arrow(table.select(["topic", "value"]).slice(0, 10), shard=1)

@@ -17,7 +17,7 @@ from tests.helpers import read_all
 
 def _records(n: int, *, start: int = 0, value_bytes: int = 1000) -> list[seglog.Record]:
     return [
-        seglog.Record(topic=f"t/{i % 5}", value=(b"%09d" % i) * (value_bytes // 9), ts=1_000_000 + i, key=b"k%d" % (i % 20))
+        seglog.Record(topic=f"t/{i % 5}", value=(b"%09d" % i) * (value_bytes // 9), ts=1_700_000_000_000_000 + i, key=b"k%d" % (i % 20))
         for i in range(start, start + n)
     ]
 

@@ -25,7 +25,7 @@ from seglog.errors import (
     OffsetOutOfRange,
     StorageError,
 )
-from tests.helpers import make_records, segment_files
+from tests.helpers import T0, make_records, segment_files
 
 T = TypeVar("T")
 Run = Callable[[Coroutine[Any, Any, T]], T]
@@ -70,8 +70,8 @@ def test_from_time_and_groups(data_dir: Path, run: Run[None]) -> None:
     async def main() -> None:
         async with seglog.open(data_dir) as store:
             db = await store.create_db("f", 1, segment_bytes=4096)
-            await db.append(make_records(400), shard=0)  # ts = 1_000_000 + 10 * i
-            async with seglog.follow(data_dir, "f", 0, from_time_us=1_000_000 + 10 * 250 - 5) as f:
+            await db.append(make_records(400), shard=0)  # ts = T0 + 10 * i
+            async with seglog.follow(data_dir, "f", 0, from_time_us=T0 + 10 * 250 - 5) as f:
                 first = await f.read_available()
                 assert first.column("offset")[0].as_py() == 250
                 assert first.column("offset")[-1].as_py() == 399
@@ -92,6 +92,25 @@ def test_from_time_and_groups(data_dir: Path, run: Run[None]) -> None:
         async with seglog.open(data_dir) as store:
             db = await store.open_db("f")
             assert await db.committed("g", 0) == 123
+
+    run(main())
+
+
+def test_followers_of_several_shards_share_the_group_store(data_dir: Path, run: Run[None]) -> None:
+    async def main() -> None:
+        async with seglog.open(data_dir) as store:
+            db = await store.create_db("f", 2)
+            await db.append(make_records(10), shard=0)
+            await db.append(make_records(10), shard=1)
+        # LMDB allows one handle per environment per process: the followers share it.
+        async with seglog.follow(data_dir, "f", 0, group="g") as f0, seglog.follow(data_dir, "f", 1, group="g") as f1:
+            await f0.commit(4)
+            await f1.commit(7)
+        async with seglog.follow(data_dir, "f", 1, group="g") as f1:
+            assert f1.position == 7
+        async with seglog.open(data_dir) as store:
+            db = await store.open_db("f")
+            assert [await db.committed("g", s) for s in (0, 1)] == [4, 7]
 
     run(main())
 

@@ -11,11 +11,11 @@ import pytest
 
 import seglog
 import seglog._fs
-from tests.helpers import make_records
+from tests.helpers import T0, make_records
 
 
 async def _answers(db: seglog.Database) -> tuple[list[int], list[int], list[int]]:
-    times = [await db.offset_for_time(s, t) for s in range(db.shards) for t in (0, 1_000_000 + 5000, 1_000_000 + 19990, 10**15)]
+    times = [await db.offset_for_time(s, t) for s in range(db.shards) for t in (0, T0 + 5000, T0 + 19990, 10**17)]
     keys = [r.offset for s in range(db.shards) for r in await db.read_key(s, b"dev3")]  # type: ignore[misc]
     reads = [(await db.read(s, o, 1))[0].ts for s in range(db.shards) for o in (0, 333, 600) if o < db.end_offset(s)]  # type: ignore[misc]
     return times, keys, reads  # type: ignore[return-value]

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import inspect
+from pathlib import Path
 
 import seglog
 from seglog import errors
@@ -12,10 +13,13 @@ def test_all_is_exact_and_importable() -> None:
         "AppendResult",
         "ClosedResourceError",
         "ConfigMismatch",
+        "Consumer",
         "Database",
         "DbConfig",
         "Follower",
+        "InvalidArgument",
         "InvalidRecord",
+        "InvalidTimestamp",
         "OffsetOutOfRange",
         "Record",
         "RecordMeta",
@@ -26,7 +30,9 @@ def test_all_is_exact_and_importable() -> None:
         "__version__",
         "errors",
         "follow",
+        "now_us",
         "open",
+        "timestamp_us",
     }
     assert set(seglog.__all__) >= expected
     for name in seglog.__all__:
@@ -45,6 +51,8 @@ def test_error_tree_is_rooted_and_split() -> None:
         assert issubclass(cls, errors.SeglogError), name
     assert issubclass(errors.InvalidTopic, errors.InvalidRecord)
     assert issubclass(errors.InvalidRecord, errors.UsageError)
+    assert issubclass(errors.InvalidTimestamp, errors.InvalidRecord)
+    assert issubclass(errors.StoreNotFound, errors.DatabaseNotFound)
     assert issubclass(errors.StoreLocked, errors.BusyResourceError)
     assert issubclass(errors.CorruptFrame, errors.StorageError)
     assert issubclass(errors.TierError, errors.StorageError)
@@ -58,3 +66,9 @@ def test_append_failed_is_a_storage_error_with_parts() -> None:
     e = errors.AppendFailed("x", failed={1: cause}, written={0: 5})
     assert isinstance(e, errors.StorageError) and not isinstance(e, errors.UsageError)
     assert e.failed == {1: cause} and e.written == {0: 5}
+
+
+def test_the_project_does_not_claim_replication_it_lacks() -> None:
+    root = Path(__file__).resolve().parent.parent
+    assert "replicated" not in (seglog.__doc__ or "")
+    assert "replicated" not in (root / "pyproject.toml").read_text()

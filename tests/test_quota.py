@@ -7,7 +7,7 @@ import pytest
 
 import seglog
 from seglog import errors
-from tests.helpers import make_records, read_all
+from tests.helpers import T0, make_records, read_all
 
 
 def test_quota_rejects_then_recovers_after_freeing(run, data_dir: Path) -> None:
@@ -27,7 +27,7 @@ def test_quota_rejects_then_recovers_after_freeing(run, data_dir: Path) -> None:
             assert len(await read_all(db, 0)) == ends[0]
             with pytest.raises(errors.QuotaExceeded):
                 await db.append_arrow(pa.table({
-                    "ts": pa.array([1] * 100, pa.int64()), "topic": ["a/b"] * 100,
+                    "ts": pa.array([T0] * 100, pa.int64()), "topic": ["a/b"] * 100,
                     "key": pa.array([None] * 100, pa.binary()), "value": [b"v" * 1000] * 100,
                 }))
             assert [db.end_offset(s) for s in range(2)] == ends

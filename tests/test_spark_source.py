@@ -224,3 +224,13 @@ def test_source_honours_the_retention_floor(spark: SparkSession, tmp_path: Path)
     )
     assert got == want
     assert keys[1, 0] not in log.read_text().split()
+
+
+def test_unknown_option_is_rejected_with_the_valid_ones(
+    spark: SparkSession, local_tier: tuple[LocalTarget, dict[Any, str]]
+) -> None:
+    target, _ = local_tier
+    # A misspelt S3 option used to be ignored (and the public AWS endpoint used instead).
+    with pytest.raises(Exception, match="s3_endpoint") as ei:
+        seglog_df(spark, target.uri, s3_endpoint="http://127.0.0.1:9").collect()
+    assert "valid options: root, db, mqtt_filter, endpoint" in str(ei.value)

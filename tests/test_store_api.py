@@ -8,7 +8,7 @@ import pytest
 
 import seglog
 from seglog import errors
-from tests.helpers import make_records, read_all, segment_files
+from tests.helpers import T0, make_records, read_all, segment_files
 
 
 def test_append_read_reopen_same_data_config_offsets(run, data_dir: Path) -> None:
@@ -84,10 +84,10 @@ def test_offset_for_time_with_out_of_order_timestamps(run, data_dir: Path) -> No
     async def main() -> None:
         async with seglog.open(data_dir) as store:
             db = await store.create_db("t", index_interval_bytes=64)
-            ts = [50, 10, 70, 20, 90, 30, 100, 5]
+            ts = [T0 + t for t in (50, 10, 70, 20, 90, 30, 100, 5)]
             for t in ts:
                 await db.append([seglog.Record(topic="a", value=b"x" * 100, ts=t)])
-            for target in (0, 10, 15, 50, 60, 71, 95, 100, 101):
+            for target in (T0 + t for t in (0, 10, 15, 50, 60, 71, 95, 100, 101)):
                 want = next((i for i, t in enumerate(ts) if t >= target), len(ts))
                 assert await db.offset_for_time(0, target) == want, target
 
@@ -117,7 +117,7 @@ def test_append_arrow_routes_and_returns_positions(run, data_dir: Path) -> None:
             db = await store.create_db("t", shards=3, compression="zstd")
             n = 1000
             table = pa.table({
-                "ts": pa.array(range(n), pa.int64()),
+                "ts": pa.array(range(T0, T0 + n), pa.int64()),
                 "topic": [f"s/{i % 13}" for i in range(n)],
                 "key": pa.array([None if i % 2 else f"k{i % 5}".encode() for i in range(n)], pa.binary()),
                 "value": [f"v{i}".encode() for i in range(n)],
@@ -127,7 +127,7 @@ def test_append_arrow_routes_and_returns_positions(run, data_dir: Path) -> None:
             for row in (0, 1, 500, 999):
                 s, o = pos.column("shard")[row].as_py(), pos.column("offset")[row].as_py()
                 rec = (await db.read(s, o, 1))[0]
-                assert rec.value == f"v{row}".encode() and rec.ts == row
+                assert rec.value == f"v{row}".encode() and rec.ts == T0 + row
             assert sum(db.end_offset(s) for s in range(3)) == n
             # The same key always lands on the same shard.
             shards_of_k0 = {pos.column("shard")[i].as_py() for i in range(0, n, 10)}
@@ -234,19 +234,19 @@ def test_append_result_is_a_read_only_list_of_record_meta(run, data_dir: Path) -
     async def main() -> None:
         async with seglog.open(data_dir) as store:
             db = await store.create_db("r", 2)
-            recs = [seglog.Record(topic=f"t/{i}", value=b"v", ts=100 + i) for i in range(5)]
+            recs = [seglog.Record(topic=f"t/{i}", value=b"v", ts=T0 + i) for i in range(5)]
             metas = await db.append(recs, shard=1)
             assert isinstance(metas, seglog.AppendResult) and len(metas) == 5
-            assert metas[0] == seglog.RecordMeta(1, 0, 100) and metas[-1] == seglog.RecordMeta(1, 4, 104)
-            assert metas[1:3] == [seglog.RecordMeta(1, 1, 101), seglog.RecordMeta(1, 2, 102)]
-            assert list(metas) == [seglog.RecordMeta(1, i, 100 + i) for i in range(5)]
-            assert metas == [seglog.RecordMeta(1, i, 100 + i) for i in range(5)]
-            assert metas != [seglog.RecordMeta(1, i, 100 + i) for i in range(4)]
+            assert metas[0] == seglog.RecordMeta(1, 0, T0) and metas[-1] == seglog.RecordMeta(1, 4, T0 + 4)
+            assert metas[1:3] == [seglog.RecordMeta(1, 1, T0 + 1), seglog.RecordMeta(1, 2, T0 + 2)]
+            assert list(metas) == [seglog.RecordMeta(1, i, T0 + i) for i in range(5)]
+            assert metas == [seglog.RecordMeta(1, i, T0 + i) for i in range(5)]
+            assert metas != [seglog.RecordMeta(1, i, T0 + i) for i in range(4)]
             assert all(type(x) is int for m in metas for x in m)
             assert metas.offsets.tolist() == [0, 1, 2, 3, 4]
             with pytest.raises(IndexError):
                 metas[5]
-            assert "RecordMeta(shard=1, offset=0, ts=100)" in repr(metas) and "2 more" in repr(metas)
+            assert f"RecordMeta(shard=1, offset=0, ts={T0})" in repr(metas) and "2 more" in repr(metas)
             assert await db.append([]) == []
 
     run(main())

@@ -11,6 +11,21 @@ Usage::
           .option("access_key", "...").option("secret_key", "...")
           .load())
 
+Options (any other name is rejected with the list of these, so a misspelt S3 option cannot
+silently fall back to the public AWS endpoint):
+
+``root`` (required; ``.load(uri)`` sets it too)
+    The tier: ``file:///abs/dir`` or ``s3://bucket[/prefix]``.
+``db`` (required)
+    The database name.
+``mqtt_filter``
+    Keep rows whose topic matches this MQTT filter (``+``/``#`` wildcards).
+``endpoint``, ``access_key``, ``secret_key``, ``region``
+    S3 connection (MinIO: ``endpoint`` ``http://host:9000``). Unset ones come from the
+    ``AWS_*`` environment of the executors / boto3's default chain.
+``open_log``
+    Test aid, see below.
+
 Schema: the tier schema (``offset bigint, ts timestamp, topic string, key binary,
 value binary, headers map<string,binary>, stream bigint``) plus ``shard int`` -- the same
 columns, in the same order, as ``spark.read.parquet("<root>/<db>")`` (Spark has no uint32,
@@ -70,6 +85,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 __all__ = [
+    "OPTIONS",
     "SOURCE_NAME",
     "SOURCE_SCHEMA_DDL",
     "SeglogDataSource",
@@ -230,6 +246,11 @@ def _row_expression(preds: Sequence[_Predicate]) -> pc.Expression | None:
     return expr
 
 
+OPTIONS: tuple[str, ...] = (
+    "root", "db", "mqtt_filter", "endpoint", "access_key", "secret_key", "region", "open_log",
+)
+
+
 @dataclass(frozen=True)
 class _ReadOptions:
     root: str
@@ -247,7 +268,13 @@ class _ReadOptions:
             value = options.get(name)
             return str(value) if value not in (None, "") else None
 
-        root, db = opt("root"), opt("db")
+        unknown = sorted({str(k).lower() for k in options} - set(OPTIONS) - {"path"})
+        if unknown:
+            raise InvalidArgument(
+                f"unknown option(s) of the seglog source: {', '.join(map(repr, unknown))}; "
+                f"valid options: {', '.join(OPTIONS)}"
+            )
+        root, db = opt("root") or opt("path"), opt("db")
         if root is None or db is None:
             raise InvalidArgument("the seglog source needs options 'root' and 'db'")
         mqtt_filter = opt("mqtt_filter")

@@ -19,11 +19,33 @@ from seglog.tiering.manifest import EntryState, Manifest, ManifestEntry, manifes
 from seglog.tiering.ops import delete_tiered, read_tiered, recover_manifest, upload_segment
 from seglog.tiering.targets import TierTarget
 
-__all__ = ["LOCAL_MANIFEST_FILE", "DbTier"]
+__all__ = ["LOCAL_MANIFEST_FILE", "DbTier", "cold_run", "logical_start"]
 
 log = logging.getLogger("seglog.tiering")
 
 LOCAL_MANIFEST_FILE: Final = "tier-manifest.json"
+
+
+def cold_run(manifest: Manifest, shard: int, local_start: int) -> list[ManifestEntry]:
+    """The committed objects of ``manifest`` that run contiguously up to ``local_start``, oldest first."""
+    start = local_start
+    run: list[ManifestEntry] = []
+    for e in reversed(manifest.committed(shard, end_offset=max(local_start - 1, 0))):
+        if e.base_offset < start <= e.end_offset + 1:
+            start = e.base_offset
+            run.append(e)
+        elif e.end_offset + 1 < start:
+            break
+    run.reverse()
+    return run
+
+
+def logical_start(manifest: Manifest, shard: int, local_start: int) -> int:
+    """First readable offset of ``shard``: the start of the contiguous cold run before
+    ``local_start``, but never below the retention floor (:meth:`Manifest.log_start`)."""
+    run = cold_run(manifest, shard, local_start)
+    start = run[0].base_offset if run else local_start
+    return max(start, min(manifest.log_start(shard), local_start))
 
 
 class DbTier:
@@ -80,23 +102,12 @@ class DbTier:
 
     def cold_run(self, shard: int, local_start: int) -> list[ManifestEntry]:
         """The committed objects that run contiguously up to ``local_start``, oldest first."""
-        start = local_start
-        run: list[ManifestEntry] = []
-        for e in reversed(self.manifest.committed(shard, end_offset=max(local_start - 1, 0))):
-            if e.base_offset < start <= e.end_offset + 1:
-                start = e.base_offset
-                run.append(e)
-            elif e.end_offset + 1 < start:
-                break
-        run.reverse()
-        return run
+        return cold_run(self.manifest, shard, local_start)
 
     def logical_start(self, shard: int, local_start: int) -> int:
         """First readable offset: the start of the contiguous cold run before ``local_start``,
         but never below the retention floor (:meth:`Manifest.log_start`)."""
-        run = self.cold_run(shard, local_start)
-        start = run[0].base_offset if run else local_start
-        return max(start, min(self.manifest.log_start(shard), local_start))
+        return logical_start(self.manifest, shard, local_start)
 
     def truncate_before(self, shard: int, offset: int) -> int:
         """Raise the shard's retention floor to ``offset`` and delete the objects wholly below it.
