@@ -457,7 +457,7 @@ class Database:
         if type(a) is int:  # read_key(shard, key)
             if b is None or shard is not None:
                 raise InvalidArgument("call read_key(key), read_key(key, shard=n) or read_key(shard, key)")
-            a, b = b, a
+            shard, a = a, b
         elif b is not None:
             raise InvalidArgument("call read_key(key), read_key(key, shard=n) or read_key(shard, key)")
         key = a

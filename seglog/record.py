@@ -25,10 +25,14 @@ implicit (``base offset + row``). Frames are padded to 8 bytes so that bodies re
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import gc
 import struct
+import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterator, Sequence
+from itertools import repeat
 from typing import Any, Final, NamedTuple
 
 import crc32c
@@ -605,24 +609,93 @@ def decode_body(buf: Any, pos: int, header: FrameHeader) -> pa.RecordBatch:
 # --- back to Python objects ------------------------------------------------------------
 
 
-def records_from_table(table: pa.Table | pa.RecordBatch, shard: int) -> list[Record]:
-    """Build :class:`Record` objects from a read table (with an ``offset`` column)."""
-    n = table.num_rows
-    headers = table.column("headers")
-    headers_py: Iterable[Any]
+def _py_list(column: pa.Array | pa.ChunkedArray) -> list[Any]:
+    """A column as a list of Python objects, like ``to_pylist`` but in one pass through NumPy.
+
+    Binary and string columns become object arrays of ``bytes``/``str`` (``None`` for nulls);
+    numbers go through NumPy only without nulls (NumPy would turn them into NaN).
+    """
+    n = len(column)
+    nulls = column.null_count
+    if nulls == n:
+        return [None] * n
+    if nulls and not (pa.types.is_binary(column.type) or pa.types.is_string(column.type)):
+        return column.to_pylist()  # type: ignore[no-any-return]
+    out: list[Any] = column.to_numpy(zero_copy_only=False).tolist()
+    return out
+
+
+def _headers_list(headers: pa.Array | pa.ChunkedArray) -> list[dict[str, bytes] | None]:
+    n = len(headers)
     if headers.null_count == n:
-        headers_py = [None] * n
-    else:
-        headers_py = [None if h is None else dict(h) for h in headers.to_pylist()]
-    return list(
-        map(
-            Record,
-            table.column("topic").to_pylist(),
-            table.column("value").to_pylist(),
-            table.column("ts").to_pylist(),
-            table.column("key").to_pylist(),
-            headers_py,
-            [shard] * n,
-            table.column("offset").to_pylist(),
-        )
-    )
+        return [None] * n
+    return [None if h is None else dict(h) for h in headers.to_pylist()]
+
+
+def records_from_table(table: pa.Table | pa.RecordBatch, shard: int) -> list[Record]:
+    """Build :class:`Record` objects from a read table (with an ``offset`` column).
+
+    Each column becomes a list of Python objects in one bulk conversion; the records are then
+    allocated without running ``Record.__init__`` and their slots filled directly (the same
+    values ``Record(...)`` would hold).
+    """
+    n = table.num_rows
+    if n == 0:
+        return []
+    column = table.column
+    with _gc_paused(n):
+        topics = _py_list(column("topic"))
+        values = _py_list(column("value"))
+        ts = _py_list(column("ts"))
+        keys = _py_list(column("key"))
+        headers = _headers_list(column("headers"))
+        offsets = _py_list(column("offset"))
+        out: list[Record] = list(map(_new_object, repeat(Record, n)))
+        for r, topic, value, t, key, h, offset in zip(out, topics, values, ts, keys, headers, offsets, strict=True):
+            r.topic = topic
+            r.value = value
+            r.ts = t
+            r.key = key
+            r.headers = h
+            r.shard = shard
+            r.offset = offset
+    return out
+
+
+_new_object = object.__new__
+_gc_lock = threading.Lock()
+_gc_pausers = 0
+_gc_resume = False
+# Smaller conversions trigger at most one young collection: not worth taking the lock.
+_GC_PAUSE_MIN: Final = 512
+
+
+@contextlib.contextmanager
+def _gc_paused(n: int) -> Iterator[None]:
+    """Hold the cyclic garbage collector while ``n`` acyclic objects are allocated.
+
+    Every record is a GC-tracked object that outlives the collections its own allocation
+    would trigger, so without the pause a large read pays for repeated young-generation
+    passes over the records it is building and, as they get promoted, for full collections of
+    the whole heap. Pausing is refcounted across threads (overlapping conversions on several
+    threads re-enable it once, when the last one ends) and restores the state found by the
+    first: a collector the application had disabled stays disabled. The one thing it cannot
+    see is the application itself calling ``gc.disable()`` on another thread during a pause:
+    that is undone when the pause ends.
+    """
+    global _gc_pausers, _gc_resume
+    if n < _GC_PAUSE_MIN:
+        yield
+        return
+    with _gc_lock:
+        if _gc_pausers == 0:
+            _gc_resume = gc.isenabled()
+            gc.disable()
+        _gc_pausers += 1
+    try:
+        yield
+    finally:
+        with _gc_lock:
+            _gc_pausers -= 1
+            if _gc_pausers == 0 and _gc_resume:
+                gc.enable()

@@ -49,6 +49,7 @@ def test_shard_for_is_public_and_read_key_finds_the_shard(run, data_dir: Path) -
             other = (s + 1) % 8
             await db.append(seglog.Record(topic="x", value=b"forced", key=b"dev3"), shard=other)
             assert [r.value for r in await db.read_key(b"dev3", shard=other)] == [b"forced"]
+            assert [r.value for r in await db.read_key(other, b"dev3")] == [b"forced"]
             with pytest.raises(errors.InvalidArgument):
                 await db.read_key("dev3")  # type: ignore[call-overload]
 
