@@ -30,11 +30,10 @@ from seglog.engines.base import (
     retention_start,
 )
 from seglog.engines.frames import IntervalSync, Maintenance, WriteGenerations, check_writable, queue_appends
-from seglog.engines.frames import frame_keys as _frame_keys
 from seglog.engines.frames import split_batch as _split
 from seglog.engines.frames import with_offsets as _with_offsets
 from seglog.errors import ClosedResourceError, CorruptFrame, InvalidArgument, OffsetOutOfRange, StorageError
-from seglog.index import FrameEntry, ShardIndex
+from seglog.index import INDEX_DIR, DbIndex, FrameEntry, ShardIndex
 from seglog.io_pool import IoPool
 from seglog.record import (
     FRAME_HEADER_BYTES,
@@ -69,7 +68,7 @@ class SegmentRange(NamedTuple):
 class _PendingFrames(NamedTuple):
     gen: int  # the shard's write generation when the offsets were assigned
     frames: list[EncodedFrame]
-    keys: list[list[tuple[bytes, int]]]
+    keys: list[pa.Array]  # each frame's key column (the index takes its distinct keys)
     tags: list[list[int]]
 
 
@@ -272,17 +271,17 @@ class _Shard(WriteGenerations):
         return decode_body(buf, 0, fp.header)
 
 
-def _entry(p: FramePosition, keys: list[tuple[bytes, int]], tags: list[int]) -> FrameEntry:
+def _entry(p: FramePosition, keys: pa.Array, tags: list[int]) -> FrameEntry:
     h = p.header
     return FrameEntry(h.base_offset, h.next_offset, h.max_ts, p.segment.base_offset, p.pos, h.size, keys, tags)
 
 
-def _key_rows(batch: pa.RecordBatch, base: int, rows_arr: pa.Array, key: bytes) -> pa.RecordBatch:
-    """The rows ``rows_arr`` of a frame whose key is ``key`` (stale or hashed entries drop out)."""
-    picked = batch.take(rows_arr)
-    keep = pc.equal(picked.column(2), pa.scalar(key, pa.binary()))
-    offs = pc.add(rows_arr, base).filter(keep)
-    return pa.RecordBatch.from_arrays([offs, *picked.filter(keep).columns], schema=READ_SCHEMA)
+def _key_rows(batch: pa.RecordBatch, base: int, lo: int, key: bytes) -> pa.RecordBatch:
+    """The rows from ``lo`` of a frame at ``base`` whose key is ``key`` (other keys drop out)."""
+    part = batch.slice(lo)
+    keep = pc.equal(part.column(2), pa.scalar(key, pa.binary()))
+    offs = pa.array(np.arange(base + lo, base + batch.num_rows, dtype=np.int64)).filter(keep)
+    return pa.RecordBatch.from_arrays([offs, *part.filter(keep).columns], schema=READ_SCHEMA)
 
 
 def _frame_starts_at(seg: LogSegment, pos: int, base_offset: int) -> bool:
@@ -309,9 +308,12 @@ class SegmentEngine:
 
     name: Final = "segment"
 
-    def __init__(self, config: EngineConfig, shards: list[_Shard], io_pool: IoPool, executor: Executor) -> None:
+    def __init__(
+        self, config: EngineConfig, shards: list[_Shard], io_pool: IoPool, executor: Executor, index: DbIndex
+    ) -> None:
         self.config = config
         self._shards = shards
+        self._index = index  # every shard's index, one LMDB environment
         self._io_pool = io_pool
         self._executor = executor
         self._closed = False
@@ -323,17 +325,24 @@ class SegmentEngine:
     def open_blocking(cls, config: EngineConfig, io_pool: IoPool, executor: Executor) -> SegmentEngine:
         """Open or create every shard: recover segments, then bring indexes up to date."""
         clock_ms: Callable[[], int] = lambda: config.clock_us() // 1000  # noqa: E731
+        db_index = DbIndex(config.directory / INDEX_DIR, index_interval_bytes=config.index_interval_bytes)
         shards = []
-        for n in range(config.shards):
-            directory = config.directory / shard_dir_name(n)
-            log_, _report = ShardLog.open(
-                directory, segment_bytes=config.segment_bytes, segment_ms=config.segment_ms, clock_ms=clock_ms
-            )
-            index = ShardIndex(directory / "index", index_interval_bytes=config.index_interval_bytes)
-            shard = _Shard(n, log_, index, config)
-            _catch_up_index(shard)
-            shards.append(shard)
-        return cls(config, shards, io_pool, executor)
+        try:
+            for n in range(config.shards):
+                directory = config.directory / shard_dir_name(n)
+                log_, _report = ShardLog.open(
+                    directory, segment_bytes=config.segment_bytes, segment_ms=config.segment_ms, clock_ms=clock_ms
+                )
+                # A shard's own index (the layout before indexes were shared) is removed.
+                index = db_index.shard(n, legacy_dir=directory / INDEX_DIR)
+                shard = _Shard(n, log_, index, config)
+                _catch_up_index(shard)
+                shards.append(shard)
+        except BaseException:
+            with contextlib.suppress(StorageError):
+                db_index.close()  # let go of the environment (its lock and map)
+            raise
+        return cls(config, shards, io_pool, executor, db_index)
 
     def _shard(self, shard: int) -> _Shard:
         if self._closed:
@@ -355,12 +364,12 @@ class SegmentEngine:
 
     def _encode(self, gen: int, base: int, batch: pa.RecordBatch) -> tuple[_PendingFrames, int]:
         frames: list[EncodedFrame] = []
-        keys: list[list[tuple[bytes, int]]] = []
+        keys: list[pa.Array] = []
         tags: list[list[int]] = []
         offset = base
         for part in _split(batch):
             frames.append(encode_frame(part, offset, compression=self.config.compression))
-            keys.append(_frame_keys(part, offset))
+            keys.append(part.column(2))
             tags.append(_frame_tags(part))
             offset += part.num_rows
         return _PendingFrames(gen, frames, keys, tags), offset
@@ -448,41 +457,39 @@ class SegmentEngine:
     def read_key_blocking(self, shard: int, key: bytes) -> pa.Table:
         """Blocking body of :meth:`read_key`.
 
-        Offsets the index has (below ``indexed_end``) come from it; frames it has not taken
-        yet (a failed index write) or all frames (a suspect index) are scanned.
+        Frames the index names (below ``indexed_end``) are read and filtered by the key;
+        frames it has not taken yet (a failed index write) or all frames (a suspect index)
+        are scanned.
         """
         s = self._shard(shard)
         end = s.durable_end
         start = s.log.log_start_offset
         scan_from = start
-        offsets: list[int] = []
+        bases: list[int] = []
         if not s.index_suspect:
             indexed_end = s.index.indexed_end  # before the lookup: later entries are scanned
             try:
-                found = s.index.key_offsets(key)
+                found = s.index.key_frames(key, start=start)
             except StorageError as exc:
                 s.suspect(f"key lookup failed: {exc}")
             else:
                 scan_from = max(start, min(indexed_end, end))
-                offsets = sorted({o for o in found if start <= o < scan_from})
+                bases = [b for b in found if b < scan_from]
         out: list[pa.RecordBatch] = []
-        i = 0
-        while i < len(offsets):
-            fp = next(s.frames(offsets[i], end))
-            h = fp.header
-            batch = s.decode(fp)
-            rows = []
-            while i < len(offsets) and offsets[i] < h.next_offset:
-                rows.append(offsets[i] - h.base_offset)
-                i += 1
-            out.append(_key_rows(batch, h.base_offset, pa.array(rows, pa.int64()), key))
+        for base in bases:
+            fp = next(s.frames(max(base, start), scan_from), None)
+            if fp is None or fp.header.base_offset != base:
+                if base < start:
+                    continue  # the frame went with retention; a straddling one is read above
+                s.suspect(f"key entry for frame {base} points at no such frame")
+                return self.read_key_blocking(shard, key)  # a full scan now
+            lo = max(base, start) - base
+            out.append(_key_rows(s.decode(fp), base, lo, key))
         if scan_from < end:
             for fp in s.frames(scan_from, end):
                 h = fp.header
-                batch = s.decode(fp)
                 lo = max(scan_from, h.base_offset) - h.base_offset
-                rows_arr = pa.array(np.arange(lo, h.next_offset - h.base_offset, dtype=np.int64))
-                out.append(_key_rows(batch, h.base_offset, rows_arr, key))
+                out.append(_key_rows(s.decode(fp), h.base_offset, lo, key))
         return pa.Table.from_batches(out, schema=READ_SCHEMA)
 
     async def read_key(self, shard: int, key: bytes) -> pa.Table:
@@ -616,12 +623,11 @@ class SegmentEngine:
             return
         self._closed = True
         errors: list[BaseException] = []
-        for s in self._shards:
-            for close in (s.log.close, s.index.close):
-                try:
-                    close()
-                except (OSError, StorageError) as exc:
-                    errors.append(exc)
+        for close in [*(s.log.close for s in self._shards), self._index.close]:
+            try:
+                close()
+            except (OSError, StorageError) as exc:
+                errors.append(exc)
         if errors:
             raise StorageError("closing the engine failed") from errors[0]
 
@@ -652,7 +658,7 @@ def _catch_up_index(s: _Shard) -> None:
         if fp.header.next_offset <= begin:
             continue
         batch = s.decode(fp)
-        pending.append(_entry(fp, _frame_keys(batch, fp.header.base_offset), _frame_tags(batch)))
+        pending.append(_entry(fp, batch.column(2), _frame_tags(batch)))
         if len(pending) >= 1024:
             s.index.add(pending)
             pending = []
