@@ -304,3 +304,12 @@ def test_ten_thousand_shards_open_with_a_few_descriptors(tmp_path: Path) -> None
 def test_views_are_shard_index_objects(db_index: DbIndex) -> None:
     view = db_index.shard(4)
     assert isinstance(view, ShardIndex) and view.number == 4
+
+
+def test_a_view_given_twice_takes_its_frames_in_order(db_index: DbIndex) -> None:
+    view = db_index.shard(0)
+    frames = _frames(0, 6, lambda o: b"k%d" % (o % 3))
+    before = _txn_id(db_index)
+    db_index.add_many([(view, frames[:2]), (db_index.shard(1), frames[:1]), (view, frames[2:])])
+    assert _txn_id(db_index) == before + 1
+    assert view.indexed_end == 60 and view.key_frames(b"k2") == [f.base_offset for f in frames]

@@ -17,11 +17,16 @@ from seglog.index import MAX_INLINE_KEY_BYTES
 from tests.helpers import make_records, read_all
 
 LONG_KEYS = [b"L" * (MAX_INLINE_KEY_BYTES + 1), b"L" * (MAX_INLINE_KEY_BYTES + 1) + b"2", b"x" * 5000]
-KEYS: list[bytes | None] = [b"dev%d" % i for i in range(40)] + [*LONG_KEYS, b"", None]
+COMMON: list[bytes | None] = [b"dev%d" % i for i in range(40)] + [*LONG_KEYS, b"", None]
+KEYS = [*COMMON, b"rare"]
 
 
-def _records(n: int, rng: random.Random) -> list[seglog.Record]:
-    return [seglog.Record(topic="t/a", value=b"v%d" % rng.randrange(10**6), key=rng.choice(KEYS)) for _ in range(n)]
+def _records(n: int, rng: random.Random, *, rare: bool = False) -> list[seglog.Record]:
+    """``n`` records with common keys (in most frames), plus one ``rare`` one if asked."""
+    out = [seglog.Record(topic="t/a", value=b"v%d" % rng.randrange(10**6), key=rng.choice(COMMON)) for _ in range(n)]
+    if rare:
+        out.insert(rng.randrange(n + 1), seglog.Record(topic="t/a", value=b"rare", key=b"rare"))
+    return out
 
 
 async def _check_every_key(db: seglog.Database, shard: int = 0) -> int:
@@ -49,8 +54,8 @@ def test_read_key_is_exact_across_postings_summaries_reopen_retention_and_rebuil
     async def write() -> None:
         async with seglog.open(data_dir) as store:
             db = await store.create_db("t", segment_bytes=32 * 1024)
-            for _ in range(40):
-                await db.append(_records(rng.randrange(1, 120), rng), shard=0)
+            for i in range(60):  # frames of the rare key are > 16 frames apart: located, not walked to
+                await db.append(_records(rng.randrange(1, 120), rng, rare=i % 20 == 3), shard=0)
             postings, summaries = _key_entries(db)
             assert postings > 0 and summaries > 0, "both forms of the key index are exercised"
             assert len(db._engine._shards[0].log.segments_snapshot()) > 3  # type: ignore[attr-defined]

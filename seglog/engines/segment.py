@@ -276,12 +276,46 @@ def _entry(p: FramePosition, keys: pa.Array, tags: list[int]) -> FrameEntry:
     return FrameEntry(h.base_offset, h.next_offset, h.max_ts, p.segment.base_offset, p.pos, h.size, keys, tags)
 
 
-def _key_rows(batch: pa.RecordBatch, base: int, lo: int, key: bytes) -> pa.RecordBatch:
-    """The rows from ``lo`` of a frame at ``base`` whose key is ``key`` (other keys drop out)."""
-    part = batch.slice(lo)
-    keep = pc.equal(part.column(2), pa.scalar(key, pa.binary()))
-    offs = pa.array(np.arange(base + lo, base + batch.num_rows, dtype=np.int64)).filter(keep)
-    return pa.RecordBatch.from_arrays([offs, *part.filter(keep).columns], schema=READ_SCHEMA)
+# Frames whose rows read_key filters in one pyarrow call: per-call overhead exceeds a frame's
+# filtering, so frames are batched; the bound keeps decompressed frames' memory in check.
+_KEY_FILTER_FRAMES: Final = 64
+
+
+# A candidate frame at most this many frames ahead is reached by reading the headers in
+# between rather than by an index lookup.
+_KEY_WALK_FRAMES: Final = 16
+
+
+def _key_rows(parts: list[tuple[pa.RecordBatch, int]], key: bytes) -> pa.Table:
+    """The rows of ``parts`` (frame batches and the offset of their first row) whose key is ``key``."""
+    table = pa.Table.from_batches([b for b, _ in parts])
+    keep = pc.fill_null(pc.equal(table.column(2), pa.scalar(key, pa.binary())), False)
+    rows = np.flatnonzero(keep.to_numpy())
+    offsets = np.concatenate([np.arange(first, first + b.num_rows, dtype=np.int64) for b, first in parts])
+    # take, not filter: filtering a many-chunk table (its map column above all) costs more.
+    picked = table.take(pa.array(rows))
+    return pa.Table.from_arrays([pa.array(offsets[rows]), *picked.columns], schema=READ_SCHEMA)
+
+
+def _frames_holding(s: _Shard, offsets: Sequence[int], end: int) -> Iterator[FramePosition | None]:
+    """For each of the ascending ``offsets``, the frame holding it (``None``: none below ``end``).
+
+    Nearby frames are reached by walking the headers from the previous one; farther ones are
+    located through the index (and checked against the segment, see :meth:`_Shard.locate`).
+    """
+    it: Iterator[FramePosition] | None = None
+    fp: FramePosition | None = None
+    for offset in offsets:
+        h = fp.header if fp is not None else None
+        if it is None or h is None or offset < h.base_offset or (
+            offset >= h.next_offset and offset - h.next_offset > _KEY_WALK_FRAMES * (h.next_offset - h.base_offset)
+        ):
+            it = s.frames(offset, end)
+            fp = next(it, None)
+        else:
+            while fp is not None and fp.header.next_offset <= offset:
+                fp = next(it, None)
+        yield fp
 
 
 def _frame_starts_at(seg: LogSegment, pos: int, base_offset: int) -> bool:
@@ -475,22 +509,28 @@ class SegmentEngine:
             else:
                 scan_from = max(start, min(indexed_end, end))
                 bases = [b for b in found if b < scan_from]
-        out: list[pa.RecordBatch] = []
-        for base in bases:
-            fp = next(s.frames(max(base, start), scan_from), None)
+        out: list[pa.Table] = []
+        parts: list[tuple[pa.RecordBatch, int]] = []
+
+        def take(fp: FramePosition, first: int) -> None:
+            parts.append((s.decode(fp).slice(first - fp.header.base_offset), first))
+            if len(parts) >= _KEY_FILTER_FRAMES:
+                out.append(_key_rows(parts, key))
+                parts.clear()
+
+        for base, fp in zip(bases, _frames_holding(s, [max(b, start) for b in bases], scan_from), strict=True):
             if fp is None or fp.header.base_offset != base:
                 if base < start:
                     continue  # the frame went with retention; a straddling one is read above
                 s.suspect(f"key entry for frame {base} points at no such frame")
                 return self.read_key_blocking(shard, key)  # a full scan now
-            lo = max(base, start) - base
-            out.append(_key_rows(s.decode(fp), base, lo, key))
+            take(fp, max(base, start))
         if scan_from < end:
             for fp in s.frames(scan_from, end):
-                h = fp.header
-                lo = max(scan_from, h.base_offset) - h.base_offset
-                out.append(_key_rows(s.decode(fp), h.base_offset, lo, key))
-        return pa.Table.from_batches(out, schema=READ_SCHEMA)
+                take(fp, max(scan_from, fp.header.base_offset))
+        if parts:
+            out.append(_key_rows(parts, key))
+        return pa.concat_tables(out) if out else empty_read_table()
 
     async def read_key(self, shard: int, key: bytes) -> pa.Table:
         try:

@@ -101,7 +101,7 @@ def distinct_keys(column: pa.Array) -> DistinctKeys | None:
     if uniq.null_count:
         uniq = uniq.drop_null()
     offsets, data = _binary_parts(uniq)
-    if len(data) > MAX_INLINE_KEY_BYTES and int(np.diff(offsets).max()) > MAX_INLINE_KEY_BYTES:
+    if len(data) > MAX_INLINE_KEY_BYTES and int((offsets[1:] - offsets[:-1]).max()) > MAX_INLINE_KEY_BYTES:
         # Rare: long keys are normalized one by one (a digest each).
         normalized = sorted({normalize_key(k) for k in uniq.to_pylist()})
         offsets, data = _binary_parts(pa.array(normalized, pa.binary()))

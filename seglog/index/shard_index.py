@@ -156,7 +156,12 @@ class _Plan:
     since_offset: int
     since_time: int
     running_max: int | None
-    pending: list[_Pending] = field(default_factory=list)  # set inside the transaction
+    # Set inside the transaction: either the summaries kept after a merge (``replaced``), or
+    # the list to extend with ``appended`` (no merge: the common case, no copy of the list).
+    replaced: list[_Pending] | None = None
+    extend: list[_Pending] = field(default_factory=list)
+    appended: list[_Pending] = field(default_factory=list)
+    pairs: int = 0
 
 
 def add_many(tables: IndexTables, batches: Sequence[tuple[ShardIndex, Sequence[FrameEntry]]]) -> None:
@@ -172,10 +177,13 @@ def add_many(tables: IndexTables, batches: Sequence[tuple[ShardIndex, Sequence[F
     Raises:
         StorageError: The transaction failed.
     """
-    grouped: dict[int, tuple[ShardIndex, list[FrameEntry]]] = {}
-    for view, frames in batches:
-        grouped.setdefault(id(view), (view, []))[1].extend(frames)
-    plans = [(view, view._plan(frames)) for view, frames in grouped.values()]
+    if len(batches) == 1:
+        plans = [(batches[0][0], batches[0][0]._plan(batches[0][1]))]
+    else:
+        grouped: dict[int, tuple[ShardIndex, list[FrameEntry]]] = {}
+        for view, frames in batches:
+            grouped.setdefault(id(view), (view, []))[1].extend(frames)
+        plans = [(view, view._plan(frames)) for view, frames in grouped.values()]
     todo = [(view, plan) for view, plan in plans if plan is not None]
     if not todo:
         return
@@ -217,8 +225,10 @@ class ShardIndex:
         self._prefix = _U32.pack(number)
         self._merge_frames = merge_frames
         self._merge_pairs = merge_pairs
-        # Summaries not merged yet, ascending; None until the first write loads them.
+        # Summaries not merged yet, ascending, and their keys in all; None until the first
+        # write loads them.
         self._pending: list[_Pending] | None = None
+        self._pending_pairs = 0
         self._reset_sparse_state()
 
     def __repr__(self) -> str:
@@ -252,7 +262,7 @@ class ShardIndex:
         except lmdb.Error as exc:
             raise StorageError(f"cannot clear index of shard {self.number} at {t.path}") from exc
         self.indexed_end = 0
-        self._pending = []
+        self._set_pending([])
         self._reset_sparse_state()
 
     # --- writing -----------------------------------------------------------------------
@@ -315,12 +325,37 @@ class ShardIndex:
         if plan.tag_items:
             plan.tag_items.sort()
             txn.cursor(t.tag).putmulti(plan.tag_items)
-        pending = list(self._pending) if self._pending is not None else self._load_pending(txn)
+        if self._pending is None:
+            old = self._load_pending(txn)
+            pairs = sum(p.keys for p in old)
+        else:
+            old, pairs = self._pending, self._pending_pairs
         new: dict[int, bytes] = {}
+        appended: list[_Pending] = []
         for base, seg, nxt, keys in plan.summaries:
             new[base] = encode_summary(seg, nxt, keys)
-            pending.append(_Pending(base, seg, nxt, keys.size))
-        keep, runs = self._due_runs(pending, plan.segment_base)
+            appended.append(_Pending(base, seg, nxt, keys.size))
+            pairs += keys.size
+        count = len(old) + len(appended)
+        first = old[0] if old else appended[0] if appended else None
+        if first is None or (first.segment_base == plan.segment_base and count < self._merge_frames
+                             and pairs < self._merge_pairs):
+            # Nothing to merge (all in the current segment, below the thresholds).
+            if appended:
+                txn.cursor(t.keyframe).putmulti([(self._k(_U64.pack(p.base)), new[p.base]) for p in appended])
+            plan.extend, plan.appended, plan.pairs = old, appended, pairs
+        else:
+            plan.replaced = self._merge_due(txn, [*old, *appended], new, plan.segment_base)
+            plan.pairs = sum(p.keys for p in plan.replaced)
+        txn.put(self._k(INDEXED_END_KEY), _U64.pack(plan.indexed_end), db=t.meta)
+
+    def _merge_due(self, txn: Any, pending: list[_Pending], new: dict[int, bytes], segment_base: int) -> list[_Pending]:
+        """Merge the runs of ``pending`` that are due into postings; return the summaries kept.
+
+        ``new`` holds the summaries of this transaction (not put yet: a merged one never is).
+        """
+        t = self._t
+        keep, runs = self._due_runs(pending, segment_base)
         for run in runs:
             frames = []
             for p in run:
@@ -336,8 +371,7 @@ class ShardIndex:
         keyframes = [(self._k(_U64.pack(p.base)), new[p.base]) for p in keep if p.base in new]
         if keyframes:
             txn.cursor(t.keyframe).putmulti(keyframes)
-        txn.put(self._k(INDEXED_END_KEY), _U64.pack(plan.indexed_end), db=t.meta)
-        plan.pending = keep
+        return keep
 
     def _apply(self, plan: _Plan) -> None:
         """The transaction holding ``plan`` committed: move the in-memory state."""
@@ -346,7 +380,16 @@ class ShardIndex:
         self._bytes_since_time_entry = plan.since_time
         self._running_max_ts = plan.running_max
         self._last_segment_base = plan.segment_base
-        self._pending = plan.pending
+        if plan.replaced is not None:
+            self._pending = plan.replaced
+        else:
+            plan.extend.extend(plan.appended)
+            self._pending = plan.extend
+        self._pending_pairs = plan.pairs
+
+    def _set_pending(self, pending: list[_Pending]) -> None:
+        self._pending = pending
+        self._pending_pairs = sum(p.keys for p in pending)
 
     def _load_pending(self, txn: Any) -> list[_Pending]:
         out: list[_Pending] = []
@@ -406,7 +449,7 @@ class ShardIndex:
             raise StorageError(f"index cut of shard {self.number} failed at {t.path}") from exc
         self.indexed_end = end
         if self._pending is not None:
-            self._pending = [p for p in self._pending if p.base < offset]
+            self._set_pending([p for p in self._pending if p.base < offset])
         self._reset_sparse_state()
 
     def delete_below(self, offset: int) -> None:
@@ -430,7 +473,7 @@ class ShardIndex:
         except lmdb.Error as exc:
             raise StorageError(f"index cleanup of shard {self.number} failed at {t.path}") from exc
         if self._pending is not None:
-            self._pending = [p for p in self._pending if p.base not in gone]
+            self._set_pending([p for p in self._pending if p.base not in gone])
 
     # --- lookups (microsecond-scale; safe from any thread) -----------------------------
 
