@@ -521,7 +521,7 @@ class SegmentEngine:
         for base, fp in zip(bases, _frames_holding(s, [max(b, start) for b in bases], scan_from), strict=True):
             if fp is None or fp.header.base_offset != base:
                 if base < start:
-                    continue  # the frame went with retention; a straddling one is read above
+                    continue  # wholly below the start: gone with retention (one reaching past it is read)
                 s.suspect(f"key entry for frame {base} points at no such frame")
                 return self.read_key_blocking(shard, key)  # a full scan now
             take(fp, max(base, start))
