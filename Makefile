@@ -40,3 +40,8 @@ include $(wildcard mk/*.mk)
 .PHONY: bench-core
 bench-core: venv
 	$(BIN)/python -m bench.core
+
+# Keyed appends and read_key; `make bench-keys BEFORE=<git ref>` also runs that commit's seglog.
+.PHONY: bench-keys
+bench-keys: venv
+	$(BIN)/python -m bench.keys $(if $(BEFORE),--before $(BEFORE))

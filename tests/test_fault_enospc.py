@@ -156,7 +156,7 @@ def test_full_index_filesystem_loses_no_read_key_results(run, tmp_path: Path, ca
             await store.create_db("t", index_interval_bytes=256)
 
     run(create())
-    index_dir = data / "dbs" / "t" / "shard-0000" / "index"
+    index_dir = data / "dbs" / "t" / "index"
     for f in index_dir.iterdir():
         f.unlink()
     with ext4_fs(tmp_path, size_mib=8) as fs:

@@ -30,17 +30,15 @@ def test_deleted_lmdb_is_rebuilt(run, data_dir: Path) -> None:
             return await _answers(db)
 
     before = run(write())
-    index_dirs = list((data_dir / "dbs" / "t").glob("shard-*/index"))
-    assert len(index_dirs) == 2
-    for d in index_dirs:
-        shutil.rmtree(d)
+    index_dir = data_dir / "dbs" / "t" / "index"
+    shutil.rmtree(index_dir)
 
     async def reopen() -> tuple[list[int], list[int], list[int]]:
         async with seglog.open(data_dir) as store:
             return await _answers(await store.open_db("t"))
 
     assert run(reopen()) == before
-    assert all((d / "data.mdb").exists() for d in index_dirs)
+    assert (index_dir / "data.mdb").exists()
 
 
 def test_index_behind_the_log_is_caught_up(run, data_dir: Path) -> None:
@@ -52,7 +50,7 @@ def test_index_behind_the_log_is_caught_up(run, data_dir: Path) -> None:
             for i in range(0, 1000, 100):
                 await db.append(make_records(100, start=i))
             await store.close()
-        shutil.copytree(data_dir / "dbs" / "t" / "shard-0000" / "index", snapshot)
+        shutil.copytree(data_dir / "dbs" / "t" / "index", snapshot)
         async with seglog.open(data_dir) as store:
             db = await store.open_db("t")
             for i in range(1000, 2000, 100):
@@ -60,7 +58,7 @@ def test_index_behind_the_log_is_caught_up(run, data_dir: Path) -> None:
             return await _answers(db)
 
     before = run(write())
-    live = data_dir / "dbs" / "t" / "shard-0000" / "index"
+    live = data_dir / "dbs" / "t" / "index"
     shutil.rmtree(live)
     shutil.copytree(snapshot, live)  # the index as it was 1000 records ago
 
@@ -83,12 +81,14 @@ async def _write_2000(data_dir: Path) -> tuple[list[int], list[int], list[int]]:
 def _tear(index_dir: Path, *, boot: str = "another-boot-id") -> None:
     """What a power loss can leave: the index still marked open by the old boot, entries lost.
 
-    LMDB without fsync may lose any committed transaction; losing every key entry while the
-    meta page still claims the log is indexed is a torn state LMDB itself cannot notice.
+    LMDB without fsync may lose any committed transaction; losing every key entry (postings
+    and per-frame summaries) while the meta page still claims the log is indexed is a torn
+    state LMDB itself cannot notice.
     """
     env = lmdb.open(str(index_dir), max_dbs=8)
     with env.begin(write=True) as txn:
         txn.drop(env.open_db(b"key", txn=txn), delete=False)
+        txn.drop(env.open_db(b"keyframe", txn=txn), delete=False)
     env.close()
     (index_dir / "OPEN").write_text(boot)
 
@@ -101,7 +101,9 @@ def test_machine_restart_rebuilds_every_torn_index_including_later_opened_dbs(ru
                 await db.append(make_records(500))
 
     run(write())
-    for index_dir in (data_dir / "dbs").glob("*/shard-*/index"):
+    index_dirs = list((data_dir / "dbs").glob("*/index"))
+    assert len(index_dirs) == 2
+    for index_dir in index_dirs:
         _tear(index_dir)
     (data_dir / "RUNNING").write_text("another-boot-id")  # the store too was open at the power loss
     want = [i for i in range(500) if i % 50 == 3]
@@ -125,7 +127,7 @@ def test_index_of_this_boot_is_not_rebuilt(run, data_dir: Path, caplog) -> None:
             await db.append(make_records(500))
 
     run(write())
-    index_dir = data_dir / "dbs" / "t" / "shard-0000" / "index"
+    index_dir = data_dir / "dbs" / "t" / "index"
     (index_dir / "OPEN").write_text(seglog._fs.boot_id())  # left open by a crashed process of this boot
 
     async def reopen() -> list[int]:
@@ -140,7 +142,7 @@ def test_index_of_this_boot_is_not_rebuilt(run, data_dir: Path, caplog) -> None:
 @pytest.mark.parametrize("damage", ["garbled-meta", "truncated", "zeroed"])
 def test_unusable_lmdb_file_is_rebuilt_from_the_segments(run, data_dir: Path, caplog, damage: str) -> None:
     before = run(_write_2000(data_dir))
-    mdb = data_dir / "dbs" / "t" / "shard-0000" / "index" / "data.mdb"
+    mdb = data_dir / "dbs" / "t" / "index" / "data.mdb"
     raw = bytearray(mdb.read_bytes())
     if damage == "garbled-meta":
         for pos in range(0, 8192, 7):
@@ -161,7 +163,7 @@ def test_unusable_lmdb_file_is_rebuilt_from_the_segments(run, data_dir: Path, ca
 
 def test_wrong_index_positions_are_detected_and_repaired(run, data_dir: Path, caplog) -> None:
     before = run(_write_2000(data_dir))
-    index_dir = data_dir / "dbs" / "t" / "shard-0000" / "index"
+    index_dir = data_dir / "dbs" / "t" / "index"
     env = lmdb.open(str(index_dir), max_dbs=8)
     offsets = env.open_db(b"offset")
     with env.begin(write=True) as txn:

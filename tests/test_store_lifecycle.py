@@ -115,11 +115,12 @@ def test_corrupt_store_file_is_a_storage_error_and_releases_the_lock(run, data_d
 
 
 def test_index_lookup_failures_are_storage_errors(tmp_path: Path) -> None:
-    from seglog.index import ShardIndex
+    from seglog.index import DbIndex
 
-    index = ShardIndex(tmp_path / "index")
-    index.close()  # LMDB raises on a closed environment: it must come out as StorageError
-    for call in (lambda: index.floor(0), lambda: index.key_offsets(b"k"), lambda: index.time_lower_bound(0),
+    db_index = DbIndex(tmp_path / "index")
+    index = db_index.shard(3)
+    db_index.close()  # LMDB raises on a closed environment: it must come out as StorageError
+    for call in (lambda: index.floor(0), lambda: index.key_frames(b"k"), lambda: index.time_lower_bound(0),
                  lambda: index.tag_frames(1)):
         with pytest.raises(errors.StorageError):
             call()

@@ -29,7 +29,6 @@ from seglog.engines.base import (
     retention_start,
 )
 from seglog.engines.frames import Maintenance, split_batch
-from seglog.engines.frames import frame_keys as _frame_keys
 from seglog.engines.frames import with_offsets as _with_offsets
 from seglog.engines.segment_writer import (
     FrameRequest,
@@ -46,7 +45,7 @@ from seglog.errors import (
     OffsetOutOfRange,
     StorageError,
 )
-from seglog.index import FrameEntry, ShardIndex
+from seglog.index import INDEX_DIR, DbIndex, FrameEntry, ShardIndex
 from seglog.io_pool import IoPool
 from seglog.record import (
     FRAME_HEADER_BYTES,
@@ -118,7 +117,7 @@ class _Shard:
                 self.index_lagging = False
                 return  # the catch-up read these frames from the segments too
             self.index.add([
-                _entry(p, _frame_keys(batch, p.header.base_offset), _frame_tags(batch)) for p, batch in frames
+                _entry(p, batch.column(2), _frame_tags(batch)) for p, batch in frames
             ])
         except (StorageError, CorruptFrame, OSError) as exc:
             # The data is durable and acknowledged; the index is derived and caught up later.
@@ -228,17 +227,51 @@ class _Shard:
         return decode_body(buf, 0, fp.header)
 
 
-def _entry(p: FramePosition, keys: list[tuple[bytes, int]], tags: list[int]) -> FrameEntry:
+def _entry(p: FramePosition, keys: pa.Array, tags: list[int]) -> FrameEntry:
     h = p.header
     return FrameEntry(h.base_offset, h.next_offset, h.max_ts, p.segment.base_offset, p.pos, h.size, keys, tags)
 
 
-def _key_rows(batch: pa.RecordBatch, base: int, rows_arr: pa.Array, key: bytes) -> pa.RecordBatch:
-    """The rows ``rows_arr`` of a frame whose key is ``key`` (stale or hashed entries drop out)."""
-    picked = batch.take(rows_arr)
-    keep = pc.equal(picked.column(2), pa.scalar(key, pa.binary()))
-    offs = pc.add(rows_arr, base).filter(keep)
-    return pa.RecordBatch.from_arrays([offs, *picked.filter(keep).columns], schema=READ_SCHEMA)
+# Frames whose rows read_key filters in one pyarrow call: per-call overhead exceeds a frame's
+# filtering, so frames are batched; the bound keeps decompressed frames' memory in check.
+_KEY_FILTER_FRAMES: Final = 64
+
+
+# A candidate frame at most this many frames ahead is reached by reading the headers in
+# between rather than by an index lookup.
+_KEY_WALK_FRAMES: Final = 16
+
+
+def _key_rows(parts: list[tuple[pa.RecordBatch, int]], key: bytes) -> pa.Table:
+    """The rows of ``parts`` (frame batches and the offset of their first row) whose key is ``key``."""
+    table = pa.Table.from_batches([b for b, _ in parts])
+    keep = pc.fill_null(pc.equal(table.column(2), pa.scalar(key, pa.binary())), False)
+    rows = np.flatnonzero(keep.to_numpy())
+    offsets = np.concatenate([np.arange(first, first + b.num_rows, dtype=np.int64) for b, first in parts])
+    # take, not filter: filtering a many-chunk table (its map column above all) costs more.
+    picked = table.take(pa.array(rows))
+    return pa.Table.from_arrays([pa.array(offsets[rows]), *picked.columns], schema=READ_SCHEMA)
+
+
+def _frames_holding(s: _Shard, offsets: Sequence[int], end: int) -> Iterator[FramePosition | None]:
+    """For each of the ascending ``offsets``, the frame holding it (``None``: none below ``end``).
+
+    Nearby frames are reached by walking the headers from the previous one; farther ones are
+    located through the index (and checked against the segment, see :meth:`_Shard.locate`).
+    """
+    it: Iterator[FramePosition] | None = None
+    fp: FramePosition | None = None
+    for offset in offsets:
+        h = fp.header if fp is not None else None
+        if it is None or h is None or offset < h.base_offset or (
+            offset >= h.next_offset and offset - h.next_offset > _KEY_WALK_FRAMES * (h.next_offset - h.base_offset)
+        ):
+            it = s.frames(offset, end)
+            fp = next(it, None)
+        else:
+            while fp is not None and fp.header.next_offset <= offset:
+                fp = next(it, None)
+        yield fp
 
 
 def _frame_starts_at(seg: LogSegment, pos: int, base_offset: int) -> bool:
@@ -266,11 +299,18 @@ class SegmentEngine:
     name: Final = "segment"
 
     def __init__(
-        self, config: EngineConfig, shards: list[_Shard], writers: list[WorkerLog], io_pool: IoPool, executor: Executor
+        self,
+        config: EngineConfig,
+        shards: list[_Shard],
+        writers: list[WorkerLog],
+        io_pool: IoPool,
+        executor: Executor,
+        index: DbIndex,
     ) -> None:
         self.config = config
         self._shards = shards
         self._writers = writers
+        self._index = index  # every shard's index, one LMDB environment
         self._io_pool = io_pool
         self._executor = executor
         self._closed = False
@@ -282,17 +322,24 @@ class SegmentEngine:
     def open_blocking(cls, config: EngineConfig, io_pool: IoPool, executor: Executor) -> SegmentEngine:
         """Open or create every shard: recover segments, replay the journals, update indexes."""
         clock_ms: Callable[[], int] = lambda: config.clock_us() // 1000  # noqa: E731
+        db_index = DbIndex(config.directory / INDEX_DIR, index_interval_bytes=config.index_interval_bytes)
         shards = []
-        for n in range(config.shards):
-            directory = config.directory / shard_dir_name(n)
-            log_, _report = ShardLog.open(
-                directory, segment_bytes=config.segment_bytes, segment_ms=config.segment_ms, clock_ms=clock_ms
-            )
-            index = ShardIndex(directory / "index", index_interval_bytes=config.index_interval_bytes)
-            shards.append(_Shard(n, log_, index, config))
-        replay_journals(config.directory, shards, compression=config.compression)
-        for shard in shards:
-            _catch_up_index(shard)
+        try:
+            for n in range(config.shards):
+                directory = config.directory / shard_dir_name(n)
+                log_, _report = ShardLog.open(
+                    directory, segment_bytes=config.segment_bytes, segment_ms=config.segment_ms, clock_ms=clock_ms
+                )
+                # A shard's own index (the layout before indexes were shared) is removed.
+                index = db_index.shard(n, legacy_dir=directory / INDEX_DIR)
+                shards.append(_Shard(n, log_, index, config))
+            replay_journals(config.directory, shards, compression=config.compression)
+            for shard in shards:
+                _catch_up_index(shard)
+        except BaseException:
+            with contextlib.suppress(StorageError):
+                db_index.close()  # let go of the environment (its lock and map)
+            raise
         workers = io_pool.io_workers
         writers = []
         for w in range(workers):
@@ -312,7 +359,7 @@ class SegmentEngine:
                 s.writer = writer
         for stale in sorted((config.directory / "journal").glob("*.journal"))[workers:]:
             stale.unlink()  # an earlier open had more I/O workers; replayed above
-        return cls(config, shards, writers, io_pool, executor)
+        return cls(config, shards, writers, io_pool, executor, db_index)
 
     def _shard(self, shard: int) -> _Shard:
         if self._closed:
@@ -551,8 +598,9 @@ class SegmentEngine:
     def read_key_blocking(self, shard: int, key: bytes) -> pa.Table:
         """Blocking body of :meth:`read_key`.
 
-        Offsets the index has (below ``indexed_end``) come from it; frames it has not taken
-        yet (a failed index write) or all frames (a suspect index) are scanned.
+        Frames the index names (below ``indexed_end``) are read and filtered by the key;
+        frames it has not taken yet (a failed index write) or all frames (a suspect index)
+        are scanned.
         """
         s = self._shard(shard)
         durable_end = s.durable_end
@@ -560,37 +608,41 @@ class SegmentEngine:
         mem_start, pending = s.pending_snapshot(durable_end)
         end = min(durable_end, mem_start)  # the segments' part
         scan_from = start
-        offsets: list[int] = []
+        bases: list[int] = []
         if not s.index_suspect:
             indexed_end = s.index.indexed_end  # before the lookup: later entries are scanned
             try:
-                found = s.index.key_offsets(key)
+                found = s.index.key_frames(key, start=start)
             except StorageError as exc:
                 s.suspect(f"key lookup failed: {exc}")
             else:
                 scan_from = max(start, min(indexed_end, end))
-                offsets = sorted({o for o in found if start <= o < scan_from})
-        out: list[pa.RecordBatch] = []
-        i = 0
-        while i < len(offsets):
-            fp = next(s.frames(offsets[i], end))
-            h = fp.header
-            batch = s.decode(fp)
-            rows = []
-            while i < len(offsets) and offsets[i] < h.next_offset:
-                rows.append(offsets[i] - h.base_offset)
-                i += 1
-            out.append(_key_rows(batch, h.base_offset, pa.array(rows, pa.int64()), key))
+                bases = [b for b in found if b < scan_from]
+        out: list[pa.Table] = []
+        parts: list[tuple[pa.RecordBatch, int]] = []
+
+        def take(fp: FramePosition, first: int) -> None:
+            parts.append((s.decode(fp).slice(first - fp.header.base_offset), first))
+            if len(parts) >= _KEY_FILTER_FRAMES:
+                out.append(_key_rows(parts, key))
+                parts.clear()
+
+        for base, fp in zip(bases, _frames_holding(s, [max(b, start) for b in bases], scan_from), strict=True):
+            if fp is None or fp.header.base_offset != base:
+                if base < start:
+                    continue  # wholly below the start: gone with retention (one reaching past it is read)
+                s.suspect(f"key entry for frame {base} points at no such frame")
+                return self.read_key_blocking(shard, key)  # a full scan now
+            take(fp, max(base, start))
         if scan_from < end:
             for fp in s.frames(scan_from, end):
-                h = fp.header
-                batch = s.decode(fp)
-                lo = max(scan_from, h.base_offset) - h.base_offset
-                rows_arr = pa.array(np.arange(lo, h.next_offset - h.base_offset, dtype=np.int64))
-                out.append(_key_rows(batch, h.base_offset, rows_arr, key))
+                take(fp, max(scan_from, fp.header.base_offset))
+        if parts:
+            out.append(_key_rows(parts, key))
         for part in s.pending_tables(pending, max(start, end), durable_end):
-            out.append(part.filter(pc.equal(part.column(3), pa.scalar(key, pa.binary()))))
-        return pa.Table.from_batches(out, schema=READ_SCHEMA)
+            picked = part.filter(pc.equal(part.column(3), pa.scalar(key, pa.binary())))
+            out.append(pa.Table.from_batches([picked], schema=READ_SCHEMA))
+        return pa.concat_tables(out) if out else empty_read_table()
 
     async def read_key(self, shard: int, key: bytes) -> pa.Table:
         try:
@@ -736,12 +788,11 @@ class SegmentEngine:
                 writer.close()
             except (OSError, StorageError) as exc:
                 errors.append(exc)
-        for s in self._shards:
-            for close in (s.log.close, s.index.close):
-                try:
-                    close()
-                except (OSError, StorageError) as exc:
-                    errors.append(exc)
+        for close in [*(s.log.close for s in self._shards), self._index.close]:
+            try:
+                close()
+            except (OSError, StorageError) as exc:
+                errors.append(exc)
         if errors:
             raise StorageError("closing the engine failed") from errors[0]
 
@@ -781,7 +832,7 @@ def _catch_up_index(s: _Shard) -> None:
         if fp.header.next_offset <= begin:
             continue
         batch = s.decode(fp)
-        pending.append(_entry(fp, _frame_keys(batch, fp.header.base_offset), _frame_tags(batch)))
+        pending.append(_entry(fp, batch.column(2), _frame_tags(batch)))
         if len(pending) >= 1024:
             s.index.add(pending)
             pending = []

@@ -1,79 +1,101 @@
-"""Sparse LMDB indexes of one shard: offset, time, key and tag.
+"""One shard's view of its database's sparse LMDB indexes: offset, time, key and tag.
 
-All four live in one LMDB environment per shard (``<shard>/index/``) as named databases:
+Every shard of a database keeps its indexes in the database's one LMDB environment
+(``<db>/index/``, owned by :class:`~seglog.index.db_index.DbIndex`), so descriptors and
+address-space maps do not grow with the shard count. Every key starts with the shard number
+(big-endian u32), which makes each shard one contiguous key range of each named database:
 
-* ``offset``: frame base offset -> (segment base, file position); an entry for the first
-  frame of every segment and then one every ``index_interval_bytes``. Lookup is a floor
-  search followed by a forward scan of frame headers.
-* ``time``: (running max ts, offset after that frame) -> empty. Written when the shard's
-  running maximum timestamp grew and ``index_interval_bytes`` passed. The last entry whose
-  max is below ``ts`` proves that every record before its offset is older than ``ts``.
-* ``key``: (key, record offset) -> empty, for every keyed record. Keys longer than
-  :data:`MAX_INLINE_KEY_BYTES` are stored as a 16-byte BLAKE2b digest and the caller filters.
-* ``tag``: (tag, frame base offset) -> (segment base, file position), one entry per distinct
-  tag (the stream id) of a frame.
-* ``meta``: ``indexed_end`` -- every frame below this offset is indexed.
+* ``offset``: shard | frame base offset -> (segment base, file position); an entry for the
+  first frame of every segment and then one every ``index_interval_bytes``. Lookup is a
+  floor search followed by a forward scan of frame headers.
+* ``time``: shard | (running max ts, offset after that frame) -> empty. Written when the
+  shard's running maximum timestamp grew and ``index_interval_bytes`` passed. The last entry
+  whose max is below ``ts`` proves that every record before its offset is older than ``ts``.
+* ``keyframe``: shard | frame base offset -> the frame's distinct keys (a summary), for keyed
+  frames not merged into postings yet; ``key``: shard | key | run base -> the frames of that
+  run holding the key (postings). See :mod:`seglog.index.keys`: the key index costs one
+  entry per frame plus one per distinct key per run, never one per record.
+* ``tag``: shard | (tag, frame base offset) -> (segment base, file position), one entry per
+  distinct tag (the stream id) of a frame.
+* ``meta``: shard | ``indexed_end`` -- every frame of the shard below this offset is indexed.
 
-The index is derived data: the environment is opened without fsync per transaction, so a
-machine crash can tear it. Each index therefore records the boot that has it open in
-``OPEN`` (fsynced, removed after the final sync at close); an index found open by another
-boot is rebuilt from the segments, one index at a time, whenever it is next opened. An
-environment that cannot be opened is rebuilt too (logged). Entries are written only after
-the frames they point to are durable, in one write transaction per I/O batch.
+Entries are written only after the frames they point to are durable, in one write
+transaction per I/O batch (:func:`add_many`, which may cover many shards). A view's
+in-memory state moves only after that transaction committed.
 """
 
 from __future__ import annotations
 
+import bisect
 import functools
-import hashlib
 import logging
-import os
-import shutil
 import struct
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final, NamedTuple, ParamSpec, TypeVar
+from typing import Any, Final, NamedTuple, ParamSpec, TypeVar
 
 import lmdb
+import numpy as np
+import pyarrow as pa
 
-from seglog._fs import boot_id, fsync_dir
 from seglog.errors import StorageError
+from seglog.index.keys import (
+    DistinctKeys,
+    decode_postings,
+    decode_summary,
+    distinct_keys,
+    encode_postings,
+    encode_summary,
+    frames_holding,
+    merge_postings,
+    normalize_key,
+    posting_prefix,
+    summary_head,
+)
 
 log = logging.getLogger("seglog.index")
 
 __all__ = [
     "DEFAULT_INDEX_INTERVAL_BYTES",
-    "MAX_INLINE_KEY_BYTES",
+    "DEFAULT_MERGE_FRAMES",
+    "DEFAULT_MERGE_PAIRS",
     "FrameEntry",
     "IndexPosition",
+    "IndexTables",
     "ShardIndex",
+    "add_many",
 ]
 
 DEFAULT_INDEX_INTERVAL_BYTES: Final = 4096
-# LMDB keys are at most 511 bytes; the 2-byte length and 8-byte offset leave room for this.
-MAX_INLINE_KEY_BYTES: Final = 400
-_MAP_SIZE_BYTES: Final = 1 << 36  # address space only; the file grows as needed
+# Summaries of one segment are merged into postings once this many frames (or this many
+# (frame, distinct key) pairs) accumulated: lookups test at most about this many summaries,
+# and a merge's cost stays bounded (it runs inside an append's index transaction).
+DEFAULT_MERGE_FRAMES: Final = 256
+DEFAULT_MERGE_PAIRS: Final = 1 << 18
+_U32: Final = struct.Struct(">I")
 _U64: Final = struct.Struct(">Q")
 _U64_PAIR: Final = struct.Struct(">QQ")
 _U32_U64: Final = struct.Struct(">IQ")
 _TS_BIAS: Final = 1 << 63
-_LONG_KEY_MARK: Final = 0xFFFF
-_INDEXED_END: Final = b"indexed_end"
-_OPEN_FILE: Final = "OPEN"
-
+INDEXED_END_KEY: Final = b"indexed_end"
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
 
 
 def _lookup(fn: Callable[_P, _R]) -> Callable[_P, _R]:
-    """Turn LMDB failures of a lookup into :class:`StorageError`."""
+    """Turn failures of a lookup into :class:`StorageError`.
+
+    Besides LMDB's own errors, an entry a torn index garbled fails to decode (struct,
+    NumPy or Arrow errors): the caller then treats the index as suspect and rebuilds it.
+    """
 
     @functools.wraps(fn)
     def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
         try:
             return fn(*args, **kwargs)
-        except lmdb.Error as exc:
+        except (lmdb.Error, struct.error, ValueError, pa.ArrowException) as exc:
             raise StorageError(f"index lookup failed: {exc}") from exc
 
     return wrapper
@@ -95,72 +117,122 @@ class FrameEntry(NamedTuple):
     segment_base: int
     pos: int
     size: int
-    keys: Sequence[tuple[bytes, int]]  # (key, record offset) of keyed records
+    keys: pa.Array | None  # the frame's key column (nullable binary); None: no keys
     tags: Iterable[int]
 
 
-def _key_prefix(key: bytes) -> bytes:
-    if len(key) <= MAX_INLINE_KEY_BYTES:
-        return len(key).to_bytes(2, "big") + key
-    return _LONG_KEY_MARK.to_bytes(2, "big") + hashlib.blake2b(key, digest_size=16).digest()
+class IndexTables(NamedTuple):
+    """The open environment of a database's index and its named databases."""
+
+    path: Path
+    env: Any  # lmdb.Environment
+    offset: Any
+    time: Any
+    key: Any
+    keyframe: Any
+    tag: Any
+    meta: Any
+
+
+class _Pending(NamedTuple):
+    """A summary not merged into postings yet."""
+
+    base: int
+    segment_base: int
+    next_offset: int
+    keys: int  # distinct keys
+
+
+@dataclass
+class _Plan:
+    """One view's share of an :func:`add_many` transaction and the state it leads to."""
+
+    offset_items: list[tuple[bytes, bytes]]
+    time_items: list[tuple[bytes, bytes]]
+    tag_items: list[tuple[bytes, bytes]]
+    summaries: list[tuple[int, int, int, DistinctKeys]]  # base, segment base, next offset, keys
+    segment_base: int  # of the last new frame
+    indexed_end: int
+    since_offset: int
+    since_time: int
+    running_max: int | None
+    # Set inside the transaction: either the summaries kept after a merge (``replaced``), or
+    # the list to extend with ``appended`` (no merge: the common case, no copy of the list).
+    replaced: list[_Pending] | None = None
+    extend: list[_Pending] = field(default_factory=list)
+    appended: list[_Pending] = field(default_factory=list)
+    pairs: int = 0
+
+
+def add_many(tables: IndexTables, batches: Sequence[tuple[ShardIndex, Sequence[FrameEntry]]]) -> None:
+    """Index durable frames of many shards of one database in ONE write transaction.
+
+    Args:
+        tables: The database's environment.
+        batches: ``(view, frames in offset order)``; a view may appear more than once (its
+            frames are taken in the order given).
+
+    Nothing changes, in memory or on disk, unless the transaction commits.
+
+    Raises:
+        StorageError: The transaction failed.
+    """
+    if len(batches) == 1:
+        plans = [(batches[0][0], batches[0][0]._plan(batches[0][1]))]
+    else:
+        grouped: dict[int, tuple[ShardIndex, list[FrameEntry]]] = {}
+        for view, frames in batches:
+            grouped.setdefault(id(view), (view, []))[1].extend(frames)
+        plans = [(view, view._plan(frames)) for view, frames in grouped.values()]
+    todo = [(view, plan) for view, plan in plans if plan is not None]
+    if not todo:
+        return
+    try:
+        with tables.env.begin(write=True) as txn:
+            for view, plan in todo:
+                view._write(txn, plan)
+    except lmdb.Error as exc:
+        raise StorageError(f"index write failed at {tables.path}") from exc
+    for view, plan in todo:
+        view._apply(plan)
 
 
 class ShardIndex:
-    """The sparse indexes of one shard (see the module docstring)."""
+    """The sparse indexes of one shard: a view of its key range (see the module docstring).
 
-    def __init__(self, path: Path, *, index_interval_bytes: int = DEFAULT_INDEX_INTERVAL_BYTES) -> None:
-        self.path = path
+    Created by :meth:`DbIndex.shard <seglog.index.db_index.DbIndex.shard>`; closed with it.
+    Writes come from the shard's one writer thread; lookups are safe from any thread.
+    """
+
+    def __init__(
+        self,
+        tables: IndexTables,
+        number: int,
+        *,
+        indexed_end: int,
+        rebuilt: bool,
+        index_interval_bytes: int = DEFAULT_INDEX_INTERVAL_BYTES,
+        merge_frames: int = DEFAULT_MERGE_FRAMES,
+        merge_pairs: int = DEFAULT_MERGE_PAIRS,
+    ) -> None:
+        self._t = tables
+        self.number = number
         self.index_interval_bytes = index_interval_bytes
+        #: Every frame of the shard below this offset is indexed.
+        self.indexed_end = indexed_end
         #: Whether this open found the index unusable and started it empty (callers re-index).
-        self.rebuilt = False
-        torn = _opened_by_other_boot(path)
-        if torn:
-            log.warning("%s: open when the machine restarted (may be torn); rebuilding it", path)
-            self._discard()
-        try:
-            self._open_env()
-        except lmdb.Error as exc:
-            log.warning("%s: cannot open the index (%s); rebuilding it from the segments", path, exc)
-            self._discard()
-            try:
-                self._open_env()
-            except lmdb.Error as exc2:
-                raise StorageError(f"cannot open index at {path}") from exc2
-        self.rebuilt = self.rebuilt or torn
+        self.rebuilt = rebuilt
+        self._prefix = _U32.pack(number)
+        self._merge_frames = merge_frames
+        self._merge_pairs = merge_pairs
+        # Summaries not merged yet, ascending, and their keys in all; None until the first
+        # write loads them.
+        self._pending: list[_Pending] | None = None
+        self._pending_pairs = 0
         self._reset_sparse_state()
 
-    def _discard(self) -> None:
-        shutil.rmtree(self.path, ignore_errors=True)
-        self.rebuilt = True
-
-    def _open_env(self) -> None:
-        path = self.path
-        if not path.is_dir():
-            path.mkdir(parents=True)
-            fsync_dir(path.parent)
-        self._env = lmdb.open(
-            str(path),
-            map_size=_MAP_SIZE_BYTES,
-            max_dbs=8,
-            sync=False,
-            metasync=False,
-            readahead=False,
-            lock=True,
-        )
-        try:
-            env = self._env
-            self._offset = env.open_db(b"offset")
-            self._time = env.open_db(b"time")
-            self._key = env.open_db(b"key")
-            self._tag = env.open_db(b"tag")
-            self._meta = env.open_db(b"meta")
-            with env.begin() as txn:
-                raw = txn.get(_INDEXED_END, db=self._meta)
-            self.indexed_end = _U64.unpack(raw)[0] if raw else 0
-            _write_open_marker(path)
-        except (lmdb.Error, struct.error, OSError) as exc:
-            self._env.close()
-            raise lmdb.Error(str(exc)) from exc
+    def __repr__(self) -> str:
+        return f"ShardIndex({str(self._t.path)!r}, shard={self.number})"
 
     def _reset_sparse_state(self) -> None:
         # Recomputed conservatively (the next frame gets entries) after open or a cut.
@@ -169,84 +241,192 @@ class ShardIndex:
         self._running_max_ts: int | None = None
         self._last_segment_base: int | None = None
 
+    def _k(self, *parts: bytes) -> bytes:
+        return self._prefix + b"".join(parts)
+
     def reset(self) -> None:
-        """Drop every entry (the index disagreed with the segments); the caller re-indexes.
+        """Drop every entry of this shard (it disagreed with the segments); the caller re-indexes.
+
+        Other shards' entries are untouched.
 
         Raises:
-            StorageError: The environment could not be cleared.
+            StorageError: The entries could not be cleared.
         """
-        log.warning("%s: clearing the index to rebuild it from the segments", self.path)
+        log.warning("%s shard %d: clearing the index to rebuild it from the segments", self._t.path, self.number)
+        t = self._t
         try:
-            with self._env.begin(write=True) as txn:
-                for db in (self._offset, self._time, self._key, self._tag):
-                    txn.drop(db, delete=False)
-                txn.put(_INDEXED_END, _U64.pack(0), db=self._meta)
+            with t.env.begin(write=True) as txn:
+                for db in (t.offset, t.time, t.key, t.keyframe, t.tag):
+                    _delete_range(txn.cursor(db), self._prefix, self._prefix)
+                txn.put(self._k(INDEXED_END_KEY), _U64.pack(0), db=t.meta)
         except lmdb.Error as exc:
-            raise StorageError(f"cannot clear index at {self.path}") from exc
+            raise StorageError(f"cannot clear index of shard {self.number} at {t.path}") from exc
         self.indexed_end = 0
+        self._set_pending([])
         self._reset_sparse_state()
 
     # --- writing -----------------------------------------------------------------------
 
     def add(self, frames: Sequence[FrameEntry]) -> None:
-        """Index durable frames (in offset order) in one write transaction.
-
-        Nothing changes, in memory or on disk, unless the transaction commits.
+        """Index durable frames (in offset order) in one write transaction (:func:`add_many`).
 
         Raises:
             StorageError: The transaction failed.
         """
-        if not frames:
-            return
+        add_many(self._t, [(self, frames)])
+
+    def _plan(self, frames: Sequence[FrameEntry]) -> _Plan | None:
+        """The entries of ``frames`` and the sparse state after them (no I/O)."""
         offset_items: list[tuple[bytes, bytes]] = []
         time_items: list[tuple[bytes, bytes]] = []
-        key_items: list[tuple[bytes, bytes]] = []
         tag_items: list[tuple[bytes, bytes]] = []
+        summaries: list[tuple[int, int, int, DistinctKeys]] = []
         interval = self.index_interval_bytes
         since_offset = self._bytes_since_offset_entry
         since_time = self._bytes_since_time_entry
         running_max = self._running_max_ts
         last_segment = self._last_segment_base
         indexed_end = self.indexed_end
+        prefix = self._prefix
         for f in frames:
             if f.next_offset <= indexed_end:
                 continue  # already indexed (rebuild overlapping a live tail)
             position = _U64_PAIR.pack(f.segment_base, f.pos)
             since_offset += f.size
             if last_segment != f.segment_base or since_offset >= interval:
-                offset_items.append((_U64.pack(f.base_offset), position))
+                offset_items.append((prefix + _U64.pack(f.base_offset), position))
                 since_offset = 0
                 last_segment = f.segment_base
             since_time += f.size
             if running_max is None or f.max_ts > running_max:
                 running_max = f.max_ts
                 if since_time >= interval:
-                    time_items.append((_U64_PAIR.pack(f.max_ts + _TS_BIAS, f.next_offset), b""))
+                    time_items.append((prefix + _U64_PAIR.pack(f.max_ts + _TS_BIAS, f.next_offset), b""))
                     since_time = 0
-            for key, offset in f.keys:
-                key_items.append((_key_prefix(key) + _U64.pack(offset), b""))
+            if f.keys is not None:
+                keys = distinct_keys(f.keys)
+                if keys is not None:
+                    summaries.append((f.base_offset, f.segment_base, f.next_offset, keys))
             for tag in f.tags:
-                tag_items.append((_U32_U64.pack(tag, f.base_offset), position))
+                tag_items.append((prefix + _U32_U64.pack(tag, f.base_offset), position))
             indexed_end = f.next_offset
-        try:
-            with self._env.begin(write=True) as txn:
-                if offset_items:
-                    txn.cursor(self._offset).putmulti(offset_items)
-                if time_items:
-                    txn.cursor(self._time).putmulti(time_items)
-                if key_items:
-                    key_items.sort()
-                    txn.cursor(self._key).putmulti(key_items)
-                if tag_items:
-                    txn.cursor(self._tag).putmulti(tag_items)
-                txn.put(_INDEXED_END, _U64.pack(indexed_end), db=self._meta)
-        except lmdb.Error as exc:
-            raise StorageError(f"index write failed at {self.path}") from exc
-        self.indexed_end = indexed_end
-        self._bytes_since_offset_entry = since_offset
-        self._bytes_since_time_entry = since_time
-        self._running_max_ts = running_max
-        self._last_segment_base = last_segment
+        if last_segment is None or indexed_end == self.indexed_end:
+            return None
+        return _Plan(offset_items, time_items, tag_items, summaries, last_segment, indexed_end,
+                     since_offset, since_time, running_max)
+
+    def _write(self, txn: Any, plan: _Plan) -> None:
+        """Put ``plan`` into the write transaction ``txn``, merging summaries that are due."""
+        t = self._t
+        if plan.offset_items:
+            txn.cursor(t.offset).putmulti(plan.offset_items)
+        if plan.time_items:
+            txn.cursor(t.time).putmulti(plan.time_items)
+        if plan.tag_items:
+            plan.tag_items.sort()
+            txn.cursor(t.tag).putmulti(plan.tag_items)
+        if self._pending is None:
+            old = self._load_pending(txn)
+            pairs = sum(p.keys for p in old)
+        else:
+            old, pairs = self._pending, self._pending_pairs
+        new: dict[int, bytes] = {}
+        appended: list[_Pending] = []
+        for base, seg, nxt, keys in plan.summaries:
+            new[base] = encode_summary(seg, nxt, keys)
+            appended.append(_Pending(base, seg, nxt, keys.size))
+            pairs += keys.size
+        count = len(old) + len(appended)
+        first = old[0] if old else appended[0] if appended else None
+        if first is None or (first.segment_base == plan.segment_base and count < self._merge_frames
+                             and pairs < self._merge_pairs):
+            # Nothing to merge (all in the current segment, below the thresholds).
+            if appended:
+                txn.cursor(t.keyframe).putmulti([(self._k(_U64.pack(p.base)), new[p.base]) for p in appended])
+            plan.extend, plan.appended, plan.pairs = old, appended, pairs
+        else:
+            plan.replaced = self._merge_due(txn, [*old, *appended], new, plan.segment_base)
+            plan.pairs = sum(p.keys for p in plan.replaced)
+        txn.put(self._k(INDEXED_END_KEY), _U64.pack(plan.indexed_end), db=t.meta)
+
+    def _merge_due(self, txn: Any, pending: list[_Pending], new: dict[int, bytes], segment_base: int) -> list[_Pending]:
+        """Merge the runs of ``pending`` that are due into postings; return the summaries kept.
+
+        ``new`` holds the summaries of this transaction (not put yet: a merged one never is).
+        """
+        t = self._t
+        keep, runs = self._due_runs(pending, segment_base)
+        for run in runs:
+            frames = []
+            for p in run:
+                blob = new.get(p.base)
+                if blob is None:
+                    blob = txn.get(self._k(_U64.pack(p.base)), db=t.keyframe)
+                    txn.delete(self._k(_U64.pack(p.base)), db=t.keyframe)
+                if blob is not None:  # a lost summary (torn index) is caught by a rebuild, not here
+                    frames.append((p.base, decode_summary(blob).keys))
+            items = merge_postings(self._prefix, run[0].base, run[-1].next_offset, frames)
+            if items:
+                txn.cursor(t.key).putmulti(items)
+        keyframes = [(self._k(_U64.pack(p.base)), new[p.base]) for p in keep if p.base in new]
+        if keyframes:
+            txn.cursor(t.keyframe).putmulti(keyframes)
+        return keep
+
+    def _apply(self, plan: _Plan) -> None:
+        """The transaction holding ``plan`` committed: move the in-memory state."""
+        self.indexed_end = plan.indexed_end
+        self._bytes_since_offset_entry = plan.since_offset
+        self._bytes_since_time_entry = plan.since_time
+        self._running_max_ts = plan.running_max
+        self._last_segment_base = plan.segment_base
+        if plan.replaced is not None:
+            self._pending = plan.replaced
+        else:
+            plan.extend.extend(plan.appended)
+            self._pending = plan.extend
+        self._pending_pairs = plan.pairs
+
+    def _set_pending(self, pending: list[_Pending]) -> None:
+        self._pending = pending
+        self._pending_pairs = sum(p.keys for p in pending)
+
+    def _load_pending(self, txn: Any) -> list[_Pending]:
+        out: list[_Pending] = []
+        cur = txn.cursor(self._t.keyframe)
+        if not cur.set_range(self._prefix):
+            return out
+        for k, v in cur.iternext():
+            if not k.startswith(self._prefix):
+                break
+            seg, nxt, n = summary_head(v)
+            out.append(_Pending(_U64.unpack_from(k, 4)[0], seg, nxt, n))
+        return out
+
+    def _due_runs(self, pending: list[_Pending], current_segment: int) -> tuple[list[_Pending], list[list[_Pending]]]:
+        """Split summaries into those kept and runs to merge now.
+
+        A run never spans segments (a posting belongs to one segment, so retention and cuts
+        stay per segment). The summaries of a segment other than the current one (it
+        rolled) are merged whatever their number; the current segment's in runs of
+        ``merge_frames`` frames or ``merge_pairs`` keys.
+        """
+        keep: list[_Pending] = []
+        runs: list[list[_Pending]] = []
+        run: list[_Pending] = []
+        pairs = 0
+        for i, p in enumerate(pending):
+            run.append(p)
+            pairs += p.keys
+            last_of_segment = i + 1 == len(pending) or pending[i + 1].segment_base != p.segment_base
+            full = len(run) >= self._merge_frames or pairs >= self._merge_pairs
+            if full or (last_of_segment and p.segment_base != current_segment):
+                runs.append(run)
+                run, pairs = [], 0
+            elif last_of_segment:
+                keep.extend(run)
+                run, pairs = [], 0
+        return keep, runs
 
     def truncate_from(self, offset: int) -> None:
         """Drop every entry that points at or past ``offset`` (the log was cut there).
@@ -255,154 +435,206 @@ class ShardIndex:
             StorageError: The transaction failed.
         """
         end = min(self.indexed_end, offset)
+        t = self._t
+        prefix = self._prefix
         try:
-            with self._env.begin(write=True) as txn:
-                _delete_where(txn.cursor(self._offset), lambda k: _U64.unpack(k)[0] >= offset)
-                _delete_where(txn.cursor(self._time), lambda k: _U64_PAIR.unpack(k)[1] > offset)
-                _delete_where(txn.cursor(self._key), lambda k: _U64.unpack(k[-8:])[0] >= offset)
-                _delete_where(txn.cursor(self._tag), lambda k: _U32_U64.unpack(k)[1] >= offset)
-                txn.put(_INDEXED_END, _U64.pack(end), db=self._meta)
+            with t.env.begin(write=True) as txn:
+                _delete_range(txn.cursor(t.offset), self._k(_U64.pack(offset)), prefix)
+                _delete_where(txn.cursor(t.time), prefix, lambda k: _U64_PAIR.unpack_from(k, 4)[1] > offset)
+                _delete_where(txn.cursor(t.tag), prefix, lambda k: _U32_U64.unpack_from(k, 4)[1] >= offset)
+                _delete_range(txn.cursor(t.keyframe), self._k(_U64.pack(offset)), prefix)
+                _cut_postings(txn.cursor(t.key), prefix, offset)
+                txn.put(self._k(INDEXED_END_KEY), _U64.pack(end), db=t.meta)
         except lmdb.Error as exc:
-            raise StorageError(f"index cut failed at {self.path}") from exc
+            raise StorageError(f"index cut of shard {self.number} failed at {t.path}") from exc
         self.indexed_end = end
+        if self._pending is not None:
+            self._set_pending([p for p in self._pending if p.base < offset])
         self._reset_sparse_state()
 
     def delete_below(self, offset: int) -> None:
         """Drop entries for data below ``offset`` (retention removed it).
 
+        Key entries are dropped only for frames (runs) wholly below ``offset``: a frame that
+        straddles it still has readable records.
+
         Raises:
             StorageError: The transaction failed.
         """
+        t = self._t
+        prefix = self._prefix
         try:
-            with self._env.begin(write=True) as txn:
-                cur = txn.cursor(self._offset)
-                _delete_while(cur, lambda k: _U64.unpack(k)[0] < offset)
-                _delete_where(txn.cursor(self._key), lambda k: _U64.unpack(k[-8:])[0] < offset)
-                _delete_where(txn.cursor(self._tag), lambda k: _U32_U64.unpack(k)[1] < offset)
+            with t.env.begin(write=True) as txn:
+                _delete_range(txn.cursor(t.offset), prefix, prefix, below=self._k(_U64.pack(offset)))
+                _delete_where(txn.cursor(t.tag), prefix, lambda k: _U32_U64.unpack_from(k, 4)[1] < offset)
+                gone = _drop_summaries_below(txn.cursor(t.keyframe), prefix, offset)
+                _delete_where(txn.cursor(t.key), prefix, lambda k: False,
+                              value_doomed=lambda v: decode_postings(v)[0] <= offset)
         except lmdb.Error as exc:
-            raise StorageError(f"index cleanup failed at {self.path}") from exc
-
-    def sync(self) -> None:
-        """Flush the environment to disk."""
-        self._env.sync(True)
-
-    def close(self) -> None:
-        """Sync and close the environment; a clean close clears the ``OPEN`` record.
-
-        Raises:
-            StorageError: The final sync failed (the index is rebuilt on a later boot).
-        """
-        try:
-            self._env.sync(True)
-            (self.path / _OPEN_FILE).unlink(missing_ok=True)
-        except (lmdb.Error, OSError) as exc:
-            raise StorageError(f"closing index at {self.path} failed") from exc
-        finally:
-            self._env.close()
+            raise StorageError(f"index cleanup of shard {self.number} failed at {t.path}") from exc
+        if self._pending is not None:
+            self._set_pending([p for p in self._pending if p.base not in gone])
 
     # --- lookups (microsecond-scale; safe from any thread) -----------------------------
 
     @_lookup
     def floor(self, offset: int) -> tuple[int, IndexPosition] | None:
         """The indexed frame with the greatest base offset ``<= offset``."""
-        with self._env.begin(db=self._offset) as txn:
-            cur = txn.cursor()
-            if cur.set_range(_U64.pack(offset + 1)):
-                if not cur.prev():
-                    return None
-            elif not cur.last():
+        with self._t.env.begin(db=self._t.offset) as txn:
+            k_v = _floor_item(txn.cursor(), self._prefix, self._k(_U64.pack(offset + 1)))
+            if k_v is None:
                 return None
-            base = _U64.unpack(cur.key())[0]
-            seg, pos = _U64_PAIR.unpack(cur.value())
+            base = _U64.unpack_from(k_v[0], 4)[0]
+            seg, pos = _U64_PAIR.unpack(k_v[1])
             return base, IndexPosition(seg, pos)
 
     @_lookup
     def time_lower_bound(self, ts: int) -> int | None:
         """An offset before which every record has a timestamp below ``ts`` (``None``: no bound)."""
-        with self._env.begin(db=self._time) as txn:
-            cur = txn.cursor()
-            if cur.set_range(_U64_PAIR.pack(ts + _TS_BIAS, 0)):
-                if not cur.prev():
-                    return None
-            elif not cur.last():
+        with self._t.env.begin(db=self._t.time) as txn:
+            k_v = _floor_item(txn.cursor(), self._prefix, self._k(_U64_PAIR.pack(ts + _TS_BIAS, 0)))
+            if k_v is None:
                 return None
-            return int(_U64_PAIR.unpack(cur.key())[1])
+            return int(_U64_PAIR.unpack_from(k_v[0], 4)[1])
 
     @_lookup
-    def key_offsets(self, key: bytes, *, start: int = 0) -> list[int]:
-        """Offsets (ascending) of records whose key is, or hashes like, ``key``."""
-        prefix = _key_prefix(key)
-        out: list[int] = []
-        with self._env.begin(db=self._key) as txn:
-            cur = txn.cursor()
-            if not cur.set_range(prefix + _U64.pack(start)):
-                return out
-            for k in cur.iternext(keys=True, values=False):
-                if not k.startswith(prefix) or len(k) != len(prefix) + 8:
-                    break
-                out.append(_U64.unpack(k[-8:])[0])
-        return out
+    def key_frames(self, key: bytes, *, start: int = 0) -> list[int]:
+        """Base offsets (ascending) of frames that may hold records with ``key``.
+
+        A superset: a long key's digest may match other long keys, and the last candidate
+        below ``start`` is included (it may be the frame that reaches past ``start``); the
+        caller filters rows by the key.
+        """
+        norm = normalize_key(key)
+        prefix = posting_prefix(self._prefix, norm)
+        found: list[np.ndarray[Any, Any]] = []
+        summaries: list[tuple[int, bytes]] = []
+        t = self._t
+        with t.env.begin() as txn:
+            cur = txn.cursor(t.key)
+            if cur.set_range(prefix):
+                for k, v in cur.iternext():
+                    if not k.startswith(prefix):
+                        break
+                    run_end, bases = decode_postings(v)
+                    if run_end > start:
+                        found.append(bases)
+            cur = txn.cursor(t.keyframe)
+            if cur.set_range(self._prefix):
+                for k, v in cur.iternext():
+                    if not k.startswith(self._prefix):
+                        break
+                    if summary_head(v)[1] > start:
+                        summaries.append((_U64.unpack_from(k, 4)[0], v))
+        merged = set(np.concatenate(found).tolist()) if found else set()
+        merged.update(frames_holding(norm, summaries))
+        out = sorted(merged)
+        # Only the frame holding ``start`` can reach past it: the greatest base below it.
+        first = bisect.bisect_left(out, start)
+        return out[max(0, first - 1):]
 
     @_lookup
     def tag_frames(self, tag: int, *, start: int = 0) -> list[tuple[int, IndexPosition]]:
         """(frame base offset, position) of frames holding records with ``tag``, ascending."""
         out: list[tuple[int, IndexPosition]] = []
-        with self._env.begin(db=self._tag) as txn:
+        with self._t.env.begin(db=self._t.tag) as txn:
             cur = txn.cursor()
-            if not cur.set_range(_U32_U64.pack(tag, start)):
+            if not cur.set_range(self._k(_U32_U64.pack(tag, start))):
                 return out
             for k, v in cur.iternext():
-                t, base = _U32_U64.unpack(k)
+                if not k.startswith(self._prefix):
+                    break
+                t, base = _U32_U64.unpack_from(k, 4)
                 if t != tag:
                     break
                 out.append((base, IndexPosition(*_U64_PAIR.unpack(v))))
         return out
 
 
-def _opened_by_other_boot(path: Path) -> bool:
-    """Whether the index was left open (not closed cleanly) by an earlier boot of the machine."""
-    try:
-        return (path / _OPEN_FILE).read_text().strip() != boot_id()
-    except FileNotFoundError:
-        return False
-    except (OSError, UnicodeDecodeError):
-        return True
+def _floor_item(cur: Any, prefix: bytes, above: bytes) -> tuple[bytes, bytes] | None:
+    """The last item of the ``prefix`` range whose key is below ``above``."""
+    if cur.set_range(above):
+        if not cur.prev():
+            return None
+    elif not cur.last():
+        return None
+    k = cur.key()
+    if not k.startswith(prefix):
+        return None
+    return k, cur.value()
 
 
-def _write_open_marker(path: Path) -> None:
-    marker = path / _OPEN_FILE
-    try:
-        if marker.read_text().strip() == boot_id():
-            return
-    except (OSError, UnicodeDecodeError):
-        pass
-    tmp = path / (_OPEN_FILE + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(boot_id())
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, marker)
-    fsync_dir(path)
-
-
-def _delete_where(cur: lmdb.Cursor, doomed: object) -> None:
-    pred = doomed  # callable[[bytes], bool]
-    if not cur.first():
+def _delete_range(cur: Any, start: bytes, prefix: bytes, *, below: bytes | None = None) -> None:
+    """Delete the keys from ``start`` that begin with ``prefix`` (and are ``< below``)."""
+    if not cur.set_range(start):
         return
     while True:
-        if pred(cur.key()):  # type: ignore[operator]
-            if not cur.delete():
-                break
-            if not cur.key():
-                break
-        elif not cur.next():
-            break
-
-
-def _delete_while(cur: lmdb.Cursor, doomed: object) -> None:
-    pred = doomed
-    if not cur.first():
-        return
-    while cur.key() and pred(cur.key()):  # type: ignore[operator]
+        k = cur.key()
+        if not k or not k.startswith(prefix) or (below is not None and k >= below):
+            return
         if not cur.delete():
-            break
+            return
+
+
+def _delete_where(
+    cur: Any,
+    prefix: bytes,
+    doomed: Callable[[bytes], bool],
+    *,
+    value_doomed: Callable[[bytes], bool] | None = None,
+) -> None:
+    """Delete the keys of the ``prefix`` range for which ``doomed`` (or ``value_doomed``) holds."""
+    if not cur.set_range(prefix):
+        return
+    while True:
+        k = cur.key()
+        if not k or not k.startswith(prefix):
+            return
+        if doomed(k) or (value_doomed is not None and value_doomed(cur.value())):
+            if not cur.delete():
+                return
+        elif not cur.next():
+            return
+
+
+def _drop_summaries_below(cur: Any, prefix: bytes, offset: int) -> set[int]:
+    """Delete summaries of frames wholly below ``offset``; return their base offsets."""
+    gone: set[int] = set()
+    if not cur.set_range(prefix):
+        return gone
+    while True:
+        k = cur.key()
+        if not k or not k.startswith(prefix):
+            return gone
+        base = _U64.unpack_from(k, 4)[0]
+        if base >= offset:
+            return gone
+        if summary_head(cur.value())[1] <= offset:
+            gone.add(base)
+            if not cur.delete():
+                return gone
+        elif not cur.next():
+            return gone
+
+
+def _cut_postings(cur: Any, prefix: bytes, offset: int) -> None:
+    """Make every posting of the shard forget frames at or past ``offset``."""
+    if not cur.set_range(prefix):
+        return
+    while True:
+        k = cur.key()
+        if not k or not k.startswith(prefix):
+            return
+        run_end, bases = decode_postings(cur.value())
+        if run_end <= offset:
+            if not cur.next():
+                return
+            continue
+        kept = bases[bases < offset]
+        if not len(kept):
+            if not cur.delete():
+                return
+            continue
+        cur.put(k, encode_postings(offset, kept))
+        if not cur.next():
+            return
