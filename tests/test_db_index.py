@@ -313,3 +313,12 @@ def test_a_view_given_twice_takes_its_frames_in_order(db_index: DbIndex) -> None
     db_index.add_many([(view, frames[:2]), (db_index.shard(1), frames[:1]), (view, frames[2:])])
     assert _txn_id(db_index) == before + 1
     assert view.indexed_end == 60 and view.key_frames(b"k2") == [f.base_offset for f in frames]
+
+
+def test_a_key_column_arrow_cannot_index_is_an_index_failure(db_index: DbIndex) -> None:
+    """The frames are durable when the index sees them: it must fail as the index, not the write."""
+    view = db_index.shard(0)
+    bad = FrameEntry(0, 2, 0, 0, 0, 200, pa.array([[1], [2]], pa.list_(pa.int64())), [1])
+    with pytest.raises(StorageError):
+        view.add([bad])
+    assert view.indexed_end == 0

@@ -177,21 +177,23 @@ def add_many(tables: IndexTables, batches: Sequence[tuple[ShardIndex, Sequence[F
     Raises:
         StorageError: The transaction failed.
     """
-    if len(batches) == 1:
-        plans = [(batches[0][0], batches[0][0]._plan(batches[0][1]))]
-    else:
-        grouped: dict[int, tuple[ShardIndex, list[FrameEntry]]] = {}
-        for view, frames in batches:
-            grouped.setdefault(id(view), (view, []))[1].extend(frames)
-        plans = [(view, view._plan(frames)) for view, frames in grouped.values()]
-    todo = [(view, plan) for view, plan in plans if plan is not None]
-    if not todo:
-        return
     try:
+        if len(batches) == 1:
+            plans = [(batches[0][0], batches[0][0]._plan(batches[0][1]))]
+        else:
+            grouped: dict[int, tuple[ShardIndex, list[FrameEntry]]] = {}
+            for view, frames in batches:
+                grouped.setdefault(id(view), (view, []))[1].extend(frames)
+            plans = [(view, view._plan(frames)) for view, frames in grouped.values()]
+        todo = [(view, plan) for view, plan in plans if plan is not None]
+        if not todo:
+            return
         with tables.env.begin(write=True) as txn:
             for view, plan in todo:
                 view._write(txn, plan)
-    except lmdb.Error as exc:
+    except (lmdb.Error, ValueError, pa.ArrowException) as exc:
+        # Arrow errors too (a key column it cannot take): the frames are durable already, so
+        # the caller must see an index failure (it catches up later), not a write failure.
         raise StorageError(f"index write failed at {tables.path}") from exc
     for view, plan in todo:
         view._apply(plan)
