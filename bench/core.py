@@ -244,6 +244,7 @@ async def seglog_append(directory: Path, batches: list[list[seglog.Record]], sha
             t0 = time.perf_counter()
             await asyncio.gather(*(produce(k) for k in range(shape.producers)))
             elapsed = time.perf_counter() - t0
+        await db.seal()  # pending rows of many-shard appends into their segments (not timed)
         nbytes = sum(s.bytes for s in db.stats())
     if not keep:
         shutil.rmtree(directory, ignore_errors=True)
