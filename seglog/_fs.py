@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, Final
 
-__all__ = ["atomic_write", "boot_id", "fsync_dir"]
+__all__ = ["atomic_write", "boot_id", "fsync_dir", "pwritev_all"]
 
 _BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
+# Linux's IOV_MAX: one pwritev takes at most this many buffers.
+_IOV_MAX: Final = 1024
 
 
 def fsync_dir(path: str | os.PathLike[str]) -> None:
@@ -45,3 +49,35 @@ def boot_id() -> str:
         return _BOOT_ID_PATH.read_text().strip()
     except OSError:
         return "unknown"
+
+
+def pwritev_all(fd: int, buffers: Sequence[Any], pos: int) -> int:
+    """Write every buffer at ``pos`` with as few ``pwritev`` calls as possible; return the end.
+
+    Partial writes (e.g. a disk nearly full) are continued until everything is written or a
+    call raises.
+
+    Raises:
+        OSError: A write failed; some of the bytes may have been written.
+    """
+    for i in range(0, len(buffers), _IOV_MAX):
+        chunk = [memoryview(b).cast("B") for b in buffers[i : i + _IOV_MAX]]
+        want = sum(len(b) for b in chunk)
+        while want:
+            written = os.pwritev(fd, chunk, pos)
+            pos += written
+            want -= written
+            if want:
+                chunk = _drop_prefix(chunk, written)
+    return pos
+
+
+def _drop_prefix(chunk: list[memoryview], nbytes: int) -> list[memoryview]:
+    out: list[memoryview] = []
+    for b in chunk:
+        if nbytes >= len(b):
+            nbytes -= len(b)
+            continue
+        out.append(b[nbytes:])
+        nbytes = 0
+    return out

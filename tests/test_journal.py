@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -38,6 +40,23 @@ def _kill_after(data: Path, mode: str, acks: int) -> list[tuple[int, int, int, i
         proc.wait(timeout=30)
     assert len(lines) >= acks, "child died before producing enough acknowledgements"
     return [tuple(map(int, ln.split())) for ln in lines if ln.endswith("\n")]  # type: ignore[misc]
+
+
+@contextlib.contextmanager
+def _counting_fdatasync() -> Iterator[list[int]]:
+    """Count ``os.fdatasync`` calls (any thread) while entered: ``[count]``."""
+    calls = [0]
+    real = os.fdatasync
+
+    def counted(fd: int) -> None:
+        calls[0] += 1
+        real(fd)
+
+    os.fdatasync = counted  # type: ignore[assignment]
+    try:
+        yield calls
+    finally:
+        os.fdatasync = real  # type: ignore[assignment]
 
 
 def _segment_ends(db_dir: Path, shards: int) -> list[int]:
@@ -115,20 +134,9 @@ def test_one_fdatasync_per_drain_for_many_shards(run, data_dir: Path) -> None:
             db = await store.create_db("t", shards=64)
             recs = [seglog.Record(topic="m", value=b"v" * 100, key=b"dev-%d" % i) for i in range(1000)]
             await db.append(recs)  # warm: journals allocated
-            calls = 0
-            real = os.fdatasync
-
-            def counted(fd: int) -> None:
-                nonlocal calls
-                calls += 1
-                real(fd)
-
-            os.fdatasync = counted  # type: ignore[assignment]
-            try:
+            with _counting_fdatasync() as calls:
                 res = await db.append(recs)
-            finally:
-                os.fdatasync = real  # type: ignore[assignment]
-            return calls, len(set(res.shards.tolist()))
+            return calls[0], len(set(res.shards.tolist()))
 
     calls, touched = run(main())
     assert touched == 64
@@ -174,21 +182,10 @@ def test_interval_policy_is_one_sync_per_interval_not_per_shard(run, data_dir: P
             db = await store.create_db("t", shards=32)
             recs = [seglog.Record(topic="m", value=b"v", key=b"k%d" % i) for i in range(500)]
             await db.append(recs)
-            calls = 0
-            real = os.fdatasync
-
-            def counted(fd: int) -> None:
-                nonlocal calls
-                calls += 1
-                real(fd)
-
-            os.fdatasync = counted  # type: ignore[assignment]
-            try:
+            with _counting_fdatasync() as calls:
                 for _ in range(5):
                     await db.append(recs)
-            finally:
-                os.fdatasync = real  # type: ignore[assignment]
-            return calls
+            return calls[0]
 
     assert run(main()) == 0
 

@@ -52,9 +52,11 @@ __all__ = [
     "Maintenance",
     "QueueableShard",
     "WriteGenerations",
+    "await_outcomes",
     "frame_bytes",
     "frame_keys",
     "queue_appends",
+    "raise_if_failed",
     "split_batch",
     "with_offsets",
 ]
@@ -361,15 +363,7 @@ async def queue_appends(
             fut.add_done_callback(functools.partial(_notify, listener, s.number))
         futures.append(fut)
         queued.append(i)
-    outcomes: list[Any]
-    if len(futures) == 1:
-        # The common single-shard case, without gather's bookkeeping.
-        try:
-            outcomes = [await futures[0]]
-        except StorageError as exc:
-            outcomes = [exc]
-    else:
-        outcomes = await asyncio.gather(*futures, return_exceptions=True)
+    outcomes = await await_outcomes(futures)
     failed: dict[int, BaseException] = {}
     written: dict[int, int] = {}
     for i, outcome in zip(queued, outcomes, strict=True):
@@ -379,17 +373,37 @@ async def queue_appends(
                 quota.release(sizes[i])
         else:
             written[shards[i].number] = bases[i]
-    if failed:
-        first = next(iter(failed.values()))
-        if not isinstance(first, StorageError):
-            raise first
-        raise AppendFailed(
-            f"append failed on shard(s) {sorted(failed)} (nothing of those parts was kept)"
-            + (f"; the parts for shard(s) {sorted(written)} were written" if written else ""),
-            failed=failed,
-            written=written,
-        ) from first
+    raise_if_failed(failed, written)
     return bases
+
+
+async def await_outcomes(futures: Sequence[asyncio.Future[Any]]) -> list[Any]:
+    """Each future's result, or its :class:`StorageError` (any other exception propagates)."""
+    if len(futures) == 1:
+        # The common single-request case, without gather's bookkeeping.
+        try:
+            return [await futures[0]]
+        except StorageError as exc:
+            return [exc]
+    return list(await asyncio.gather(*futures, return_exceptions=True))
+
+
+def raise_if_failed(failed: dict[int, BaseException], written: dict[int, int]) -> None:
+    """Raise :class:`AppendFailed` naming the failed and written shards (nothing if none failed).
+
+    An exception that is not a :class:`StorageError` (a bug, a cancellation) is re-raised as is.
+    """
+    if not failed:
+        return
+    first = next(iter(failed.values()))
+    if not isinstance(first, StorageError):
+        raise first
+    raise AppendFailed(
+        f"append failed on shard(s) {sorted(failed)} (nothing of those parts was kept)"
+        + (f"; the parts for shard(s) {sorted(written)} were written" if written else ""),
+        failed=failed,
+        written=written,
+    ) from first
 
 
 def _notify(listener: Callable[[int], None], shard: int, _fut: asyncio.Future[Any]) -> None:

@@ -28,7 +28,7 @@ from seglog.engines.base import (
     empty_read_table,
     retention_start,
 )
-from seglog.engines.frames import Maintenance, split_batch
+from seglog.engines.frames import Maintenance, await_outcomes, raise_if_failed, split_batch
 from seglog.engines.frames import with_offsets as _with_offsets
 from seglog.engines.segment_writer import (
     FrameRequest,
@@ -38,7 +38,6 @@ from seglog.engines.segment_writer import (
     replay_journals,
 )
 from seglog.errors import (
-    AppendFailed,
     ClosedResourceError,
     CorruptFrame,
     InvalidArgument,
@@ -466,13 +465,7 @@ class SegmentEngine:
         for writer, req, _, _ in requests:
             writer.loop = loop
             futures.append(self._io_pool.submit(writer.worker, writer, req))
-        if len(futures) == 1:
-            try:
-                outcomes: list[Any] = [await futures[0]]
-            except StorageError as exc:
-                outcomes = [exc]
-        else:
-            outcomes = await asyncio.gather(*futures, return_exceptions=True)
+        outcomes = await await_outcomes(futures)
         failed: dict[int, BaseException] = {}
         written: dict[int, int] = {}
         listener = self.listener
@@ -489,16 +482,7 @@ class SegmentEngine:
                     if listener is not None:
                         listener(s.number)
             k += len(owned)
-        if failed:
-            first = next(iter(failed.values()))
-            if not isinstance(first, StorageError):
-                raise first
-            raise AppendFailed(
-                f"append failed on shard(s) {sorted(failed)} (nothing of those parts was kept)"
-                + (f"; the parts for shard(s) {sorted(written)} were written" if written else ""),
-                failed=failed,
-                written=written,
-            ) from first
+        raise_if_failed(failed, written)
         sorted_offsets = np.repeat(np.asarray(bases, np.int64) - starts, counts) + np.arange(n, dtype=np.int64)
         if order is None:
             return sorted_offsets

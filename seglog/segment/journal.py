@@ -32,7 +32,7 @@ from typing import Any, Final, NamedTuple
 
 import crc32c
 
-from seglog._fs import fsync_dir
+from seglog._fs import fsync_dir, pwritev_all
 
 __all__ = [
     "DEFAULT_JOURNAL_BYTES",
@@ -206,7 +206,7 @@ class Journal:
                 buffers.append(_PAD[-n & 7])
             pos += n + (-n & 7)
         self._ensure_allocated(pos)
-        _pwritev_all(self._fd, buffers, start)
+        pwritev_all(self._fd, buffers, start)
         self.write_pos = pos
         return start
 
@@ -260,27 +260,3 @@ class Journal:
                 os.close(self._fd)
             self._fd = -1
 
-
-def _pwritev_all(fd: int, buffers: list[Any], pos: int) -> None:
-    """``pwritev`` every buffer at ``pos``, finishing partial writes."""
-    max_iov = 1024
-    for i in range(0, len(buffers), max_iov):
-        chunk = [memoryview(b).cast("B") for b in buffers[i : i + max_iov]]
-        want = sum(len(b) for b in chunk)
-        while want:
-            written = os.pwritev(fd, chunk, pos)
-            pos += written
-            want -= written
-            if want:
-                chunk = _drop_prefix(chunk, written)
-
-
-def _drop_prefix(chunk: list[memoryview], nbytes: int) -> list[memoryview]:
-    out: list[memoryview] = []
-    for b in chunk:
-        if nbytes >= len(b):
-            nbytes -= len(b)
-            continue
-        out.append(b[nbytes:])
-        nbytes = 0
-    return out

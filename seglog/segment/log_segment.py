@@ -10,15 +10,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
 
-from seglog._fs import fsync_dir
+from seglog._fs import fsync_dir, pwritev_all
 from seglog.errors import CorruptFrame
 from seglog.record import FrameHeader, parse_header
 
 __all__ = ["SEGMENT_SUFFIX", "LogSegment", "segment_name"]
 
 SEGMENT_SUFFIX: Final = ".log"
-# Linux's IOV_MAX: one writev takes at most this many buffers.
-_IOV_MAX: Final = 1024
 
 
 def segment_name(base_offset: int) -> str:
@@ -123,18 +121,8 @@ class LogSegment:
             OSError: The write failed; the file is cut back to where it was.
         """
         start = self.size
-        pos = start
         try:
-            for i in range(0, len(buffers), _IOV_MAX):
-                chunk = [memoryview(b).cast("B") for b in buffers[i : i + _IOV_MAX]]  # type: ignore[arg-type]
-                want = sum(len(b) for b in chunk)
-                written = os.pwritev(self._fd, chunk, pos)
-                while written < want:  # partial write (e.g. disk nearly full): finish it
-                    pos += written
-                    want -= written
-                    chunk = _drop_prefix(chunk, written)
-                    written = os.pwritev(self._fd, chunk, pos)
-                pos += written
+            pos = pwritev_all(self._fd, buffers, start)
         except OSError:
             with contextlib.suppress(OSError):
                 os.ftruncate(self._fd, start)
@@ -200,16 +188,4 @@ class LogSegment:
     def __repr__(self) -> str:
         state = "sealed" if self.sealed else "active"
         return f"<LogSegment {self.path.name} {state} size={self.size}>"
-
-
-def _drop_prefix(chunk: list[memoryview], nbytes: int) -> list[memoryview]:
-    out: list[memoryview] = []
-    for b in chunk:
-        if nbytes >= len(b):
-            nbytes -= len(b)
-            continue
-        out.append(b[nbytes:])
-        nbytes = 0
-    return out
-
 
