@@ -795,6 +795,8 @@ class Database:
     # --- live tail -----------------------------------------------------------------------
 
     def _wake(self, shard: int) -> None:
+        if not self._wakeups:
+            return  # nobody tails: the common case, called once per shard an append touched
         for key in (shard, _ANY_SHARD):
             event = self._wakeups.pop(key, None)
             if event is not None:

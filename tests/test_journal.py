@@ -224,3 +224,46 @@ def test_failed_drain_leaves_no_rows_and_offsets_continue(run, tmp_path: Path) -
                     assert all(len(v) < 10 for v in values), "a row of the failed append came back"
 
         run(reopen())
+
+
+def test_buffered_rows_of_many_appends_become_one_frame_per_shard(run, data_dir: Path) -> None:
+    """A flush writes each shard's rows of many appends as one run of frames, in offset order,
+    also after a single-shard append wrote some shards' rows earlier."""
+    async def main() -> None:
+        async with seglog.open(data_dir, io_workers=1, buffer_ms=3_600_000) as store:
+            db = await store.create_db("t", shards=8)
+            expected: dict[int, list[bytes]] = {}
+            for b in range(30):
+                recs = [seglog.Record(topic="m", value=b"%d-%d" % (b, i), key=b"dev-%d" % (i * 7 + b))
+                        for i in range(40)]
+                res = await db.append(recs)
+                for m, r in zip(res, recs, strict=True):
+                    assert m.offset == len(expected.setdefault(m.shard, []))
+                    expected[m.shard].append(r.value)
+                if b == 10:
+                    # One shard only: written straight to its segment, flushing its rows first.
+                    one = [seglog.Record(topic="m", value=b"single-%d" % i) for i in range(5)]
+                    res = await db.append(one, shard=3)
+                    assert res[0].offset == len(expected[3])
+                    expected[3].extend(r.value for r in one)
+            for shard in range(8):  # read back before the flush: pending rows are read from memory
+                assert (await db.read_arrow(shard, 0, 10**6)).column("value").to_pylist() == expected[shard]
+        async with seglog.open(data_dir) as store:
+            db = await store.open_db("t")
+            for shard in range(8):
+                assert (await db.read_arrow(shard, 0, 10**6)).column("value").to_pylist() == expected[shard]
+            # The rows buffered after the single-shard write went into few frames, not one per append.
+            frames = sum(1 for _ in _frames(data_dir / "dbs" / "t", 0))
+            assert frames <= 2, f"shard 0's rows of 30 appends were cut into {frames} frames"
+
+    run(main())
+
+
+def _frames(db_dir: Path, shard: int) -> Iterator[object]:
+    log_, _ = ShardLog.open(db_dir / f"shard-{shard:04d}", segment_bytes=1 << 30, segment_ms=1 << 40,
+                            clock_ms=lambda: 0)
+    try:
+        for seg in log_.segments_snapshot():
+            yield from log_.frames_from(seg, 0, log_.next_offset)
+    finally:
+        log_.close()

@@ -71,8 +71,10 @@ MAX_FRAME_VALUE_BYTES: Final = 8 << 20
 def split_batch(batch: pa.RecordBatch) -> list[pa.RecordBatch]:
     """Cut a batch into frame-sized parts."""
     n = batch.num_rows
-    value_bytes = batch.column(3).buffers()[2]
-    total = value_bytes.size if value_bytes is not None else 0
+    values = batch.column(3)
+    # From the offsets, not the data buffer's size: a slice shares its parent's whole buffer.
+    offsets = np.frombuffer(values.buffers()[1], np.int32, count=n + 1, offset=values.offset * 4) if n else None
+    total = int(offsets[-1]) - int(offsets[0]) if offsets is not None else 0
     per_frame = MAX_FRAME_RECORDS
     if total > MAX_FRAME_VALUE_BYTES:
         per_frame = max(1, min(per_frame, n * MAX_FRAME_VALUE_BYTES // total))

@@ -84,20 +84,36 @@ class _Shard:
     (:mod:`seglog.engines.segment_writer`), as ``(base offset, batch)`` in offset order.
     """
 
-    def __init__(self, number: int, log_: ShardLog, index: ShardIndex, config: EngineConfig) -> None:
+    def __init__(
+        self, number: int, log_: ShardLog, index: ShardIndex, config: EngineConfig,
+        next_offsets: np.ndarray[Any, np.dtype[np.int64]],
+    ) -> None:
         self.number = number
         self.log = log_
         self.index = index
         self.config = config
+        # Every shard's next offset in one array the engine assigns from in one numpy step.
+        self._next_offsets = next_offsets
         self.next_offset = log_.next_offset  # event loop
         self.durable_end = log_.next_offset  # acknowledged (worker thread)
-        self.pending: list[tuple[int, pa.RecordBatch]] = []
+        # Rows durable in the journal, not yet in a segment: (base offset, batch, first row,
+        # row count); the batch is a whole rows request, cut only when read or flushed.
+        self.pending: list[tuple[int, pa.RecordBatch, int, int]] = []
         self.maintenance = Maintenance()
         self.writer: WorkerLog | None = None
         # Frames the index has not taken yet (its write failed): caught up from the segments.
         self.index_lagging = False
         # The index disagreed with the segments: rebuilt from scratch on the worker.
         self.index_suspect = False
+
+    @property
+    def next_offset(self) -> int:
+        """The next offset to assign (event loop)."""
+        return int(self._next_offsets[self.number])
+
+    @next_offset.setter
+    def next_offset(self, offset: int) -> None:
+        self._next_offsets[self.number] = offset
 
     def check_writable(self) -> None:
         """Raise :class:`StorageError` if the shard is read-only."""
@@ -115,9 +131,7 @@ class _Shard:
                 _catch_up_index(self)
                 self.index_lagging = False
                 return  # the catch-up read these frames from the segments too
-            self.index.add([
-                _entry(p, batch.column(2), _frame_tags(batch)) for p, batch in frames
-            ])
+            self.index.add(self.frame_entries(frames))
         except (StorageError, CorruptFrame, OSError) as exc:
             # The data is durable and acknowledged; the index is derived and caught up later.
             # (No traceback kept: its frames would pin segment mappings.)
@@ -125,7 +139,17 @@ class _Shard:
             log.error("shard %d: index write failed (%s: %s); it catches up on the next write",
                       self.number, type(exc).__name__, exc)
 
-    def pending_snapshot(self, stop: int) -> tuple[int, list[tuple[int, pa.RecordBatch]]]:
+    @property
+    def index_ready(self) -> bool:
+        """Whether new frames can go straight into the index (it is neither lagging nor suspect)."""
+        return not (self.index_lagging or self.index_suspect)
+
+    @staticmethod
+    def frame_entries(frames: Sequence[tuple[FramePosition, pa.RecordBatch]]) -> list[FrameEntry]:
+        """The index entries of frames just written."""
+        return [_entry(p, batch.column(2), _frame_tags(batch)) for p, batch in frames]
+
+    def pending_snapshot(self, stop: int) -> tuple[int, list[tuple[int, pa.RecordBatch, int, int]]]:
         """``(first pending offset or stop, pending rows)``: the segments hold all below the first.
 
         Read ``durable_end`` before taking it: a flush writes the segment before it empties
@@ -135,16 +159,18 @@ class _Shard:
         return (pending[0][0] if pending else stop), pending
 
     @staticmethod
-    def pending_tables(pending: list[tuple[int, pa.RecordBatch]], offset: int, stop: int) -> list[pa.RecordBatch]:
+    def pending_tables(
+        pending: list[tuple[int, pa.RecordBatch, int, int]], offset: int, stop: int
+    ) -> list[pa.RecordBatch]:
         """Rows ``[offset, stop)`` of a pending snapshot (:data:`READ_SCHEMA` batches)."""
         out = []
-        for base, batch in pending:
-            end = base + batch.num_rows
+        for base, batch, row, count in pending:
+            end = base + count
             if end <= offset or base >= stop:
                 continue
             lo = max(offset, base) - base
             hi = min(stop, end) - base
-            out.append(_with_offsets(batch, base, lo, hi))
+            out.append(_with_offsets(batch.slice(row, count), base, lo, hi))
         return out
 
     # maintenance (the shard's I/O worker) ---------------------------------------------
@@ -285,11 +311,14 @@ def _frame_starts_at(seg: LogSegment, pos: int, base_offset: int) -> bool:
 
 def _frame_tags(batch: pa.RecordBatch) -> list[int]:
     streams = batch.column(5)
-    mm = pc.min_max(streams)
-    lo, hi = mm["min"].as_py(), mm["max"].as_py()
-    if lo == hi:
-        return [lo]
-    return sorted(pc.unique(streams).to_pylist())
+    if streams.null_count == 0:
+        # numpy on the zero-copy buffer: pyarrow.compute's per-call cost dominates small frames
+        values = streams.to_numpy(zero_copy_only=True)
+        lo, hi = int(values.min()), int(values.max())
+        if lo == hi:
+            return [lo]
+        return [int(v) for v in np.unique(values)]
+    return sorted(pc.unique(streams).drop_null().to_pylist())
 
 
 class SegmentEngine:
@@ -305,9 +334,11 @@ class SegmentEngine:
         io_pool: IoPool,
         executor: Executor,
         index: DbIndex,
+        next_offsets: np.ndarray[Any, np.dtype[np.int64]],
     ) -> None:
         self.config = config
         self._shards = shards
+        self._next_offsets = next_offsets  # shard n's next offset at [n] (see _Shard)
         self._writers = writers
         self._index = index  # every shard's index, one LMDB environment
         self._io_pool = io_pool
@@ -323,6 +354,7 @@ class SegmentEngine:
         clock_ms: Callable[[], int] = lambda: config.clock_us() // 1000  # noqa: E731
         db_index = DbIndex(config.directory / INDEX_DIR, index_interval_bytes=config.index_interval_bytes)
         shards = []
+        next_offsets = np.zeros(config.shards, np.int64)
         try:
             for n in range(config.shards):
                 directory = config.directory / shard_dir_name(n)
@@ -331,7 +363,7 @@ class SegmentEngine:
                 )
                 # A shard's own index (the layout before indexes were shared) is removed.
                 index = db_index.shard(n, legacy_dir=directory / INDEX_DIR)
-                shards.append(_Shard(n, log_, index, config))
+                shards.append(_Shard(n, log_, index, config, next_offsets))
             replay_journals(config.directory, shards, compression=config.compression)
             for shard in shards:
                 _catch_up_index(shard)
@@ -352,13 +384,14 @@ class SegmentEngine:
                 fsync_interval_ms=config.fsync_interval_ms,
                 buffer_ms=config.buffer_ms,
                 compression=config.compression,
+                index=db_index,
             )
             writers.append(writer)
             for s in writer.shards:
                 s.writer = writer
         for stale in sorted((config.directory / "journal").glob("*.journal"))[workers:]:
             stale.unlink()  # an earlier open had more I/O workers; replayed above
-        return cls(config, shards, writers, io_pool, executor, db_index)
+        return cls(config, shards, writers, io_pool, executor, db_index, next_offsets)
 
     def _shard(self, shard: int) -> _Shard:
         if self._closed:
@@ -426,22 +459,26 @@ class SegmentEngine:
         cuts = np.flatnonzero(key[1:] != key[:-1]) + 1
         starts = np.concatenate(([0], cuts))
         counts = np.diff(np.concatenate((starts, [n])))
-        shard_ids = (key[starts] % nshards).tolist()
+        ids = key[starts] % nshards
+        bases_arr = self._next_offsets[ids]
+        sorted_offsets = np.repeat(bases_arr - starts, counts) + np.arange(n, dtype=np.int64)
+        sorted_shards = (key % nshards).astype(np.int32)
+        # Groups (one per shard) are cut into one run per worker: shards n % workers.
+        worker_of = ids % workers
+        runs = np.flatnonzero(worker_of[1:] != worker_of[:-1]) + 1
+        run_starts = [0, *runs.tolist()]
+        run_ends = [*runs.tolist(), len(ids)]
+        shard_ids = ids.tolist()
         shards = [self._shards[i] for i in shard_ids]
-        for s in shards:
-            s.check_writable()
-        bases = [s.next_offset for s in shards]
-        # Requests are built before any offset moves: an encoding error assigns nothing.
-        requests: list[tuple[WorkerLog, FrameRequest | RowsRequest, list[_Shard], int]] = []
-        i = 0
+        bases = bases_arr.tolist()
         starts_l = starts.tolist()
         counts_l = counts.tolist()
-        while i < len(shards):
+        # Requests are built before any offset moves: an encoding error assigns nothing.
+        requests: list[tuple[WorkerLog, FrameRequest | RowsRequest, list[_Shard], int]] = []
+        for i, j in zip(run_starts, run_ends, strict=True):
             writer = shards[i].writer
             assert writer is not None
-            j = i + 1
-            while j < len(shards) and shards[j].writer is writer:
-                j += 1
+            writer.check_writable(shards[i].number)  # read-only is per worker, not per shard
             lo = starts_l[i]
             hi = starts_l[j - 1] + counts_l[j - 1]
             req: FrameRequest | RowsRequest
@@ -451,39 +488,41 @@ class SegmentEngine:
                 size = sum(f.size for f in frames)
             else:
                 part = batch.slice(lo, hi - lo)
-                groups = [(shards[k], starts_l[k] - lo, counts_l[k], bases[k]) for k in range(i, j)]
-                req = RowsRequest(writer.gen, part, groups)
+                groups = list(zip(shards[i:j], [a - lo for a in starts_l[i:j]], counts_l[i:j], bases[i:j],
+                                  strict=True))
+                req = RowsRequest(writer.gen, part, groups, sorted_shards[lo:hi], sorted_offsets[lo:hi])
                 size = part.nbytes
             requests.append((writer, req, shards[i:j], size))
-            i = j
         if quota is not None:
             quota.admit(sum(r[3] for r in requests))
-        for s, count in zip(shards, counts_l, strict=True):
-            s.next_offset += count
+        self._next_offsets[ids] += counts  # ids are distinct: one group per shard
         loop = asyncio.get_running_loop()
         futures = []
         for writer, req, _, _ in requests:
             writer.loop = loop
             futures.append(self._io_pool.submit(writer.worker, writer, req))
         outcomes = await await_outcomes(futures)
-        failed: dict[int, BaseException] = {}
-        written: dict[int, int] = {}
         listener = self.listener
-        k = 0
-        for (_, _, owned, size), outcome in zip(requests, outcomes, strict=True):
-            if isinstance(outcome, BaseException):
-                for s in owned:
-                    failed[s.number] = outcome
-                if quota is not None:
-                    quota.release(size)
-            else:
-                for m, s in enumerate(owned):
-                    written[s.number] = bases[k + m]
-                    if listener is not None:
+        if listener is not None:
+            for (_, _, owned, _), outcome in zip(requests, outcomes, strict=True):
+                if not isinstance(outcome, BaseException):
+                    for s in owned:
                         listener(s.number)
-            k += len(owned)
-        raise_if_failed(failed, written)
-        sorted_offsets = np.repeat(np.asarray(bases, np.int64) - starts, counts) + np.arange(n, dtype=np.int64)
+        if any(isinstance(o, BaseException) for o in outcomes):
+            failed: dict[int, BaseException] = {}
+            written: dict[int, int] = {}
+            k = 0
+            for (_, _, owned, size), outcome in zip(requests, outcomes, strict=True):
+                if isinstance(outcome, BaseException):
+                    for s in owned:
+                        failed[s.number] = outcome
+                    if quota is not None:
+                        quota.release(size)
+                else:
+                    for m, s in enumerate(owned):
+                        written[s.number] = bases[k + m]
+                k += len(owned)
+            raise_if_failed(failed, written)
         if order is None:
             return sorted_offsets
         offsets = np.empty(n, np.int64)

@@ -49,6 +49,7 @@ from seglog.segment.shard_log import AppendMark
 
 if TYPE_CHECKING:
     from seglog.engines.segment import _Shard
+    from seglog.index import DbIndex
 
 __all__ = [
     "DEFAULT_BUFFER_BYTES",
@@ -62,8 +63,8 @@ __all__ = [
 
 log = logging.getLogger("seglog.engines.segment")
 
-# Rows wait in a shard's pending buffer at most this long under load (an idle worker flushes
-# at once); cross-process followers see them after the flush.
+# Rows wait in a shard's pending buffer this long, idle or not (they are durable in the
+# journal and readable in-process); cross-process followers see them after the flush.
 DEFAULT_BUFFER_MS: Final = 1000
 # A worker flushes its pending buffers when they hold this many bytes.
 DEFAULT_BUFFER_BYTES: Final = 64 << 20
@@ -86,18 +87,14 @@ class RowsRequest(NamedTuple):
     gen: int
     batch: pa.RecordBatch  # FRAME_SCHEMA rows, grouped by shard
     groups: list[tuple[_Shard, int, int, int]]  # (shard, first row, row count, base offset)
+    shard_col: np.ndarray[Any, np.dtype[np.int32]]  # each row's shard
+    offset_col: np.ndarray[Any, np.dtype[np.int64]]  # each row's offset
 
 
 def rows_body(req: RowsRequest) -> pa.Buffer:
     """The journal body of a rows request: its batch plus ``shard`` and ``offset`` columns."""
-    n = req.batch.num_rows
-    shards = np.empty(n, np.int32)
-    offsets = np.empty(n, np.int64)
-    for s, lo, count, base in req.groups:
-        shards[lo : lo + count] = s.number
-        offsets[lo : lo + count] = np.arange(base, base + count, dtype=np.int64)
     full = pa.RecordBatch.from_arrays(
-        [*req.batch.columns, pa.array(shards), pa.array(offsets)], schema=_ROWS_SCHEMA
+        [*req.batch.columns, pa.array(req.shard_col), pa.array(req.offset_col)], schema=_ROWS_SCHEMA
     )
     return full.serialize()
 
@@ -122,8 +119,10 @@ class WorkerLog:
         buffer_ms: int = DEFAULT_BUFFER_MS,
         buffer_bytes: int = DEFAULT_BUFFER_BYTES,
         compression: int = 0,
+        index: DbIndex | None = None,
     ) -> None:
         self.worker = worker
+        self.index = index
         self.shards = shards
         self.journal = journal
         self.fsync = fsync
@@ -139,6 +138,9 @@ class WorkerLog:
         self._pending_bytes = 0
         self._pending_since: float | None = None
         self._pending_shards: dict[int, _Shard] = {}
+        # Every buffered rows request since the last complete flush, with each row's shard and
+        # offset: a flush of all shards sorts these once instead of joining each shard's slices.
+        self._pending_rows: list[tuple[pa.RecordBatch, np.ndarray[Any, Any], np.ndarray[Any, Any]]] = []
         self._dirty: dict[int, _Shard] = {}  # written since the last checkpoint, not synced
         self.closed = False
 
@@ -167,15 +169,14 @@ class WorkerLog:
             ) from self.failed
         results: list[Any] = []
         run: list[FrameRequest | RowsRequest] = []
-        run_rows: set[int] = set()
         for item in items:
-            if isinstance(item, FrameRequest) and item.shard.number in run_rows:
+            if isinstance(item, FrameRequest) and any(
+                isinstance(r, RowsRequest) and bool((r.shard_col == item.shard.number).any()) for r in run
+            ):
                 # Its shard's rows earlier in this drain are buffered only once durable.
                 results.extend(self._write_run(run))
-                run, run_rows = [], set()
+                run = []
             run.append(item)
-            if isinstance(item, RowsRequest):
-                run_rows.update(s.number for s, _, _, _ in item.groups)
         results.extend(self._write_run(run))
         return results
 
@@ -255,14 +256,35 @@ class WorkerLog:
             else:
                 self._buffer(item)
                 out.append(None)
+        written: list[tuple[_Shard, list[tuple[FramePosition, pa.RecordBatch]]]] = []
         for item, positions in frame_writes:
             s = item.shard
             s.durable_end = positions[-1].header.next_offset
             if not direct:
                 self._dirty[s.number] = s
             self._publish(s)
-            s.index_frames(list(zip(positions, item.batches, strict=True)))
+            written.append((s, list(zip(positions, item.batches, strict=True))))
+        self._index(written)
         return out
+
+    def _index(self, written: Sequence[tuple[_Shard, Sequence[tuple[FramePosition, pa.RecordBatch]]]]) -> None:
+        """Index frames just written, of every shard in one LMDB transaction where it can."""
+        ready = [(s, frames) for s, frames in written if s.index_ready]
+        for s, frames in written:
+            if not s.index_ready:
+                s.index_frames(frames)  # catches up from the segments
+        if self.index is None or len(ready) <= 1:
+            for s, frames in ready:
+                s.index_frames(frames)
+            return
+        try:
+            self.index.add_many([(s.index, s.frame_entries(frames)) for s, frames in ready])
+        except (StorageError, CorruptFrame, OSError) as exc:
+            # Durable and acknowledged; the index is derived and caught up on the next write.
+            for s, _ in ready:
+                s.index_lagging = True
+            log.error("I/O worker %d: index write failed (%s: %s); its shards catch up on the next write",
+                      self.worker, type(exc).__name__, exc)
 
     def _undo(
         self,
@@ -324,50 +346,119 @@ class WorkerLog:
 
     def _buffer(self, req: RowsRequest) -> None:
         for s, lo, count, base in req.groups:
-            s.pending.append((base, req.batch.slice(lo, count)))
+            s.pending.append((base, req.batch, lo, count))
             s.durable_end = base + count
             self._pending_shards[s.number] = s
+        self._pending_rows.append((req.batch, req.shard_col, req.offset_col))
         self._pending_bytes += req.batch.nbytes
         if self._pending_since is None:
             self._pending_since = time.monotonic()
 
     def _flush_shard(self, s: _Shard) -> None:
-        """Write a shard's pending rows into its segment as frames (the rows are durable already).
+        """Write one shard's pending rows into its segment (see :meth:`_flush_shards`).
 
         Raises:
             OSError: The segment write failed; it was rolled back and the rows stay pending.
         """
-        pending = s.pending
-        if not pending:
-            return
-        base = pending[0][0]
-        if base != s.log.next_offset:
-            raise StorageError(f"shard {s.number}: pending rows at {base} do not continue the log at {s.log.next_offset}")
-        table = pa.Table.from_batches([b for _, b in pending], schema=FRAME_SCHEMA).combine_chunks()
-        frames: list[EncodedFrame] = []
-        batches: list[pa.RecordBatch] = []
-        offset = base
-        for batch in table.to_batches():
-            for part in split_batch(batch):
+        exc = self._flush_shards([s])
+        if exc is not None:
+            raise exc
+
+    def _flush_shards(self, shards: Sequence[_Shard]) -> OSError | None:
+        """Write shards' pending rows into their segments as frames (the rows are durable already).
+
+        The pending rows of all of them are concatenated once and cut back into one run of
+        frames per shard; the frames of all of them are indexed in one transaction.
+
+        Returns:
+            The first segment write that failed (that shard was rolled back and its rows stay
+            pending; the others were written), or ``None``.
+        """
+        shards = [s for s in shards if s.pending]
+        if not shards:
+            return None
+        for s in shards:
+            base = s.pending[0][0]
+            if base != s.log.next_offset:
+                raise StorageError(
+                    f"shard {s.number}: pending rows at {base} do not continue the log at {s.log.next_offset}"
+                )
+        pendings = [list(s.pending) for s in shards]
+        every = len(shards) == len(self._pending_shards)
+        if every and len(self._pending_rows) > 1:
+            shards, rows_of = self._sorted_pending(shards, pendings)
+            pendings = [list(s.pending) for s in shards]
+        else:
+            parts = [b.slice(row, count) for pending in pendings for _, b, row, count in pending]
+            combined = pa.concat_batches(parts) if len(parts) > 1 else parts[0]
+            rows_of = []
+            at = 0
+            for pending in pendings:
+                total = sum(p[3] for p in pending)
+                rows_of.append(combined.slice(at, total))
+                at += total
+        first: OSError | None = None
+        written: list[tuple[_Shard, list[tuple[FramePosition, pa.RecordBatch]]]] = []
+        for s, pending, rows in zip(shards, pendings, rows_of, strict=True):
+            frames: list[EncodedFrame] = []
+            batches: list[pa.RecordBatch] = []
+            offset = pending[0][0]
+            for part in split_batch(rows):
                 frames.append(encode_frame(part, offset, compression=self.compression))
                 batches.append(part)
                 offset += part.num_rows
-        mark = s.log.mark()
-        try:
-            positions = s.log.append(frames)
-        except OSError:
+            mark = s.log.mark()
             try:
-                s.log.rollback(mark)
-            except OSError as undo_exc:
-                self.make_read_only(undo_exc, "a segment write it could not undo")
-                with contextlib.suppress(OSError):
-                    s.log.fence(mark)
-            raise
-        s.pending = []
-        self._pending_shards.pop(s.number, None)
-        self._dirty[s.number] = s
-        self._publish(s)
-        s.index_frames(list(zip(positions, batches, strict=True)))
+                positions = s.log.append(frames)
+            except OSError as exc:
+                try:
+                    s.log.rollback(mark)
+                except OSError as undo_exc:
+                    self.make_read_only(undo_exc, "a segment write it could not undo")
+                    with contextlib.suppress(OSError):
+                        s.log.fence(mark)
+                first = first or exc
+                continue
+            s.pending = s.pending[len(pending) :]  # rebound, not cut: loop-thread readers copy it
+            if not s.pending:
+                self._pending_shards.pop(s.number, None)
+            self._dirty[s.number] = s
+            self._publish(s)
+            written.append((s, list(zip(positions, batches, strict=True))))
+        self._index(written)
+        if every and first is None:
+            self._pending_rows.clear()
+        return first
+
+    def _sorted_pending(
+        self, shards: list[_Shard], pendings: list[list[tuple[int, pa.RecordBatch, int, int]]]
+    ) -> tuple[list[_Shard], list[pa.RecordBatch]]:
+        """Every pending row of the worker in (shard, offset) order, cut into one batch per shard.
+
+        Rows a single-shard flush wrote meanwhile (below the shard's log end) are left out.
+
+        Raises:
+            StorageError: The buffered requests do not add up to the shards' pending rows.
+        """
+        batch = pa.concat_batches([b for b, _, _ in self._pending_rows])
+        shard_col = np.concatenate([c for _, c, _ in self._pending_rows])
+        offset_col = np.concatenate([o for _, _, o in self._pending_rows])
+        log_end = np.full(int(shard_col.max()) + 1, np.iinfo(np.int64).max, np.int64)
+        by_number = {s.number: s for s in shards}
+        for s in shards:
+            if s.number < len(log_end):
+                log_end[s.number] = s.log.next_offset
+        keep = np.flatnonzero(offset_col >= log_end[shard_col])
+        order = keep[np.lexsort((offset_col[keep], shard_col[keep]))]
+        sorted_shards = shard_col[order]
+        numbers, starts, counts = np.unique(sorted_shards, return_index=True, return_counts=True)
+        rows = batch.take(pa.array(order))
+        expected = {s.number: sum(q[3] for q in p) for s, p in zip(shards, pendings, strict=True)}
+        got = dict(zip(numbers.tolist(), counts.tolist(), strict=True))
+        if got != expected:
+            raise StorageError(f"I/O worker {self.worker}: buffered rows do not match the shards' pending rows")
+        out_shards = [by_number[n] for n in numbers.tolist()]
+        return out_shards, [rows.slice(a, c) for a, c in zip(starts.tolist(), counts.tolist(), strict=True)]
 
     def flush(self) -> None:
         """Write every pending buffer into its segment.
@@ -375,14 +466,10 @@ class WorkerLog:
         Raises:
             OSError: A segment write failed (that shard's rows stay pending; retried later).
         """
-        first: OSError | None = None
-        for s in list(self._pending_shards.values()):
-            try:
-                self._flush_shard(s)
-            except OSError as exc:
-                log.warning("shard %d: writing buffered rows into the segment failed (%s); they are "
-                            "safe in the journal and retried", s.number, exc)
-                first = first or exc
+        first = self._flush_shards(list(self._pending_shards.values()))
+        if first is not None:
+            log.warning("I/O worker %d: writing buffered rows into a segment failed (%s); they are "
+                        "safe in the journal and retried", self.worker, first)
         if not self._pending_shards:
             self._pending_bytes = 0
             self._pending_since = None
@@ -436,8 +523,15 @@ class WorkerLog:
                 self.make_read_only(exc, "a failed fsync (acknowledged writes since the last sync may be lost)")
                 return
             self._interval.synced()
-        with contextlib.suppress(OSError):  # logged; retried at the next deadline or checkpoint
-            self.flush()
+        # Pending rows wait for their deadline even when the worker is idle: they are durable
+        # and readable in-process already, and flushing on every lull (which a busy event
+        # loop causes too) would cut each shard's rows into many small frames.
+        due = self._pending_since is not None and (
+            time.monotonic() >= self._pending_since + self.buffer_s or self._pending_bytes >= self.buffer_bytes
+        )
+        if due:
+            with contextlib.suppress(OSError):  # logged; retried at the next deadline or checkpoint
+                self.flush()
         for s in self.shards:
             s.rebuild_index()
 
