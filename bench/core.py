@@ -229,7 +229,7 @@ async def seglog_append(directory: Path, batches: list[list[seglog.Record]], sha
     shutil.rmtree(directory, ignore_errors=True)
     tables = [records_to_batch(b) for b in batches] if arrow else []
     counter = SyncCounter()
-    async with seglog.open(directory, fsync="always", **_OPEN_EXTRA) as store:
+    async with seglog.open(directory, fsync="always") as store:
         db = await store.create_db("bench", shards=shape.shards)
 
         async def produce(k: int) -> None:
@@ -275,7 +275,6 @@ async def seglog_reads(directory: Path) -> dict[str, float]:
     return out
 
 
-_OPEN_EXTRA: dict[str, Any] = {k: int(os.environ[e]) for k, e in (("buffer_ms", "BUF_MS"), ("io_workers", "IO_W")) if os.environ.get(e)}
 LOOKUP_TS0 = 1_700_000_000_000_000  # µs; databases accept 2000..2200 by default
 
 
@@ -316,7 +315,7 @@ async def engine_figures(directory: Path, engine: str, batches: list[list[seglog
     """Durable append (Records, 4 producers) and read_arrow throughput on one engine."""
     shutil.rmtree(directory, ignore_errors=True)
     n = sum(len(b) for b in batches)
-    async with seglog.open(directory, fsync="always", **_OPEN_EXTRA) as store:
+    async with seglog.open(directory, fsync="always") as store:
         db = await store.create_db("e", shards=SHARDS, engine=engine)
 
         async def produce(k: int) -> None:
@@ -350,7 +349,7 @@ async def tail_latency(directory: Path, engine: str, rate_rps: int, seconds: flo
     ticks = int(seconds / tick_s)
     sent_at: dict[int, float] = {}
     lat: list[float] = []
-    async with seglog.open(directory, fsync="always", **_OPEN_EXTRA) as store:
+    async with seglog.open(directory, fsync="always") as store:
         db = await store.create_db("tail", shards=1, engine=engine)
         done = asyncio.Event()
 
