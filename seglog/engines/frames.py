@@ -68,8 +68,15 @@ MAX_FRAME_RECORDS: Final = 16_384
 MAX_FRAME_VALUE_BYTES: Final = 8 << 20
 
 
-def split_batch(batch: pa.RecordBatch) -> list[pa.RecordBatch]:
-    """Cut a batch into frame-sized parts."""
+def split_batch(batch: pa.RecordBatch, *, frame_bytes: int | None = None) -> list[pa.RecordBatch]:
+    """Cut a batch into frame-sized parts.
+
+    Args:
+        batch: The rows.
+        frame_bytes: Also keep each part's Arrow bytes about this small (rows buffered from
+            many appends are cut to fit the shard's ``segment_bytes``; an append's own batch
+            keeps its size).
+    """
     n = batch.num_rows
     values = batch.column(3)
     # From the offsets, not the data buffer's size: a slice shares its parent's whole buffer.
@@ -78,6 +85,10 @@ def split_batch(batch: pa.RecordBatch) -> list[pa.RecordBatch]:
     per_frame = MAX_FRAME_RECORDS
     if total > MAX_FRAME_VALUE_BYTES:
         per_frame = max(1, min(per_frame, n * MAX_FRAME_VALUE_BYTES // total))
+    if frame_bytes is not None and n > 1:
+        nbytes = batch.nbytes
+        if nbytes > frame_bytes:
+            per_frame = max(1, min(per_frame, n * frame_bytes // nbytes))
     if n <= per_frame:
         return [batch]
     return [batch.slice(i, per_frame) for i in range(0, n, per_frame)]

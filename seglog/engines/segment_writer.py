@@ -403,7 +403,7 @@ class WorkerLog:
             frames: list[EncodedFrame] = []
             batches: list[pa.RecordBatch] = []
             offset = pending[0][0]
-            for part in split_batch(rows):
+            for part in split_batch(rows, frame_bytes=s.log.segment_bytes // 2):
                 frames.append(encode_frame(part, offset, compression=self.compression))
                 batches.append(part)
                 offset += part.num_rows
@@ -650,7 +650,7 @@ def _replay_rows(
         part = rows.slice(lo + skip, hi - lo - skip)
         offset = end
         frames = []
-        for piece in split_batch(part):
+        for piece in split_batch(part, frame_bytes=s.log.segment_bytes // 2):
             frames.append(encode_frame(piece, offset, compression=compression))
             offset += piece.num_rows
         s.log.append(frames)

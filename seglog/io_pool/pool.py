@@ -27,7 +27,12 @@ __all__ = ["DEFAULT_IO_WORKERS", "BatchWriter", "IoPool", "ItemError"]
 
 log = logging.getLogger("seglog.io_pool")
 
-DEFAULT_IO_WORKERS: Final = 4
+# One worker: its journal makes every shard's part of a drain durable with one fdatasync, and
+# its drains gather every producer's appends. More workers multiply the syncs (one journal
+# each) and, the write path being mostly Python under the GIL, add no parallel CPU: measured
+# with 4 producers of keyed 1000-record batches, 1 worker did 1.5-2.5x the records/s of 4 at
+# 4-256 shards (bench/core.py's scaling table). More pay off only where parallel syncs do.
+DEFAULT_IO_WORKERS: Final = 1
 DEFAULT_MAX_ITEMS: Final = 1024
 _STOP: Final = object()
 
