@@ -53,7 +53,9 @@ Compression = Literal["none", "zstd"]
 _NAME_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 # Reads larger than this convert to Record objects off the event loop.
 _INLINE_RECORDS_MAX: Final = 4096
-MAX_SHARDS: Final = 4096
+# Shards cost no descriptor while idle (segment/fd_cache.py); 10,000 are tested under
+# ``ulimit -n 1024`` (tests/test_many_shards.py).
+MAX_SHARDS: Final = 16_384
 # Builds RecordMeta tuples without a Python-level __new__ per record.
 _META: Final = functools.partial(tuple.__new__, RecordMeta)
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Final, NamedTuple
 
 from seglog._fs import fsync_dir
+from seglog.segment.fd_cache import CachedFile
 
 __all__ = [
     "DURABLE_END_FILE",
@@ -104,15 +105,17 @@ class DurableEndMarker:
     def __init__(self, directory: Path) -> None:
         path = directory / DURABLE_END_FILE
         created = not path.exists()
-        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            if created or os.fstat(self._fd).st_size < _FILE_BYTES:
-                os.pwrite(self._fd, b"\0" * _FILE_BYTES, 0)
-                os.fsync(self._fd)
+            if created or os.fstat(fd).st_size < _FILE_BYTES:
+                os.pwrite(fd, b"\0" * _FILE_BYTES, 0)
+                os.fsync(fd)
                 fsync_dir(directory)
         except OSError:
-            os.close(self._fd)
+            os.close(fd)
             raise
+        # Idle shards keep no descriptor open (see fd_cache).
+        self._file = CachedFile(path, os.O_RDWR, fd=fd)
 
     def publish(self, next_offset: int, segment_base: int, segment_bytes: int, *, fenced: bool = False) -> None:
         """Record the acknowledged end; with ``fenced`` also fsync it (the slow, rare path).
@@ -122,14 +125,13 @@ class DurableEndMarker:
         """
         body = _BODY.pack(_FENCED if fenced else 0, next_offset, segment_base, segment_bytes, 0)
         record = _CRC.pack(zlib.crc32(body)) + body
-        if os.pwrite(self._fd, record, 0) != len(record):
-            raise OSError("short write of the durable-end marker")
-        if fenced:
-            os.fsync(self._fd)
+        with self._file.fd() as fd:
+            if os.pwrite(fd, record, 0) != len(record):
+                raise OSError("short write of the durable-end marker")
+            if fenced:
+                os.fsync(fd)
 
     def close(self) -> None:
         """Close the file; idempotent."""
-        if self._fd >= 0:
-            with contextlib.suppress(OSError):
-                os.close(self._fd)
-            self._fd = -1
+        with contextlib.suppress(OSError):
+            self._file.close()

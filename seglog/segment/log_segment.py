@@ -13,6 +13,7 @@ from typing import Final
 from seglog._fs import fsync_dir, pwritev_all
 from seglog.errors import CorruptFrame
 from seglog.record import FrameHeader, parse_header
+from seglog.segment.fd_cache import CachedFile
 
 __all__ = ["SEGMENT_SUFFIX", "LogSegment", "segment_name"]
 
@@ -44,8 +45,15 @@ class LogSegment:
         self.size = size
         self.sealed = sealed
         self.created_ms = 0
-        self._fd = fd
         self._map: mmap.mmap | None = None
+        self._retired = False
+        # The descriptor comes and goes with the process-wide LRU (fd_cache); the read mapping
+        # (which holds a descriptor of its own) is let go with it, unless retired.
+        self._file = CachedFile(path, os.O_RDONLY if sealed else os.O_RDWR, fd=fd, on_evict=self._evicted)
+
+    def _evicted(self) -> None:
+        if not self._retired:
+            self._map = None
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -73,15 +81,12 @@ class LogSegment:
             mode = os.stat(path).st_mode
             if not mode & stat.S_IWUSR:
                 os.chmod(path, mode | stat.S_IWUSR)
-        fd = os.open(path, os.O_RDONLY if sealed else os.O_RDWR)
-        size = os.fstat(fd).st_size
-        return cls(path, base, fd, size, sealed=sealed)
+        size = os.stat(path).st_size
+        return cls(path, base, -1, size, sealed=sealed)
 
     def close(self) -> None:
         """Close the file descriptor. Views handed out stay valid until dropped."""
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        self._file.close()
         # The mapping is left to the GC: Arrow buffers may still point into it.
         self._map = None
 
@@ -92,13 +97,12 @@ class LogSegment:
 
     def retire(self) -> None:
         """Unlink the file but keep it readable: readers holding this object still work."""
-        if self.size and self._fd >= 0:
+        if self.size:
             mapped = self._map
             if mapped is None or len(mapped) < self.size:
                 self._remap(self.size)
-        if self._fd >= 0:
-            os.close(self._fd)  # the mapping holds its own descriptor
-            self._fd = -1
+        self._retired = True  # the mapping (its own descriptor) now outlives the file's name
+        self._file.close()
         self.path.unlink(missing_ok=True)
 
     def largest_ts(self) -> int | None:
@@ -121,35 +125,42 @@ class LogSegment:
             OSError: The write failed; the file is cut back to where it was.
         """
         start = self.size
-        try:
-            pos = pwritev_all(self._fd, buffers, start)
-        except OSError:
-            with contextlib.suppress(OSError):
-                os.ftruncate(self._fd, start)
-            raise
+        with self._file.fd() as fd:
+            try:
+                pos = pwritev_all(fd, buffers, start)
+            except OSError:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, start)
+                raise
         self.size = pos
         return start
 
     def sync(self) -> None:
-        """fdatasync the file."""
-        os.fdatasync(self._fd)
+        """fdatasync the file (any descriptor of it flushes the inode's dirty pages)."""
+        with self._file.fd() as fd:
+            os.fdatasync(fd)
 
     def truncate(self, size: int) -> None:
         """Cut the file to ``size`` bytes, durably."""
-        os.ftruncate(self._fd, size)
-        os.fsync(self._fd)
+        with self._file.fd() as fd:
+            os.ftruncate(fd, size)
+            os.fsync(fd)
         self.size = size
         self._map = None
 
     def seal(self) -> None:
         """fsync and make the file read-only; it is never appended again."""
-        os.fdatasync(self._fd)
-        os.fchmod(self._fd, 0o444)
+        with self._file.fd() as fd:
+            os.fdatasync(fd)
+            os.fchmod(fd, 0o444)
         self.sealed = True
+        self._file.set_flags(os.O_RDONLY)
 
     def unseal(self) -> None:
         """Make a segment sealed by this process writable again (a failed append rolls back)."""
-        os.fchmod(self._fd, 0o644)
+        self._file.set_flags(os.O_RDWR)
+        with self._file.fd() as fd:
+            os.fchmod(fd, 0o644)
         self.sealed = False
 
     # --- reading -----------------------------------------------------------------------
@@ -163,8 +174,9 @@ class LogSegment:
 
     def _remap(self, end: int) -> mmap.mmap:
         length = max(end, self.size)
-        mapped = mmap.mmap(self._fd, length, prot=mmap.PROT_READ)
-        self._map = mapped
+        with self._file.fd() as fd:
+            mapped = mmap.mmap(fd, length, prot=mmap.PROT_READ)
+            self._map = mapped
         return mapped
 
     def headers(self, start: int = 0, end: int | None = None) -> Iterator[tuple[int, FrameHeader]]:
