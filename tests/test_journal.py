@@ -267,3 +267,23 @@ def _frames(db_dir: Path, shard: int) -> Iterator[object]:
             yield from log_.frames_from(seg, 0, log_.next_offset)
     finally:
         log_.close()
+
+
+def test_single_shard_flushes_release_the_buffered_requests(run, data_dir: Path) -> None:
+    """Sealing shard by shard (one flush each) leaves no buffered request behind in the worker."""
+    async def main() -> None:
+        async with seglog.open(data_dir, io_workers=1, buffer_ms=3_600_000) as store:
+            db = await store.create_db("t", shards=4)
+            for b in range(5):
+                await db.append([seglog.Record(topic="m", value=b"%d-%d" % (b, i), key=b"k%d" % i)
+                                 for i in range(100)])
+            writer = db._engine._writers[0]  # type: ignore[attr-defined]
+            assert writer._pending_rows, "the appends never took the buffered path"
+            await db.seal()  # each shard flushed on its own before its segment is sealed
+            assert not writer._pending_rows
+            total = 0
+            for shard in range(4):
+                total += len(await read_all(db, shard))
+            assert total == 500
+
+    run(main())

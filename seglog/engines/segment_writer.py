@@ -384,8 +384,7 @@ class WorkerLog:
                     f"shard {s.number}: pending rows at {base} do not continue the log at {s.log.next_offset}"
                 )
         pendings = [list(s.pending) for s in shards]
-        every = len(shards) == len(self._pending_shards)
-        if every and len(self._pending_rows) > 1:
+        if len(shards) == len(self._pending_shards) and len(self._pending_rows) > 1:
             shards, rows_of = self._sorted_pending(shards, pendings)
             pendings = [list(s.pending) for s in shards]
         else:
@@ -426,8 +425,10 @@ class WorkerLog:
             self._publish(s)
             written.append((s, list(zip(positions, batches, strict=True))))
         self._index(written)
-        if every and first is None:
+        if not self._pending_shards:  # every buffered row is in a segment now
             self._pending_rows.clear()
+            self._pending_bytes = 0
+            self._pending_since = None
         return first
 
     def _sorted_pending(
@@ -470,9 +471,6 @@ class WorkerLog:
         if first is not None:
             log.warning("I/O worker %d: writing buffered rows into a segment failed (%s); they are "
                         "safe in the journal and retried", self.worker, first)
-        if not self._pending_shards:
-            self._pending_bytes = 0
-            self._pending_since = None
         if first is not None:
             raise first
 
