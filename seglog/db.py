@@ -385,11 +385,14 @@ class Database:
     def _routes(self, batch: pa.RecordBatch, explicit: list[int | None]) -> np.ndarray[Any, np.dtype[np.int32]]:
         """Shard of every row: explicit, else the routing hash of the key, else of the topic."""
         shards = np.uint64(self.config.shards)
-        routes = routing_hashes(batch.column(1)) % shards
-        keys = batch.column(2)
-        if keys.null_count != len(keys):
-            key_routes = routing_hashes(keys) % shards
-            routes = np.where(keys.is_valid().to_numpy(zero_copy_only=False), key_routes, routes)
+        keys = batch.column("key")
+        if keys.null_count == 0:  # every row keyed (the usual shape): topics are not hashed
+            routes = routing_hashes(keys) % shards
+        else:
+            routes = routing_hashes(batch.column("topic")) % shards
+            if keys.null_count != len(keys):
+                key_routes = routing_hashes(keys) % shards
+                routes = np.where(keys.is_valid().to_numpy(zero_copy_only=False), key_routes, routes)
         out = routes.astype(np.int32)
         if explicit:
             forced = np.array([-1 if s is None else s for s in explicit], np.int32)
@@ -697,6 +700,85 @@ class Database:
         return new
 
     # --- retention ---------------------------------------------------------------------
+
+    # --- replica log ---------------------------------------------------------------------
+
+    def _replica_engine(self) -> SegmentEngine:
+        engine = self._check()
+        if not isinstance(engine, SegmentEngine):
+            raise InvalidArgument(
+                f"database {self.name!r}: frame-level operations need the 'segment' engine, not {self.config.engine!r}"
+            )
+        return engine
+
+    async def read_frames(self, shard: int, offset: int, max_bytes: int = 1 << 20) -> bytes:
+        """The stored frames of ``shard`` from the one holding ``offset``, byte for byte.
+
+        What replication ships: at least one whole frame when any lies at or after
+        ``offset`` (its first record may be below ``offset``), else up to ``max_bytes``.
+        Empty at the end offset.
+
+        Raises:
+            OffsetOutOfRange: ``offset`` is outside ``[start, end]`` (local segments only).
+            InvalidArgument: Bad shard or ``max_bytes``, or not the segment engine.
+        """
+        engine = self._replica_engine()
+        self._check_shard(shard)
+        _check_int("offset", offset)
+        _check_int("max_bytes", max_bytes, minimum=1)
+        return await engine.read_frames(shard, offset, max_bytes)
+
+    async def append_frames(self, shard: int, frames: bytes | bytearray | memoryview, *, expected_base: int) -> int:
+        """Store frames read from another log (:meth:`read_frames`) at the end of ``shard``, byte for byte.
+
+        Every frame is checked (magic, lengths, CRC) and must continue the log exactly from
+        ``expected_base``, the shard's end offset; the leader epoch inside each frame is
+        kept. Durable and indexed like :meth:`append`; nothing is written when a check fails.
+
+        Returns:
+            The shard's new end offset.
+
+        Raises:
+            OffsetMismatch: ``expected_base`` is not the end offset, or the frames leave a gap
+                or overlap.
+            CorruptFrame: A frame fails its checks.
+            StorageError: The write failed; nothing of it is in the log.
+        """
+        engine = self._replica_engine()
+        self._check_shard(shard)
+        _check_int("expected_base", expected_base)
+        if not isinstance(frames, bytes | bytearray | memoryview):
+            raise InvalidArgument(f"frames must be bytes, not {type(frames).__name__}")
+        return await engine.append_frames(shard, frames, expected_base=expected_base)
+
+    async def truncate_to(self, shard: int, offset: int) -> int:
+        """Remove every record of ``shard`` at or after ``offset`` (a replica that diverged).
+
+        The cut is at a frame boundary: the new end is ``offset``, or the base offset of the
+        frame holding it. It is durable and crash-safe at every step (an interrupted cut is
+        finished by the next open). Records already tiered are never cut.
+
+        Returns:
+            The shard's new end offset.
+
+        Raises:
+            OffsetOutOfRange: ``offset`` is below the start or past the end offset.
+            InvalidArgument: ``offset`` is below what was tiered.
+            BusyResourceError: The shard is already being truncated.
+        """
+        engine = self._replica_engine()
+        self._check_shard(shard)
+        _check_int("offset", offset)
+        tier = self._tier
+        if tier is None:
+            return await engine.truncate_to(shard, offset)
+        async with self._tier_lock:
+            tiered = tier.tiered_end(shard)
+            if offset < tiered:
+                raise InvalidArgument(
+                    f"shard {shard}: offsets below {tiered} are tiered; truncate_to({offset}) would cut them"
+                )
+            return await engine.truncate_to(shard, offset)
 
     async def truncate_before(self, shard: int, offset: int) -> int:
         """Make ``offset`` the first readable offset of ``shard`` and delete sealed segments below it.

@@ -29,6 +29,7 @@ __all__ = [
     "InvalidTopic",
     "InvalidTopicFilter",
     "InvalidValue",
+    "OffsetMismatch",
     "OffsetOutOfRange",
     "QuotaExceeded",
     "RecordTooLarge",
@@ -168,6 +169,22 @@ class TierError(StorageError):
 
 
 # --- positions -------------------------------------------------------------------------
+
+
+class OffsetMismatch(SeglogError, ValueError):
+    """Frames handed to ``append_frames`` do not continue the shard's log exactly.
+
+    Attributes:
+        expected: The offset the log continues at (its end).
+        actual: The offset the frames start at (or the first gap inside them).
+        shard: The shard.
+    """
+
+    def __init__(self, message: str, *, expected: int, actual: int, shard: int | None = None) -> None:
+        super().__init__(message)
+        self.expected = expected
+        self.actual = actual
+        self.shard = shard
 
 
 class OffsetOutOfRange(SeglogError, IndexError):

@@ -37,11 +37,12 @@ from seglog.errors import (
     ClosedResourceError,
     CorruptFrame,
     InvalidArgument,
+    OffsetMismatch,
     OffsetOutOfRange,
     StorageError,
 )
 from seglog.io_pool import BatchWriter, IoPool, ItemError
-from seglog.record import EncodedFrame, FrameHeader, decode_body, verify_frame
+from seglog.record import EncodedFrame, FrameHeader, decode_body, parse_header, verify_frame
 
 __all__ = [
     "MAX_FRAME_RECORDS",
@@ -55,6 +56,7 @@ __all__ = [
     "await_outcomes",
     "frame_bytes",
     "frame_keys",
+    "parse_frames",
     "queue_appends",
     "raise_if_failed",
     "split_batch",
@@ -62,6 +64,44 @@ __all__ = [
 ]
 
 log = logging.getLogger("seglog.engines")
+
+
+def parse_frames(data: Any, expected_base: int, *, shard: int) -> tuple[list[EncodedFrame], list[pa.RecordBatch]]:
+    """Check frames another node encoded and cut them for ``append_frames``, byte for byte.
+
+    Every frame's magic, lengths and CRC are verified and its body decoded (zero-copy
+    unless compressed, for the index); offsets must run on from ``expected_base`` without a
+    gap or an overlap.
+
+    Raises:
+        CorruptFrame: A frame fails its magic, length or CRC check, or the data ends inside one.
+        OffsetMismatch: A frame does not start where the one before it (or ``expected_base``) ends.
+        InvalidArgument: ``data`` holds no frame.
+    """
+    view = memoryview(data).cast("B")
+    if not len(view):
+        raise InvalidArgument("append_frames needs at least one frame")
+    frames: list[EncodedFrame] = []
+    batches: list[pa.RecordBatch] = []
+    pos = 0
+    expected = expected_base
+    while pos < len(view):
+        header = parse_header(view, pos)
+        if pos + header.size > len(view):
+            raise CorruptFrame(f"shard {shard}: the data ends inside the frame at byte {pos} (offset {header.base_offset})")
+        verify_frame(view, pos, header)
+        if header.base_offset != expected:
+            what = "a gap" if header.base_offset > expected else "an overlap"
+            raise OffsetMismatch(
+                f"shard {shard}: frame at byte {pos} starts at offset {header.base_offset}, {what} after {expected}",
+                expected=expected, actual=header.base_offset, shard=shard,
+            )
+        body = view[pos : pos + header.size]
+        frames.append(EncodedFrame(header, (body,)))
+        batches.append(decode_body(body, 0, header))
+        expected = header.next_offset
+        pos += header.size
+    return frames, batches
 
 # A batch is cut into frames of at most this many records / value bytes.
 MAX_FRAME_RECORDS: Final = 16_384

@@ -28,7 +28,7 @@ from seglog.engines.base import (
     empty_read_table,
     retention_start,
 )
-from seglog.engines.frames import Maintenance, await_outcomes, raise_if_failed, split_batch
+from seglog.engines.frames import Maintenance, await_outcomes, parse_frames, raise_if_failed, split_batch
 from seglog.engines.frames import with_offsets as _with_offsets
 from seglog.engines.segment_writer import (
     FrameRequest,
@@ -38,9 +38,11 @@ from seglog.engines.segment_writer import (
     replay_journals,
 )
 from seglog.errors import (
+    BusyResourceError,
     ClosedResourceError,
     CorruptFrame,
     InvalidArgument,
+    OffsetMismatch,
     OffsetOutOfRange,
     StorageError,
 )
@@ -345,6 +347,7 @@ class SegmentEngine:
         self._executor = executor
         self._closed = False
         self._repairs: dict[int, asyncio.Future[Any]] = {}
+        self._truncating: set[int] = set()  # shards whose truncate_to runs (appends refused)
         # Called on the event loop with the shard number when an append to it completed.
         self.listener: Callable[[int], None] | None = None
 
@@ -450,6 +453,8 @@ class SegmentEngine:
         n = batch.num_rows
         nshards = len(self._shards)
         workers = self._io_pool.io_workers
+        if self._truncating and bool(np.isin(routes, list(self._truncating)).any()):
+            raise BusyResourceError(f"shards {sorted(self._truncating)} are being truncated; retry")
         key = (routes % workers).astype(np.int64) * nshards + routes
         order: np.ndarray[Any, Any] | None = None
         if n > 1 and bool((key[1:] < key[:-1]).any()):
@@ -528,6 +533,132 @@ class SegmentEngine:
         offsets = np.empty(n, np.int64)
         offsets[order] = sorted_offsets
         return offsets
+
+    # --- replica log ----------------------------------------------------------------------
+
+    async def append_frames(self, shard: int, frames: Any, *, expected_base: int) -> int:
+        """Store frames another node encoded, byte for byte, at the end of ``shard``'s log.
+
+        Checked off the loop (magic, lengths, CRC, offset continuity from ``expected_base``),
+        then written, made durable and indexed like any append; each frame keeps its leader
+        epoch.
+
+        Returns:
+            The new end offset.
+
+        Raises:
+            OffsetMismatch: ``expected_base`` is not the log end, or the frames have a gap or
+                an overlap; nothing was written.
+            CorruptFrame: A frame fails its checks; nothing was written.
+            BusyResourceError: The shard is being truncated.
+            StorageError: The write failed; nothing of it is in the log.
+        """
+        s = self._shard(shard)
+        s.check_writable()
+        encoded, batches = await self._run(functools.partial(parse_frames, frames, expected_base, shard=shard))
+        if shard in self._truncating:
+            raise BusyResourceError(f"shard {shard} is being truncated")
+        end = s.next_offset
+        if expected_base != end:
+            raise OffsetMismatch(
+                f"shard {shard}: frames start at {expected_base} but the log ends at {end}",
+                expected=end, actual=expected_base, shard=shard,
+            )
+        writer = s.writer
+        assert writer is not None
+        new_end = int(encoded[-1].header.next_offset)
+        s.next_offset = new_end
+        writer.loop = asyncio.get_running_loop()
+        outcome = await await_outcomes([
+            self._io_pool.submit(writer.worker, writer, FrameRequest(writer.gen, s, encoded, batches))
+        ])
+        if isinstance(outcome[0], BaseException):
+            raise outcome[0]
+        if self.listener is not None:
+            self.listener(shard)
+        return new_end
+
+    async def truncate_to(self, shard: int, offset: int) -> int:
+        """Remove every record of ``shard`` at or after ``offset`` (a follower diverged).
+
+        The cut is at a frame boundary: the new end is ``offset`` or the base of the frame
+        holding it. Runs on the shard's I/O worker after every append queued before it: the
+        worker first checkpoints (its journal must not replay what is cut), then the log is
+        cut crash-safely (:meth:`~seglog.segment.ShardLog.truncate_to`) and the index cut
+        back. Appends to the shard are refused while it runs.
+
+        Returns:
+            The new end offset.
+
+        Raises:
+            OffsetOutOfRange: ``offset`` is below the log start or past the end.
+            BusyResourceError: The shard is already being truncated.
+            StorageError: A step failed; the next open completes the cut.
+        """
+        s = self._shard(shard)
+        s.check_writable()
+        if shard in self._truncating:
+            raise BusyResourceError(f"shard {shard} is already being truncated")
+        if not s.log.log_start_offset <= offset <= s.next_offset:
+            raise OffsetOutOfRange(offset, s.log.log_start_offset, s.next_offset, shard=shard)
+        writer = s.writer
+        assert writer is not None
+
+        def cut() -> int:
+            writer.checkpoint()
+            try:
+                new_end = s.log.truncate_to(offset)
+            except OSError as exc:
+                writer.make_read_only(exc, "a truncation it could not finish (the next open completes it)")
+                raise StorageError(f"shard {shard}: truncation to {offset} failed") from exc
+            s.durable_end = new_end
+            try:
+                s.index.truncate_from(new_end)
+            except StorageError as exc:
+                s.suspect(f"cutting it back after truncation failed: {exc}")
+            return new_end
+
+        self._truncating.add(shard)
+        try:
+            new_end: int = await self._io_pool.submit(s.number, s.maintenance, cut)
+        finally:
+            self._truncating.discard(shard)
+        s.next_offset = new_end
+        return new_end
+
+    def read_frames_blocking(self, shard: int, offset: int, max_bytes: int) -> bytes:
+        """Blocking body of :meth:`read_frames` (segments only: pending rows are not frames yet)."""
+        s = self._shard(shard)
+        end = self._check_range(s, offset)
+        if max_bytes < 1:
+            raise InvalidArgument("max_bytes must be >= 1")
+        out: list[memoryview] = []
+        total = 0
+        if offset >= end:
+            return b""
+        for fp in s.frames(offset, end):
+            size = fp.header.size
+            if out and total + size > max_bytes:
+                break
+            out.append(fp.segment.view(fp.pos, fp.pos + size))
+            total += size
+        return b"".join(out)
+
+    async def read_frames(self, shard: int, offset: int, max_bytes: int) -> bytes:
+        """The stored frames of ``shard`` from the one holding ``offset``, byte for byte.
+
+        At least one frame (if any lies at or after ``offset``), otherwise at most
+        ``max_bytes``; only acknowledged frames. Rows buffered from many-shard appends are
+        written into the segment first.
+
+        Raises:
+            OffsetOutOfRange: ``offset`` is outside ``[start, end]``.
+        """
+        s = self._shard(shard)
+        if s.pending:
+            await self._on_worker(s, lambda: None)
+        data: bytes = await self._run(self.read_frames_blocking, shard, offset, max_bytes)
+        return data
 
     def _encode(self, base: int, batch: pa.RecordBatch) -> tuple[list[EncodedFrame], list[pa.RecordBatch]]:
         frames: list[EncodedFrame] = []

@@ -117,18 +117,23 @@ class DurableEndMarker:
         # Idle shards keep no descriptor open (see fd_cache).
         self._file = CachedFile(path, os.O_RDWR, fd=fd)
 
-    def publish(self, next_offset: int, segment_base: int, segment_bytes: int, *, fenced: bool = False) -> None:
-        """Record the acknowledged end; with ``fenced`` also fsync it (the slow, rare path).
+    def publish(
+        self, next_offset: int, segment_base: int, segment_bytes: int, *, fenced: bool = False, sync: bool = False
+    ) -> None:
+        """Record the acknowledged end; with ``fenced`` or ``sync`` also fsync it (the slow, rare path).
+
+        ``sync`` without ``fenced`` durably clears a fence written on purpose (a truncation):
+        a fenced record left on disk would cut later acknowledged appends at the next open.
 
         Raises:
-            OSError: The write (or, fenced, the fsync) failed.
+            OSError: The write (or the fsync) failed.
         """
         body = _BODY.pack(_FENCED if fenced else 0, next_offset, segment_base, segment_bytes, 0)
         record = _CRC.pack(zlib.crc32(body)) + body
         with self._file.fd() as fd:
             if os.pwrite(fd, record, 0) != len(record):
                 raise OSError("short write of the durable-end marker")
-            if fenced:
+            if fenced or sync:
                 os.fsync(fd)
 
     def close(self) -> None:

@@ -95,6 +95,44 @@ class LogSegment:
         self.close()
         self.path.unlink(missing_ok=True)
 
+    def replace_with_prefix(self, size: int) -> LogSegment:
+        """A new active segment holding this one's first ``size`` bytes, renamed over it durably.
+
+        Used by truncation instead of ``ftruncate``: readers in this process may hold
+        zero-copy views of the bytes that go, and pages cut from under a mapping fault
+        (SIGBUS). This object keeps its mapping for them (:meth:`detach`).
+        """
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        out = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            with self._file.fd() as src:
+                done = 0
+                while done < size:
+                    n = os.copy_file_range(src, out, size - done, done, done)
+                    if n <= 0:
+                        raise OSError(f"short copy of {self.path.name} at {done} of {size} bytes")
+                    done += n
+            os.fsync(out)
+            os.replace(tmp, self.path)
+            fsync_dir(self.path.parent)
+        except BaseException:
+            os.close(out)
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise
+        new = LogSegment(self.path, self.base_offset, out, size, sealed=False)
+        self.detach()
+        return new
+
+    def detach(self) -> None:
+        """Let go of the file but stay readable through the mapping (its name now holds another file)."""
+        if self.size:
+            mapped = self._map
+            if mapped is None or len(mapped) < self.size:
+                self._remap(self.size)
+        self._retired = True
+        self._file.close()
+
     def retire(self) -> None:
         """Unlink the file but keep it readable: readers holding this object still work."""
         if self.size:

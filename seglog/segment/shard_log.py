@@ -394,10 +394,76 @@ class ShardLog:
         fence_in_process(self.directory, mark.next_offset, base, mark.size)
         self.marker.publish(mark.next_offset, base, mark.size, fenced=True)
 
-    def publish_durable_end(self, *, fenced: bool = False) -> None:
+    def publish_durable_end(self, *, fenced: bool = False, sync: bool = False) -> None:
         """Publish the current end as acknowledged (see :mod:`seglog.segment.durable_end`)."""
         active = self.active
-        self.marker.publish(active.next_offset, active.base_offset, active.size, fenced=fenced)
+        self.marker.publish(active.next_offset, active.base_offset, active.size, fenced=fenced, sync=sync)
+
+    def truncate_point(self, offset: int) -> tuple[int, int, int]:
+        """Where :meth:`truncate_to` ``offset`` cuts: ``(segment index, file position, new end)``.
+
+        The cut is at the start of the frame holding ``offset``: frames are shipped and
+        checksummed whole, so the new end is ``offset`` or the base of that frame (as Kafka
+        truncates to a batch boundary).
+
+        Raises:
+            OffsetOutOfRange: ``offset`` is below the log start or past the end.
+        """
+        segments, bases = self._snap
+        end = segments[-1].next_offset
+        if not self.log_start_offset <= offset <= end:
+            raise OffsetOutOfRange(offset, self.log_start_offset, end)
+        if offset == end:
+            return len(segments) - 1, segments[-1].size, end
+        i = bisect.bisect_right(bases, offset) - 1
+        seg = segments[i]
+        for pos, header in seg.headers(0, seg.size):
+            if header.next_offset > offset:
+                return i, pos, header.base_offset
+        return i, seg.size, seg.next_offset
+
+    def truncate_to(self, offset: int) -> int:
+        """Remove every frame holding an offset at or after ``offset``, durably and crash-safely.
+
+        Steps: a fenced durable-end marker at the cut is fsynced first, so a crash at any
+        later step makes the next open finish the cut (:meth:`open`); then later segments are
+        deleted (newest first), the segment holding the cut becomes the active one and is cut
+        and synced, the checkpoint is rewritten, and the marker is cleared (fsynced).
+        The caller must have synced the journal's entries for this shard into the segments
+        (a replay must not bring truncated frames back).
+
+        Returns:
+            The new log end (``offset``, or the base of the frame holding it).
+
+        Raises:
+            OffsetOutOfRange: ``offset`` is below the log start or past the end.
+            OSError: A step failed; the fence makes the next open complete the cut.
+        """
+        i, pos, new_end = self.truncate_point(offset)
+        segments, bases = self._snap
+        if new_end == segments[-1].next_offset and i == len(segments) - 1:
+            return new_end
+        seg = segments[i]
+        self.marker.publish(new_end, seg.base_offset, pos, fenced=True)
+        later = segments[i + 1 :]
+        self._snap = (segments[: i + 1], bases[: i + 1])
+        for doomed in reversed(later):
+            doomed.retire()  # readers holding it keep reading through its mapping
+        if later:
+            fsync_dir(self.directory)
+        if pos < seg.size:
+            seg = seg.replace_with_prefix(pos)
+            self._snap = ([*segments[:i], seg], bases[: i + 1])
+        elif seg.sealed:
+            seg.unseal()
+        seg.next_offset = new_end
+        seg.max_ts = None  # recomputed from the remaining headers when asked
+        seg.created_ms = self._clock_ms()
+        if new_end < self.log_start_offset:  # the start was inside the frame that went
+            self.log_start_offset = new_end
+        self.write_checkpoint()
+        self.publish_durable_end(sync=True)
+        return new_end
 
     def write_checkpoint(self) -> None:
         """Record durably the log start and that every segment before the active one is sealed."""

@@ -163,6 +163,10 @@ class DbTier:
                 break
         return end
 
+    def tiered_end(self, shard: int) -> int:
+        """Offset after the last record of ``shard`` in a committed object (0: none)."""
+        return max((e.end_offset + 1 for e in self.manifest.committed(shard)), default=0)
+
     def cold_bytes(self, shard: int) -> int:
         """Bytes of the committed objects of ``shard``."""
         return sum(e.bytes for e in self.manifest.committed(shard))

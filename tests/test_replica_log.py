@@ -1,0 +1,259 @@
+"""The replica log: frames shipped byte for byte (append_frames), truncation, reading frames."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+import sys
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+import seglog
+from seglog.errors import BusyResourceError, CorruptFrame, InvalidArgument, OffsetMismatch
+from seglog.record import parse_header
+from tests.faults import strace_command
+from tests.helpers import read_all
+
+T = TypeVar("T")
+ROOT = Path(__file__).resolve().parent.parent
+TS0 = 1_700_000_000_000_000
+
+
+def _records(n: int, start: int = 0, *, prefix: bytes = b"v") -> list[seglog.Record]:
+    return [
+        seglog.Record(topic=f"dev/{i % 7}/t", value=prefix + b"-%d" % i, key=b"k%d" % (i % 50), ts=TS0 + i)
+        for i in range(start, start + n)
+    ]
+
+
+def _frame_bounds(data: bytes) -> list[tuple[int, int]]:
+    out, pos = [], 0
+    while pos < len(data):
+        h = parse_header(data, pos)
+        out.append((h.base_offset, h.next_offset))
+        pos += h.size
+    return out
+
+
+async def _all_frames(db: seglog.Database, shard: int) -> bytes:
+    out = []
+    offset = db.start_offset(shard)
+    while offset < db.end_offset(shard):
+        chunk = await db.read_frames(shard, offset, max_bytes=8192)
+        out.append(chunk)
+        offset = _frame_bounds(chunk)[-1][1]
+    return b"".join(out)
+
+
+def test_frames_shipped_byte_for_byte_answer_every_read_alike(run, tmp_path: Path) -> None:
+    async def main() -> None:
+        async with seglog.open(tmp_path / "a") as a, seglog.open(tmp_path / "b") as b:
+            da = await a.create_db("r", shards=4, segment_bytes=16384)
+            db_ = await b.create_db("r", shards=4, segment_bytes=16384)
+            for k in range(6):  # keyed over 4 shards: the journal rows path, then frames
+                await da.append(_records(300, k * 300))
+            await da.append(_records(200, 5000), shard=2)  # a frame request
+            for shard in range(4):
+                shipped = 0
+                while shipped < da.end_offset(shard):
+                    chunk = await da.read_frames(shard, shipped, max_bytes=5000)
+                    shipped = await db_.append_frames(shard, chunk, expected_base=shipped)
+                assert await _all_frames(db_, shard) == await _all_frames(da, shard)
+                ra, rb = await read_all(da, shard), await read_all(db_, shard)
+                assert [(r.offset, r.key, r.value, r.ts) for r in ra] == [(r.offset, r.key, r.value, r.ts) for r in rb]
+                for key in (b"k0", b"k7", b"k49", b"nope"):
+                    ka = await da.read_key(key, shard=shard)
+                    kb = await db_.read_key(key, shard=shard)
+                    assert [r.offset for r in ka] == [r.offset for r in kb]
+                for ts in (TS0, TS0 + 333, TS0 + 5100, TS0 + 10**9):
+                    assert await da.offset_for_time(shard, ts) == await db_.offset_for_time(shard, ts)
+        async with seglog.open(tmp_path / "b") as b:  # and after a reopen
+            db_ = await b.open_db("r")
+            assert sum(db_.end_offset(s) for s in range(4)) == 2000
+
+    run(main())
+
+
+def test_append_frames_rejects_gaps_overlaps_and_corruption_writing_nothing(run, tmp_path: Path) -> None:
+    async def main() -> None:
+        async with seglog.open(tmp_path / "a") as a, seglog.open(tmp_path / "b") as b:
+            da = await a.create_db("r", shards=1)
+            dbb = await b.create_db("r", shards=1)
+            for k in range(3):
+                await da.append(_records(100, k * 100))
+            data = await da.read_frames(0, 0, max_bytes=1 << 20)
+            bounds = _frame_bounds(data)
+            assert len(bounds) == 3
+            first = parse_header(data, 0).size
+            second = first + parse_header(data, first).size
+            with pytest.raises(OffsetMismatch) as gap:
+                await dbb.append_frames(0, data[first:], expected_base=0)
+            assert (gap.value.expected, gap.value.actual) == (0, 100)
+            with pytest.raises(OffsetMismatch):  # expected_base is not the end
+                await dbb.append_frames(0, data, expected_base=5)
+            with pytest.raises(OffsetMismatch):  # a gap inside the data
+                await dbb.append_frames(0, data[:first] + data[second:], expected_base=0)
+            await dbb.append_frames(0, data[:first], expected_base=0)
+            with pytest.raises(OffsetMismatch):  # an overlap
+                await dbb.append_frames(0, data[:second], expected_base=100)
+            bad = bytearray(data[first:])
+            bad[first // 2 + 60] ^= 0x40  # a body byte of the second frame
+            with pytest.raises(CorruptFrame):
+                await dbb.append_frames(0, bytes(bad), expected_base=100)
+            with pytest.raises(CorruptFrame):  # ends inside a frame
+                await dbb.append_frames(0, data[first : second - 8], expected_base=100)
+            with pytest.raises(InvalidArgument):
+                await dbb.append_frames(0, b"", expected_base=100)
+            assert dbb.end_offset(0) == 100
+            assert len(await read_all(dbb, 0)) == 100
+            assert await dbb.append_frames(0, data[first:], expected_base=100) == 300
+            assert await _all_frames(dbb, 0) == data
+
+    run(main())
+
+
+def test_truncate_to_cuts_at_a_frame_boundary_across_segments_and_appends_continue(run, tmp_path: Path) -> None:
+    async def main() -> tuple[int, list[tuple[int, bytes]]]:
+        async with seglog.open(tmp_path / "a") as store:
+            db = await store.create_db("r", shards=1, segment_bytes=8192)
+            for k in range(20):
+                await db.append(_records(50, k * 50))
+            segments_before = len(list((tmp_path / "a").rglob("*.log")))
+            held = await db.read_arrow(0, 0, max_records=1000)  # zero-copy views of what goes
+            new_end = await db.truncate_to(0, 275)
+            assert new_end == 250  # frames hold 50 records: cut at the start of 250..299
+            assert db.end_offset(0) == 250
+            assert len(list((tmp_path / "a").rglob("*.log"))) < segments_before
+            assert held.num_rows == 1000 and held.column("value")[999].as_py() == b"v-999"  # no SIGBUS
+            assert [r.offset for r in await db.read_key(b"k3", shard=0)] == [o for o in range(3, 250, 50)]
+            assert await db.offset_for_time(0, TS0 + 900) == 250
+            with pytest.raises(seglog.OffsetOutOfRange):
+                await db.truncate_to(0, 251)
+            res = await db.append(_records(10, 0, prefix=b"new"), shard=0)
+            assert res[0].offset == 250
+            return new_end, [(r.offset, r.value) for r in await read_all(db, 0)]
+
+    _, before = run(main())
+    assert len(before) == 260 and before[250][1] == b"new-0"
+
+    async def reopen() -> None:
+        async with seglog.open(tmp_path / "a") as store:
+            db = await store.open_db("r")
+            assert [(r.offset, r.value) for r in await read_all(db, 0)] == before
+            assert [r.offset for r in await db.read_key(b"k3", shard=0)] == [*range(3, 250, 50), 253]
+
+    run(reopen())
+
+
+def test_truncated_rows_are_not_replayed_from_the_journal(run, tmp_path: Path) -> None:
+    """Rows of many-shard appends wait in the journal; a cut must not come back after SIGKILL."""
+    data = tmp_path / "data"
+
+    async def create() -> None:
+        async with seglog.open(data) as store:
+            await store.create_db("r", shards=4)
+
+    run(create())
+    proc = subprocess.run([sys.executable, "-m", "tests.replica_child", "journal", str(data), "100"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -9, proc.stderr
+    words = proc.stdout.split()
+    assert words[0] == "truncated" and int(words[1]) == int(words[2]) <= 100
+
+    async def verify() -> None:
+        async with seglog.open(data) as store:
+            db = await store.open_db("r")
+            assert db.end_offset(0) == int(words[1])
+            on_shard0 = 4 * sum(1 for i in range(400) if db.shard_for(b"k%d" % i) == 0)
+            assert on_shard0 > 100  # so the cut removed acknowledged rows of shard 0
+            assert sum(db.end_offset(s) for s in range(1, 4)) == 1600 - on_shard0
+            assert len(await read_all(db, 0)) == db.end_offset(0)
+
+    run(verify())
+
+
+def _make_template(path: Path) -> list[tuple[int, bytes]]:
+    async def main() -> list[tuple[int, bytes]]:
+        async with seglog.open(path) as store:
+            db = await store.create_db("r", shards=1, segment_bytes=8192)
+            for k in range(16):
+                await db.append(_records(50, k * 50))
+            return [(r.offset, r.value) for r in await read_all(db, 0)]
+
+    return asyncio_run(main())
+
+
+def asyncio_run(coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(coro)
+
+
+def test_truncate_killed_at_every_step_reopens_consistent(tmp_path: Path) -> None:
+    """SIGKILL at each write, sync, rename, unlink and copy of a truncation (strace counts each
+    system call separately, so each is stepped on its own): the reopened log is the whole log
+    or the cut one, never between, and the indexes agree with it."""
+    template = tmp_path / "template"
+    full = _make_template(template)
+    offset = 175  # inside the second of several sealed segments
+    outcomes: set[int] = set()
+    for syscall in ("pwrite64", "fsync", "fdatasync", "unlink", "rename", "copy_file_range"):
+        kill_at = 1
+        while True:
+            data = tmp_path / f"{syscall}-{kill_at}"
+            shutil.copytree(template, data)
+            cmd = [*strace_command(), "-o", "/dev/null", "-e", f"trace={syscall}",
+                   "-e", f"inject={syscall}:signal=SIGKILL:when={kill_at}",
+                   sys.executable, "-m", "tests.replica_child", "truncate", str(data), str(offset)]
+            proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+            done = "truncated" in proc.stdout
+            end = asyncio_run(_verified_end(data, full))
+            assert end in (150, len(full)), (syscall, kill_at, end)
+            shutil.rmtree(data)
+            if done:
+                assert end == 150
+                break
+            outcomes.add(end)
+            kill_at += 1
+            assert kill_at < 200, f"the truncation never finished ({syscall})"
+    assert outcomes == {150, len(full)}, outcomes  # killed both before and after the point of no return
+
+
+async def _verified_end(data: Path, full: list[tuple[int, bytes]]) -> int:
+    async with seglog.open(data) as store:
+        db = await store.open_db("r")
+        end = db.end_offset(0)
+        assert [(r.offset, r.value) for r in await read_all(db, 0)] == full[:end]
+        assert [r.offset for r in await db.read_key(b"k3", shard=0)] == list(range(3, end, 50))
+        assert await db.offset_for_time(0, TS0 + 10_000) == end
+        return end
+
+
+def test_truncate_refuses_concurrent_truncation_and_bad_offsets(run, tmp_path: Path) -> None:
+    async def main() -> None:
+        async with seglog.open(tmp_path / "a") as store:
+            db = await store.create_db("r", shards=2)
+            for k in range(10):
+                await db.append(_records(10, k * 10), shard=1)
+            with pytest.raises(seglog.OffsetOutOfRange):
+                await db.truncate_to(1, 101)
+            with pytest.raises(seglog.InvalidArgument):
+                await db.truncate_to(5, 0)
+            # gather starts the first, which marks the shard before its first await.
+            first, second = await asyncio.gather(db.truncate_to(1, 50), db.truncate_to(1, 10), return_exceptions=True)
+            assert first == 50 and isinstance(second, BusyResourceError)
+            cut, appended = await asyncio.gather(
+                db.truncate_to(1, 40), db.append(_records(1), shard=1), return_exceptions=True
+            )
+            assert cut == 40 and isinstance(appended, BusyResourceError)  # refused, not interleaved
+            assert db.end_offset(1) == 40
+            assert await db.truncate_to(1, 40) == 40  # at the end: nothing to do
+            assert await db.truncate_to(1, 0) == 0
+            assert db.end_offset(1) == 0 and await db.read(1, 0) == []
+            mem = await store.create_db("m", shards=1, engine="memory")
+            with pytest.raises(InvalidArgument):
+                await mem.truncate_to(0, 0)
+
+    run(main())
