@@ -18,6 +18,7 @@ __all__ = [
     "ClosedResourceError",
     "ConfigMismatch",
     "CorruptFrame",
+    "CorruptLTS",
     "DatabaseExists",
     "DatabaseNotFound",
     "InvalidArgument",
@@ -162,6 +163,10 @@ class AppendFailed(StorageError):
 
 class CorruptFrame(StorageError):
     """A frame failed its magic, length or CRC check."""
+
+
+class CorruptLTS(CorruptFrame):
+    """Serialized learned-topic-structure data failed its magic, version, CRC or layout check."""
 
 
 class TierError(StorageError):

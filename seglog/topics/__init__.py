@@ -10,12 +10,16 @@ from seglog.topics.filters import (
     topic_matches,
     validate_topic_filter,
 )
+from seglog.topics.lts import DEFAULT_LTS_THRESHOLDS, LTS, varying_matches
 
 __all__ = [
+    "DEFAULT_LTS_THRESHOLDS",
+    "LTS",
     "MAX_TOPIC_BYTES",
     "filter_literal_prefix",
     "filter_to_regex",
     "is_wildcard_filter",
     "topic_matches",
     "validate_topic_filter",
+    "varying_matches",
 ]
