@@ -17,10 +17,12 @@ __all__ = [
     "BusyResourceError",
     "ClosedResourceError",
     "ConfigMismatch",
+    "CorruptCheckpoint",
     "CorruptFrame",
     "CorruptLTS",
     "DatabaseExists",
     "DatabaseNotFound",
+    "EpochRegression",
     "InvalidArgument",
     "InvalidHeaders",
     "InvalidKey",
@@ -56,6 +58,31 @@ class UsageError(SeglogError):
 
 class InvalidArgument(UsageError, ValueError):
     """An argument is out of its documented domain (bad shard, negative size, ...)."""
+
+
+class EpochRegression(InvalidArgument):
+    """A leader epoch (or its start offset) would go backwards in a shard's epoch cache.
+
+    Kafka's ``LeaderEpochFileCache`` logs and ignores such an assignment; seglog refuses it,
+    because it means a stale leader or a caller bug, and silently dropping it would hide
+    either. Nothing is changed.
+
+    Attributes:
+        epoch: The epoch asked for.
+        start_offset: Its start offset.
+        latest_epoch: The cache's latest epoch.
+        latest_start_offset: The latest epoch's start offset.
+    """
+
+    def __init__(self, epoch: int, start_offset: int, latest_epoch: int, latest_start_offset: int) -> None:
+        super().__init__(
+            f"leader epoch {epoch} at offset {start_offset} goes back from the latest epoch"
+            f" {latest_epoch} at offset {latest_start_offset}"
+        )
+        self.epoch = epoch
+        self.start_offset = start_offset
+        self.latest_epoch = latest_epoch
+        self.latest_start_offset = latest_start_offset
 
 
 class InvalidRecord(UsageError, ValueError):
@@ -165,7 +192,15 @@ class CorruptFrame(StorageError):
     """A frame failed its magic, length or CRC check."""
 
 
-class CorruptLTS(CorruptFrame):
+class CorruptCheckpoint(StorageError):
+    """A small checkpoint file (leader epochs, high watermark) failed its format or CRC check.
+
+    Such files are only ever replaced whole (see ``seglog._fs.atomic_write``), so a bad one
+    is damage, not a torn write: it is reported rather than read as empty.
+    """
+
+
+class CorruptLTS(StorageError):
     """Serialized learned-topic-structure data failed its magic, version, CRC or layout check."""
 
 
