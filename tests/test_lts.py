@@ -9,7 +9,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from seglog.errors import CorruptFrame, CorruptLTS, InvalidArgument, InvalidTopic, InvalidTopicFilter, StorageError
+from seglog.errors import (
+    CorruptFrame,
+    CorruptLTS,
+    InvalidArgument,
+    InvalidTopic,
+    InvalidTopicFilter,
+    StorageError,
+)
 from seglog.topics import LTS, topic_matches, varying_matches
 
 # EMQX's eunit tests use `fun(0) -> 1000; (_) -> T end`.
