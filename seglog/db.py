@@ -751,7 +751,7 @@ class Database:
             raise InvalidArgument(f"frames must be bytes, not {type(frames).__name__}")
         return await engine.append_frames(shard, frames, expected_base=expected_base)
 
-    async def truncate_to(self, shard: int, offset: int) -> int:
+    async def truncate_to(self, shard: int, offset: int, *, force: bool = False) -> int:
         """Remove every record of ``shard`` at or after ``offset`` (a replica that diverged).
 
         The cut is at a frame boundary: the new end is ``offset``, or the base offset of the
@@ -763,7 +763,9 @@ class Database:
 
         Raises:
             OffsetOutOfRange: ``offset`` is below the start or past the end offset.
-            InvalidArgument: ``offset`` is below what was tiered.
+            InvalidArgument: ``offset`` is below what was tiered, or below the high
+                watermark without ``force`` (the leader-epoch cache and a high watermark
+                above the cut are cut with the log).
             BusyResourceError: The shard is already being truncated.
         """
         engine = self._replica_engine()
@@ -771,14 +773,50 @@ class Database:
         _check_int("offset", offset)
         tier = self._tier
         if tier is None:
-            return await engine.truncate_to(shard, offset)
+            return await engine.truncate_to(shard, offset, force=force)
         async with self._tier_lock:
             tiered = tier.tiered_end(shard)
             if offset < tiered:
                 raise InvalidArgument(
                     f"shard {shard}: offsets below {tiered} are tiered; truncate_to({offset}) would cut them"
                 )
-            return await engine.truncate_to(shard, offset)
+            return await engine.truncate_to(shard, offset, force=force)
+
+    def end_offset_for_epoch(self, shard: int, epoch: int) -> tuple[int, int]:
+        """Kafka's OffsetsForLeaderEpoch: ``(largest known epoch <= epoch, the offset it ends at)``.
+
+        The latest epoch ends at the end offset; ``(-1, -1)`` when no epoch qualifies. A
+        standalone store's frames all have epoch 0.
+        """
+        engine = self._replica_engine()
+        self._check_shard(shard)
+        _check_int("epoch", epoch)
+        return engine.end_offset_for_epoch(shard, epoch)
+
+    def leader_epochs(self, shard: int) -> list[tuple[int, int]]:
+        """The shard's leader-epoch cache, ``(epoch, start offset)`` oldest first (empty: all epoch 0)."""
+        engine = self._replica_engine()
+        self._check_shard(shard)
+        return engine.leader_epochs(shard)
+
+    def high_watermark(self, shard: int) -> int:
+        """The shard's high watermark (0 until replication or the caller moves it)."""
+        engine = self._replica_engine()
+        self._check_shard(shard)
+        return engine.high_watermark(shard)
+
+    def update_high_watermark(self, shard: int, hw: int) -> bool:
+        """Move the shard's high watermark up to ``hw`` (never down, at most the end offset).
+
+        Persisted lazily (idle time, close): after a crash it may be older, never newer.
+
+        Returns:
+            Whether it moved.
+        """
+        engine = self._replica_engine()
+        self._check_shard(shard)
+        _check_int("hw", hw)
+        return engine.update_high_watermark(shard, hw)
 
     async def truncate_before(self, shard: int, offset: int) -> int:
         """Make ``offset`` the first readable offset of ``shard`` and delete sealed segments below it.

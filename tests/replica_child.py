@@ -1,6 +1,8 @@
 """Child process for replica-log crash tests (killed with SIGKILL by the parent or itself).
 
 ``truncate DATA OFFSET``: open the ``r`` database, ``truncate_to(0, OFFSET)``, print the new end.
+``epoch DATA EPOCH``: keyed appends over every shard stamped with leader epoch EPOCH (rows
+wait in the journal), print "appended", then SIGKILL itself.
 ``journal DATA OFFSET``: keyed appends over every shard (rows wait in the journal), truncate
 shard 0 to OFFSET, print the new end, then SIGKILL itself (no checkpoint at close).
 """
@@ -12,7 +14,10 @@ import os
 import signal
 import sys
 
+import numpy as np
+
 import seglog
+import seglog.record
 
 
 async def truncate(data: str, offset: int) -> None:
@@ -34,6 +39,19 @@ async def journal(data: str, offset: int) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+async def epoch(data: str, leader_epoch: int) -> None:
+    store = await seglog.open(data, buffer_ms=3_600_000)
+    db = await store.open_db("r")
+    batch = seglog.record.records_to_batch(
+        [seglog.Record(topic="t", value=b"e%d" % i, key=b"k%d" % i, ts=1_700_000_000_000_000 + i) for i in range(400)]
+    )
+    routes = np.array([db.shard_for(b"k%d" % i) for i in range(400)], np.int32)
+    await db._engine.append_routed(batch, routes, leader_epoch=leader_epoch)
+    print("appended", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 if __name__ == "__main__":
-    mode, data, offset = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    asyncio.run(truncate(data, offset) if mode == "truncate" else journal(data, offset))
+    mode, data, arg = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    modes = {"truncate": truncate, "journal": journal, "epoch": epoch}
+    asyncio.run(modes[mode](data, arg))

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 import pytest
 
 import seglog
+import seglog.record
 from seglog.errors import BusyResourceError, CorruptFrame, InvalidArgument, OffsetMismatch
 from seglog.record import parse_header
 from tests.faults import strace_command
@@ -255,5 +256,106 @@ def test_truncate_refuses_concurrent_truncation_and_bad_offsets(run, tmp_path: P
             mem = await store.create_db("m", shards=1, engine="memory")
             with pytest.raises(InvalidArgument):
                 await mem.truncate_to(0, 0)
+
+    run(main())
+
+
+async def _append_epoch(db: seglog.Database, records: list[seglog.Record], epoch: int, shard: int = 0) -> None:
+    # The leader's stamp: the engine-level append (Database.append gains it with replication).
+    await db._engine.append_many([(shard, seglog.record.records_to_batch(records))], leader_epoch=epoch)
+
+
+def test_leader_epochs_travel_with_frames_and_answer_like_kafka(run, tmp_path: Path) -> None:
+    async def main() -> None:
+        async with seglog.open(tmp_path / "a") as a, seglog.open(tmp_path / "b") as b:
+            da = await a.create_db("r", shards=1)
+            dbb = await b.create_db("r", shards=1)
+            await da.append(_records(100))
+            assert da.leader_epochs(0) == [] and da.end_offset_for_epoch(0, 0) == (0, 100)
+            await _append_epoch(da, _records(100, 100), 3)
+            await _append_epoch(da, _records(50, 200), 5)
+            assert da.leader_epochs(0) == [(0, 0), (3, 100), (5, 200)]
+            data = await da.read_frames(0, 0, max_bytes=1 << 20)
+            assert [parse_header(data, p).leader_epoch for p in _positions(data)] == [0, 3, 5]
+            await dbb.append_frames(0, data, expected_base=0)
+            assert dbb.leader_epochs(0) == [(0, 0), (3, 100), (5, 200)]
+            for epoch, answer in ((0, (0, 100)), (1, (0, 100)), (3, (3, 200)), (4, (3, 200)), (5, (5, 250)),
+                                  (6, (-1, -1))):
+                assert dbb.end_offset_for_epoch(0, epoch) == answer, epoch
+            assert await dbb.truncate_to(0, 150) == 100  # frames of 100 and 50 records
+            assert dbb.leader_epochs(0) == [(0, 0)]
+            assert dbb.end_offset_for_epoch(0, 0) == (0, 100)
+            assert dbb.end_offset_for_epoch(0, 3) == (-1, -1)  # above the latest epoch (Kafka)
+        async with seglog.open(tmp_path / "a") as a:  # persisted
+            da = await a.open_db("r")
+            assert da.leader_epochs(0) == [(0, 0), (3, 100), (5, 200)]
+
+    run(main())
+
+
+def _positions(data: bytes) -> list[int]:
+    out, pos = [], 0
+    while pos < len(data):
+        out.append(pos)
+        pos += parse_header(data, pos).size
+    return out
+
+
+def test_epoch_of_journalled_rows_survives_sigkill_and_a_lost_cache_is_rebuilt(run, tmp_path: Path) -> None:
+    data = tmp_path / "data"
+
+    async def create() -> None:
+        async with seglog.open(data) as store:
+            db = await store.create_db("r", shards=4)
+            await db.append(_records(40))
+
+    run(create())
+    proc = subprocess.run([sys.executable, "-m", "tests.replica_child", "epoch", str(data), "7"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -9 and "appended" in proc.stdout, proc.stderr
+
+    async def verify() -> list[list[tuple[int, int]]]:
+        async with seglog.open(data) as store:
+            db = await store.open_db("r")
+            caches = []
+            for shard in range(4):
+                frames = await db.read_frames(shard, 0, max_bytes=1 << 20)
+                epochs = [parse_header(frames, p).leader_epoch for p in _positions(frames)]
+                assert epochs[-1] == 7 and set(epochs) <= {0, 7}  # the journal kept the epoch
+                caches.append(db.leader_epochs(shard))
+                first7 = next(parse_header(frames, p).base_offset for p in _positions(frames)
+                              if parse_header(frames, p).leader_epoch == 7)
+                assert db.end_offset_for_epoch(shard, 6) == (0, first7)
+            return caches
+
+    caches = run(verify())
+    for shard_dir in sorted((data / "dbs" / "r").glob("shard-*")):
+        (shard_dir / "leader-epoch-checkpoint").unlink()  # lost: rebuilt from the frames
+    assert run(verify()) == caches
+
+
+def test_high_watermark_moves_up_caps_reads_guards_truncation_and_persists(run, tmp_path: Path) -> None:
+    async def main() -> None:
+        async with seglog.open(tmp_path / "a") as store:
+            db = await store.create_db("r", shards=1)
+            for k in range(10):
+                await db.append(_records(10, k * 10))
+            assert db.high_watermark(0) == 0
+            assert db.update_high_watermark(0, 60) and not db.update_high_watermark(0, 50)
+            with pytest.raises(seglog.OffsetOutOfRange):
+                db.update_high_watermark(0, 101)
+            capped = await db._engine.read_arrow(0, 40, 1000, upper=db.high_watermark(0))
+            assert capped.column("offset").to_pylist() == list(range(40, 60))
+            with pytest.raises(InvalidArgument, match="high watermark"):
+                await db.truncate_to(0, 50)
+            assert await db.truncate_to(0, 70) == 70
+        async with seglog.open(tmp_path / "a") as store:
+            db = await store.open_db("r")
+            assert db.high_watermark(0) == 60  # written at close
+            assert await db.truncate_to(0, 30, force=True) == 30
+            assert db.high_watermark(0) == 30
+        async with seglog.open(tmp_path / "a") as store:
+            db = await store.open_db("r")
+            assert db.high_watermark(0) == 30 and db.end_offset(0) == 30
 
     run(main())

@@ -57,6 +57,8 @@ from seglog.record import (
     verify_frame,
 )
 from seglog.segment import FramePosition, LogSegment, ShardLog
+from seglog.segment.epoch_cache import MAX_EPOCH, UNDEFINED_EPOCH, UNDEFINED_OFFSET, LeaderEpochCache
+from seglog.segment.high_watermark import HighWatermarkCheckpoint
 from seglog.segment.journal import Journal
 
 __all__ = ["SegmentEngine", "SegmentRange", "shard_dir_name"]
@@ -107,6 +109,57 @@ class _Shard:
         self.index_lagging = False
         # The index disagreed with the segments: rebuilt from scratch on the worker.
         self.index_suspect = False
+        # Leader epochs: an empty cache means every frame has epoch 0 (a standalone store
+        # never writes the file); the high watermark is kept lazily (Kafka's checkpoint).
+        self.epochs = LeaderEpochCache(log_.directory)
+        self.hw = HighWatermarkCheckpoint(log_.directory)
+
+    @property
+    def known_epoch(self) -> int:
+        """The latest leader epoch the shard's cache knows (0 when it is empty)."""
+        latest = self.epochs.latest_epoch()
+        return 0 if latest is None else latest
+
+    def assign_epoch(self, epoch: int, start_offset: int) -> None:
+        """(Worker) Record that ``epoch``'s frames start at ``start_offset`` (persisted)."""
+        if not self.epochs.entries() and start_offset > self.log.log_start_offset:
+            self.epochs.assign(0, self.log.log_start_offset)  # what the empty cache implied
+        self.epochs.assign(epoch, start_offset)
+
+    def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
+        """Kafka's OffsetsForLeaderEpoch answer for ``epoch``: ``(epoch found, its end offset)``."""
+        end = self.durable_end
+        if not self.epochs.entries():  # every frame has epoch 0
+            return (0, end) if epoch == 0 else (UNDEFINED_EPOCH, UNDEFINED_OFFSET)
+        return self.epochs.end_offset_for_epoch(epoch, end)
+
+    def reconcile_epochs(self) -> None:
+        """(Open) Make the epoch cache agree with the recovered log.
+
+        Entries at or past the log end are dropped (the log was cut after they were
+        written); entries missing for epochs the frames carry (a crash between a durable
+        write and the cache write) are rebuilt by scanning from the last known entry; the
+        high watermark is capped at the log end.
+        """
+        end = self.log.next_offset
+        entries = self.epochs.entries()
+        if entries and entries[-1][1] >= end:
+            self.epochs.truncate_from_end(end)
+            entries = self.epochs.entries()
+        start = self.log.log_start_offset
+        if len(entries) > 1 and entries[1][1] <= start:
+            self.epochs.truncate_from_start(start)
+            entries = self.epochs.entries()
+        last = self.log.last_header()
+        begin = max(entries[-1][1] if entries else start, start)
+        if last is not None and last.leader_epoch > self.known_epoch and begin < end:
+            known = self.known_epoch
+            for fp in self.log.frames_from(*self.locate(begin), end):
+                if fp.header.leader_epoch > known:
+                    self.assign_epoch(fp.header.leader_epoch, fp.header.base_offset)
+                    known = fp.header.leader_epoch
+        if self.hw.value > end:
+            self.hw.reset(end)
 
     @property
     def next_offset(self) -> int:
@@ -180,6 +233,9 @@ class _Shard:
     def drop_before(self, start: int) -> int:
         """Move the log start to ``start``; delete what it covers; return the bytes freed."""
         doomed = self.log.drop_before(start)
+        entries = self.epochs.entries()
+        if len(entries) > 1 and entries[1][1] <= self.log.log_start_offset:
+            self.epochs.truncate_from_start(self.log.log_start_offset)  # epochs wholly gone
         try:
             self.index.delete_below(self.log.log_start_offset)
         except Exception:  # derived data: a stale entry is skipped by lookups
@@ -370,6 +426,7 @@ class SegmentEngine:
             replay_journals(config.directory, shards, compression=config.compression)
             for shard in shards:
                 _catch_up_index(shard)
+                shard.reconcile_epochs()
         except BaseException:
             with contextlib.suppress(StorageError):
                 db_index.close()  # let go of the environment (its lock and map)
@@ -414,7 +471,9 @@ class SegmentEngine:
     async def append(self, shard: int, batch: pa.RecordBatch) -> int:
         return (await self.append_many([(shard, batch)]))[0]
 
-    async def append_many(self, parts: Sequence[tuple[int, pa.RecordBatch]], quota: Quota | None = None) -> list[int]:
+    async def append_many(
+        self, parts: Sequence[tuple[int, pa.RecordBatch]], quota: Quota | None = None, *, leader_epoch: int = 0
+    ) -> list[int]:
         """Append batches to distinct shards; ``quota`` may veto before anything is queued."""
         parts = [(n, b) for n, b in parts if b.num_rows]
         for n, _ in parts:
@@ -427,7 +486,7 @@ class SegmentEngine:
         else:
             batch = pa.Table.from_batches([b for _, b in parts]).combine_chunks().to_batches()[0]
             routes = np.repeat(np.array([n for n, _ in parts], np.int32), [b.num_rows for _, b in parts])
-        offsets = await self.append_routed(batch, routes, quota)
+        offsets = await self.append_routed(batch, routes, quota, leader_epoch=leader_epoch)
         bases = []
         row = 0
         for _, b in parts:
@@ -436,9 +495,17 @@ class SegmentEngine:
         return bases
 
     async def append_routed(
-        self, batch: pa.RecordBatch, routes: np.ndarray[Any, np.dtype[np.int32]], quota: Quota | None = None
+        self,
+        batch: pa.RecordBatch,
+        routes: np.ndarray[Any, np.dtype[np.int32]],
+        quota: Quota | None = None,
+        *,
+        leader_epoch: int = 0,
     ) -> np.ndarray[Any, np.dtype[np.int64]]:
         """Append the rows of ``batch`` to the shards ``routes`` names; return each row's offset.
+
+        Frames are stamped with ``leader_epoch`` (0 for a standalone store); the first frame
+        of a new epoch on a shard is recorded in its leader-epoch cache.
 
         One request per I/O worker (see :mod:`seglog.engines.segment_writer`); offsets are
         assigned without awaiting, so concurrent appends cannot interleave.
@@ -453,6 +520,8 @@ class SegmentEngine:
         n = batch.num_rows
         nshards = len(self._shards)
         workers = self._io_pool.io_workers
+        if not 0 <= leader_epoch <= MAX_EPOCH:
+            raise InvalidArgument(f"leader_epoch must be in 0..{MAX_EPOCH}, not {leader_epoch!r}")
         if self._truncating and bool(np.isin(routes, list(self._truncating)).any()):
             raise BusyResourceError(f"shards {sorted(self._truncating)} are being truncated; retry")
         key = (routes % workers).astype(np.int64) * nshards + routes
@@ -488,14 +557,14 @@ class SegmentEngine:
             hi = starts_l[j - 1] + counts_l[j - 1]
             req: FrameRequest | RowsRequest
             if j == i + 1:
-                frames, batches = self._encode(bases[i], batch.slice(lo, hi - lo))
+                frames, batches = self._encode(bases[i], batch.slice(lo, hi - lo), leader_epoch)
                 req = FrameRequest(writer.gen, shards[i], frames, batches)
                 size = sum(f.size for f in frames)
             else:
                 part = batch.slice(lo, hi - lo)
                 groups = list(zip(shards[i:j], [a - lo for a in starts_l[i:j]], counts_l[i:j], bases[i:j],
                                   strict=True))
-                req = RowsRequest(writer.gen, part, groups, sorted_shards[lo:hi], sorted_offsets[lo:hi])
+                req = RowsRequest(writer.gen, part, groups, sorted_shards[lo:hi], sorted_offsets[lo:hi], leader_epoch)
                 size = part.nbytes
             requests.append((writer, req, shards[i:j], size))
         if quota is not None:
@@ -578,7 +647,7 @@ class SegmentEngine:
             self.listener(shard)
         return new_end
 
-    async def truncate_to(self, shard: int, offset: int) -> int:
+    async def truncate_to(self, shard: int, offset: int, *, force: bool = False) -> int:
         """Remove every record of ``shard`` at or after ``offset`` (a follower diverged).
 
         The cut is at a frame boundary: the new end is ``offset`` or the base of the frame
@@ -592,11 +661,17 @@ class SegmentEngine:
 
         Raises:
             OffsetOutOfRange: ``offset`` is below the log start or past the end.
+            InvalidArgument: ``offset`` is below the high watermark and not ``force``.
             BusyResourceError: The shard is already being truncated.
             StorageError: A step failed; the next open completes the cut.
         """
         s = self._shard(shard)
         s.check_writable()
+        if offset < s.hw.value and not force:
+            raise InvalidArgument(
+                f"shard {shard}: truncate_to({offset}) is below the high watermark {s.hw.value}; "
+                "records below it may have been read (force=True to cut anyway)"
+            )
         if shard in self._truncating:
             raise BusyResourceError(f"shard {shard} is already being truncated")
         if not s.log.log_start_offset <= offset <= s.next_offset:
@@ -613,6 +688,13 @@ class SegmentEngine:
                 raise StorageError(f"shard {shard}: truncation to {offset} failed") from exc
             s.durable_end = new_end
             try:
+                s.epochs.truncate_from_end(new_end)
+                if s.hw.value > new_end:
+                    s.hw.reset(new_end)
+            except StorageError as exc:
+                writer.make_read_only(exc, "cutting the leader-epoch cache or high watermark failed")
+                raise
+            try:
                 s.index.truncate_from(new_end)
             except StorageError as exc:
                 s.suspect(f"cutting it back after truncation failed: {exc}")
@@ -625,6 +707,39 @@ class SegmentEngine:
             self._truncating.discard(shard)
         s.next_offset = new_end
         return new_end
+
+    def end_offset_for_epoch(self, shard: int, epoch: int) -> tuple[int, int]:
+        """Kafka's OffsetsForLeaderEpoch for ``shard``: the largest epoch at or below ``epoch``
+        this log knows and the offset where it ends (``(-1, -1)`` when there is none)."""
+        return self._shard(shard).end_offset_for_epoch(epoch)
+
+    def leader_epochs(self, shard: int) -> list[tuple[int, int]]:
+        """The shard's leader-epoch cache: ``(epoch, start offset)``, oldest first."""
+        return [(e, o) for e, o in self._shard(shard).epochs.entries()]
+
+    def high_watermark(self, shard: int) -> int:
+        """The shard's high watermark (in memory; persisted lazily)."""
+        return self._shard(shard).hw.value
+
+    def update_high_watermark(self, shard: int, hw: int) -> bool:
+        """Move the high watermark up to ``hw`` (never down; at most the end offset).
+
+        Persisted lazily: when the shard's worker is idle and at close, so a crash may bring
+        back an older value (safe: readers see less, a replica relearns it).
+
+        Returns:
+            Whether it moved.
+
+        Raises:
+            OffsetOutOfRange: ``hw`` is past the end offset.
+        """
+        s = self._shard(shard)
+        if not 0 <= hw <= s.durable_end:
+            raise OffsetOutOfRange(hw, s.log.log_start_offset, s.durable_end, shard=shard)
+        moved = s.hw.update(hw)
+        if moved and s.writer is not None:
+            s.writer.hw_dirty[s.number] = s
+        return moved
 
     def read_frames_blocking(self, shard: int, offset: int, max_bytes: int) -> bytes:
         """Blocking body of :meth:`read_frames` (segments only: pending rows are not frames yet)."""
@@ -660,12 +775,14 @@ class SegmentEngine:
         data: bytes = await self._run(self.read_frames_blocking, shard, offset, max_bytes)
         return data
 
-    def _encode(self, base: int, batch: pa.RecordBatch) -> tuple[list[EncodedFrame], list[pa.RecordBatch]]:
+    def _encode(
+        self, base: int, batch: pa.RecordBatch, leader_epoch: int = 0
+    ) -> tuple[list[EncodedFrame], list[pa.RecordBatch]]:
         frames: list[EncodedFrame] = []
         batches = split_batch(batch)
         offset = base
         for part in batches:
-            frames.append(encode_frame(part, offset, compression=self.config.compression))
+            frames.append(encode_frame(part, offset, compression=self.config.compression, leader_epoch=leader_epoch))
             offset += part.num_rows
         return frames, batches
 
@@ -678,13 +795,15 @@ class SegmentEngine:
             raise OffsetOutOfRange(offset, start, end, shard=s.number)
         return end
 
-    def read_arrow_blocking(self, shard: int, offset: int, max_records: int) -> pa.Table:
+    def read_arrow_blocking(self, shard: int, offset: int, max_records: int, upper: int | None = None) -> pa.Table:
         """Blocking body of :meth:`read_arrow` (runs in the read executor)."""
         s = self._shard(shard)
         end = self._check_range(s, offset)
         if max_records < 1:
             raise InvalidArgument("max_records must be >= 1")
         stop = min(end, offset + max_records)
+        if upper is not None:
+            stop = min(stop, upper)
         if offset >= stop:
             return empty_read_table()
         mem_start, pending = s.pending_snapshot(stop)
@@ -703,9 +822,11 @@ class SegmentEngine:
         out.extend(s.pending_tables(pending, max(offset, seg_stop), stop))
         return pa.Table.from_batches(out, schema=READ_SCHEMA)
 
-    async def read_arrow(self, shard: int, offset: int, max_records: int) -> pa.Table:
+    async def read_arrow(self, shard: int, offset: int, max_records: int, upper: int | None = None) -> pa.Table:
+        """Records ``[offset, min(end, offset + max_records, upper))`` (``upper``: e.g. the high
+        watermark a server caps consumers at)."""
         try:
-            return await self._run(self.read_arrow_blocking, shard, offset, max_records)
+            return await self._run(self.read_arrow_blocking, shard, offset, max_records, upper)
         finally:
             self._repair_if_needed(shard)
 

@@ -89,6 +89,7 @@ class RowsRequest(NamedTuple):
     groups: list[tuple[_Shard, int, int, int]]  # (shard, first row, row count, base offset)
     shard_col: np.ndarray[Any, np.dtype[np.int32]]  # each row's shard
     offset_col: np.ndarray[Any, np.dtype[np.int64]]  # each row's offset
+    epoch: int = 0  # the leader epoch its frames are stamped with (kept in the journal entry)
 
 
 def rows_body(req: RowsRequest) -> pa.Buffer:
@@ -137,11 +138,17 @@ class WorkerLog:
         self._min_gen = 0  # worker thread
         self._pending_bytes = 0
         self._pending_since: float | None = None
+        self._pending_epoch = 0  # every pending row has it: a request of another epoch flushes first
+        # No shard of this worker knows a leader epoch below this: appends at or below it
+        # need no epoch-cache check (the standalone case: epoch 0 everywhere, no file).
+        self._known_epoch_floor = min((s.known_epoch for s in shards), default=0)
         self._pending_shards: dict[int, _Shard] = {}
         # Every buffered rows request since the last complete flush, with each row's shard and
         # offset: a flush of all shards sorts these once instead of joining each shard's slices.
         self._pending_rows: list[tuple[pa.RecordBatch, np.ndarray[Any, Any], np.ndarray[Any, Any]]] = []
         self._dirty: dict[int, _Shard] = {}  # written since the last checkpoint, not synced
+        # Shards whose high watermark moved since it was last written (set on the loop).
+        self.hw_dirty: dict[int, _Shard] = {}
         self.closed = False
 
     # --- state -------------------------------------------------------------------------
@@ -176,6 +183,12 @@ class WorkerLog:
                 # Its shard's rows earlier in this drain are buffered only once durable.
                 results.extend(self._write_run(run))
                 run = []
+            elif isinstance(item, RowsRequest) and any(
+                isinstance(r, RowsRequest) and r.epoch != item.epoch for r in run
+            ):
+                # Pending rows share one leader epoch: a new epoch's rows start a new run.
+                results.extend(self._write_run(run))
+                run = []
             run.append(item)
         results.extend(self._write_run(run))
         return results
@@ -207,7 +220,7 @@ class WorkerLog:
                 for frame in item.frames:
                     bodies.append((ENTRY_FRAME, item.shard.number, frame.buffers))
             else:
-                bodies.append((ENTRY_ROWS, 0, (rows_body(item),)))
+                bodies.append((ENTRY_ROWS, item.epoch, (rows_body(item),)))
         need = sum(Journal.entry_bytes(sum(memoryview(b).nbytes for b in body)) for _, _, body in bodies)
         marks: dict[int, tuple[_Shard, AppendMark]] = {}
         frame_writes: list[tuple[FrameRequest, list[FramePosition]]] = []
@@ -219,6 +232,10 @@ class WorkerLog:
             if not self.journal.fits(need):
                 self.checkpoint()
             stage = "segment write"
+            if self._pending_shards and any(
+                isinstance(i, RowsRequest) and i.epoch != self._pending_epoch for i in items
+            ):
+                self.flush()
             for item in items:
                 if not isinstance(item, FrameRequest):
                     continue
@@ -248,7 +265,8 @@ class WorkerLog:
             if isinstance(exc, StorageError):
                 raise
             raise StorageError(f"{stage} failed on I/O worker {self.worker}; nothing of the batch was kept") from exc
-        # Durable (per the policy): publish, index, buffer.
+        # Durable (per the policy): epochs, publish, index, buffer.
+        self._note_epochs(items)
         out: list[Any] = []
         for item in items:
             if isinstance(item, FrameRequest):
@@ -266,6 +284,31 @@ class WorkerLog:
             written.append((s, list(zip(positions, item.batches, strict=True))))
         self._index(written)
         return out
+
+    def _note_epochs(self, items: Sequence[FrameRequest | RowsRequest]) -> None:
+        """Record in shards' leader-epoch caches the first offset of each new epoch just made durable.
+
+        Rare (a leader change): the check is one comparison per request otherwise. A cache
+        that cannot be written makes the worker read-only (its answers would be wrong);
+        the next open rebuilds it from the frames.
+        """
+        floor = self._known_epoch_floor
+        try:
+            for item in items:
+                if isinstance(item, FrameRequest):
+                    s = item.shard
+                    for frame in item.frames:
+                        h = frame.header
+                        if h.leader_epoch > floor and h.leader_epoch > s.known_epoch:
+                            s.assign_epoch(h.leader_epoch, h.base_offset)
+                elif item.epoch > floor:
+                    for s, _lo, _count, base in item.groups:
+                        if item.epoch > s.known_epoch:
+                            s.assign_epoch(item.epoch, base)
+        except (OSError, StorageError) as exc:
+            self.make_read_only(exc, "writing a leader-epoch cache failed")
+            return
+        self._known_epoch_floor = min((s.known_epoch for s in self.shards), default=0)
 
     def _index(self, written: Sequence[tuple[_Shard, Sequence[tuple[FramePosition, pa.RecordBatch]]]]) -> None:
         """Index frames just written, of every shard in one LMDB transaction where it can."""
@@ -350,6 +393,7 @@ class WorkerLog:
             s.durable_end = base + count
             self._pending_shards[s.number] = s
         self._pending_rows.append((req.batch, req.shard_col, req.offset_col))
+        self._pending_epoch = req.epoch
         self._pending_bytes += req.batch.nbytes
         if self._pending_since is None:
             self._pending_since = time.monotonic()
@@ -403,7 +447,8 @@ class WorkerLog:
             batches: list[pa.RecordBatch] = []
             offset = pending[0][0]
             for part in split_batch(rows, frame_bytes=s.log.segment_bytes // 2):
-                frames.append(encode_frame(part, offset, compression=self.compression))
+                frames.append(encode_frame(part, offset, compression=self.compression,
+                                           leader_epoch=self._pending_epoch))
                 batches.append(part)
                 offset += part.num_rows
             mark = s.log.mark()
@@ -532,6 +577,19 @@ class WorkerLog:
                 self.flush()
         for s in self.shards:
             s.rebuild_index()
+        self.flush_high_watermarks()
+
+    def flush_high_watermarks(self) -> None:
+        """Write the high watermarks that moved (lazily: idle time and close)."""
+        for number in list(self.hw_dirty):
+            s = self.hw_dirty.pop(number, None)
+            if s is None:
+                continue
+            try:
+                s.hw.flush()
+            except StorageError as exc:
+                self.hw_dirty[number] = s  # retried; a stale checkpoint only hides records
+                log.warning("shard %d: writing the high watermark failed (%s)", number, exc)
 
     def close(self) -> None:
         """Checkpoint (everything into the segments, synced) and close the journal.
@@ -543,6 +601,7 @@ class WorkerLog:
             return
         self.closed = True
         try:
+            self.flush_high_watermarks()
             if self.failed is None:
                 self.checkpoint()
         finally:
@@ -577,8 +636,8 @@ def replay_journals(db_directory: Path, shards: Sequence[_Shard], *, compression
             for entry in journal.entries():
                 if entry.kind == ENTRY_FRAME:
                     _replay_frame(shards, entry.shard, entry.body, touched, replayed)
-                else:
-                    _replay_rows(shards, entry.body, touched, replayed, compression)
+                else:  # a rows entry's ``shard`` field holds the leader epoch of its rows
+                    _replay_rows(shards, entry.body, touched, replayed, compression, entry.shard)
         finally:
             journal.close()
     for s in touched.values():
@@ -622,6 +681,7 @@ def _replay_rows(
     touched: dict[int, _Shard],
     replayed: dict[int, int],
     compression: int,
+    epoch: int,
 ) -> None:
     batch = pa.ipc.read_record_batch(pa.py_buffer(body), _ROWS_SCHEMA)
     shard_col = batch.column(len(FRAME_SCHEMA)).to_numpy()
@@ -649,7 +709,7 @@ def _replay_rows(
         offset = end
         frames = []
         for piece in split_batch(part, frame_bytes=s.log.segment_bytes // 2):
-            frames.append(encode_frame(piece, offset, compression=compression))
+            frames.append(encode_frame(piece, offset, compression=compression, leader_epoch=epoch))
             offset += piece.num_rows
         s.log.append(frames)
         touched[shard] = s

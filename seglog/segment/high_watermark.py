@@ -27,6 +27,7 @@ end offset, as Kafka does, since the log may have been cut back after the last f
 from __future__ import annotations
 
 import os
+import threading
 import time
 import zlib
 from collections.abc import Callable
@@ -80,6 +81,10 @@ def _decode(raw: bytes, path: Path) -> int:
 class HighWatermarkCheckpoint:
     """One shard's high watermark: in memory, written to disk when the caller says so.
 
+    :meth:`update` may run on one thread (the event loop) while :meth:`flush` runs on
+    another (the shard's I/O worker): a flush clears the dirty mark only if no update came
+    in while it wrote, so a concurrent update is never lost.
+
     Args:
         directory: The shard directory; it must exist. The checkpoint is loaded at once.
         clock: Seconds from an arbitrary origin, for :meth:`maybe_flush`; ``time.monotonic``
@@ -104,6 +109,7 @@ class HighWatermarkCheckpoint:
         self._path = Path(directory) / HIGH_WATERMARK_FILE
         self._clock = clock
         self._flush_interval_s = flush_interval_s
+        self._lock = threading.Lock()
         self._value = 0
         self._dirty = False
         self._last_flush_s = clock()
@@ -157,10 +163,11 @@ class HighWatermarkCheckpoint:
         """
         if hw < 0:
             raise InvalidArgument(f"high watermark {hw} is negative")
-        if hw <= self._value:
-            return False
-        self._value = hw
-        self._dirty = True
+        with self._lock:
+            if hw <= self._value:
+                return False
+            self._value = hw
+            self._dirty = True
         return True
 
     def reset(self, hw: int) -> None:
@@ -176,7 +183,7 @@ class HighWatermarkCheckpoint:
         """
         if hw < 0:
             raise InvalidArgument(f"high watermark {hw} is negative")
-        self._write(hw)
+        self._write(hw, force=True)
 
     def flush(self) -> bool:
         """Write :attr:`value` if it is dirty; return whether the file was written.
@@ -199,13 +206,15 @@ class HighWatermarkCheckpoint:
             return False
         return self.flush()
 
-    def _write(self, hw: int) -> None:
+    def _write(self, hw: int, *, force: bool = False) -> None:
         try:
             atomic_write(self._path, _encode(hw))
         except OSError as e:
             raise StorageError(f"cannot write {self._path}: {e}") from e
-        self._value = hw
-        self._dirty = False
+        with self._lock:
+            if force or self._value == hw:
+                self._value = hw
+                self._dirty = False
         self._last_flush_s = self._clock()
 
     def __repr__(self) -> str:

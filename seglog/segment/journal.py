@@ -10,6 +10,7 @@ Layout: a header block, then entries back to back (each padded to 8 bytes)::
 
     block 0:  magic "SGLJ" | version u32 | cycle u64 | crc32c u32      (rest zero)
     entry:    crc32c u32 | body_bytes u32 | cycle u64 | shard u32 | kind u8 | 3 pad | body
+              (``shard`` of a rows entry: the leader epoch its rows are stamped with)
 
 The ``crc`` of an entry covers the rest of its header and its body. Recycling starts a new
 ``cycle`` by rewriting the header: entries of older cycles left beyond the write position no
@@ -61,7 +62,7 @@ _ENTRY: Final = struct.Struct(
     "I"  # crc32c of the fields after it and of the body
     "I"  # body_bytes
     "Q"  # cycle: must equal the header's
-    "I"  # shard: the shard of a frame entry; unused by a rows entry
+    "I"  # shard: the shard of a frame entry; the leader epoch of a rows entry
     "B"  # kind: ENTRY_FRAME or ENTRY_ROWS
     "3x"
 )

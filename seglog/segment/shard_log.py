@@ -273,6 +273,16 @@ class ShardLog:
         """The offset the next appended record gets (the log end)."""
         return self._segments[-1].next_offset
 
+    def last_header(self) -> FrameHeader | None:
+        """The header of the last frame of the log (``None`` when it holds none)."""
+        for seg in reversed(self._segments):
+            last = None
+            for _pos, header in seg.headers(0, seg.size):
+                last = header
+            if last is not None:
+                return last
+        return None
+
     def segments_snapshot(self) -> list[LogSegment]:
         """The current segments, oldest first (a copy; safe to iterate while rolling)."""
         return list(self._segments)
