@@ -83,9 +83,33 @@ FRAME_MAGIC: Final = b"SGLF"
 FORMAT_VERSION: Final = 1
 COMPRESSION_NONE: Final = 0
 COMPRESSION_ZSTD: Final = 1
-_HEADER = struct.Struct("<4sIBBHqIiqqIII")
+# The fixed frame header, little-endian, one field per line (the module docstring draws the
+# same layout). Offsets are derived from the formats, never written by hand.
+_HEADER_BYTE_ORDER: Final = "<"
+_HEADER_FIELDS: Final = (
+    ("magic", "4s"),  # Magic => b"SGLF"
+    ("crc", "I"),  # CRC => uint32 crc32c of the header from ``version`` on, then the stored body
+    ("version", "B"),  # FormatVersion => uint8 (FORMAT_VERSION)
+    ("compression", "B"),  # Compression => uint8 (COMPRESSION_NONE, COMPRESSION_ZSTD)
+    ("attributes", "H"),  # Attributes => uint16, reserved (0)
+    ("base_offset", "q"),  # BaseOffset => int64
+    ("record_count", "I"),  # RecordCount => uint32
+    ("leader_epoch", "i"),  # LeaderEpoch => int32
+    ("min_ts", "q"),  # MinTimestamp => int64 µs
+    ("max_ts", "q"),  # MaxTimestamp => int64 µs
+    ("body_len", "I"),  # StoredBodyLength => uint32 (after compression)
+    ("raw_len", "I"),  # RawBodyLength => uint32 (uncompressed)
+    ("reserved", "I"),  # Reserved => uint32 (0)
+)
+_HEADER = struct.Struct(_HEADER_BYTE_ORDER + "".join(fmt for _, fmt in _HEADER_FIELDS))
 FRAME_HEADER_BYTES: Final = _HEADER.size
-_CRC_START: Final = 8
+# Each field's byte offset: the size of the formats before it.
+_HEADER_OFFSETS: Final = {
+    name: struct.calcsize(_HEADER_BYTE_ORDER + "".join(fmt for _, fmt in _HEADER_FIELDS[:i]))
+    for i, (name, _) in enumerate(_HEADER_FIELDS)
+}
+# The CRC covers everything after its own field.
+_CRC_START: Final = _HEADER_OFFSETS["version"]
 MAX_TOPIC_BYTES: Final = 65535
 DEFAULT_MAX_RECORD_BYTES: Final = 1 << 20
 # A frame body is bounded so that a garbage length field read during recovery is rejected
