@@ -63,6 +63,8 @@ __all__ = [
     "FRAME_SCHEMA",
     "HEADERS_TYPE",
     "MAX_TOPIC_BYTES",
+    "OFFSET_FIELD",
+    "READ_SCHEMA",
     "EncodedFrame",
     "FrameHeader",
     "Record",
@@ -134,6 +136,12 @@ FRAME_SCHEMA: Final = pa.schema(
         pa.field("stream", pa.uint32(), nullable=False),
     ]
 )
+"""The stored columns of a record: the schema of every frame body. All other schemas of
+records (reads, tiered segments, Parquet, Spark) are derived from this one."""
+OFFSET_FIELD: Final = pa.field("offset", pa.int64(), nullable=False)
+"""A record's offset: implicit in a frame (base offset + row), a column once read."""
+READ_SCHEMA: Final = pa.schema([OFFSET_FIELD, *FRAME_SCHEMA])
+"""Records as reads return them: :data:`OFFSET_FIELD`, then the :data:`FRAME_SCHEMA` columns."""
 
 assert FRAME_HEADER_BYTES == 56
 
@@ -464,7 +472,7 @@ def table_to_batch(
         batches = data.combine_chunks().to_batches()
         data = batches[0] if batches else _empty_like(data)
     names = set(data.schema.names)
-    unknown = names - {"ts", "topic", "key", "value", "headers", "stream", "offset"}
+    unknown = names - set(READ_SCHEMA.names)
     if unknown:
         raise InvalidRecord(f"unexpected columns {sorted(unknown)}")
     for required in ("topic", "value"):

@@ -16,7 +16,7 @@ from typing import Any, Final, Literal, Protocol
 import numpy as np
 import pyarrow as pa
 
-from seglog.record import DEFAULT_MAX_RECORD_BYTES, FRAME_SCHEMA
+from seglog.record import DEFAULT_MAX_RECORD_BYTES, READ_SCHEMA
 
 __all__ = [
     "DEFAULT_SEGMENT_BYTES",
@@ -34,7 +34,6 @@ __all__ = [
 FsyncPolicy = Literal["always", "interval", "never"]
 DEFAULT_SEGMENT_BYTES: Final = 256 << 20
 DEFAULT_SEGMENT_MS: Final = 7 * 24 * 3600 * 1000
-READ_SCHEMA: Final = pa.schema([pa.field("offset", pa.int64(), nullable=False), *FRAME_SCHEMA])
 
 
 def empty_read_table() -> pa.Table:
