@@ -450,7 +450,7 @@ def records_to_batch(
     keys = pa.array(keys_py, type=pa.binary())
     headers = pa.nulls(n, HEADERS_TYPE) if headers_py.count(None) == n else _headers_array(headers_py)
     streams = pa.repeat(pa.scalar(stream, pa.uint32()), n) if n else pa.array([], pa.uint32())
-    return pa.RecordBatch.from_arrays([ts, topics, keys, values, headers, streams], schema=FRAME_SCHEMA)
+    return _frame_batch(ts=ts, topic=topics, key=keys, value=values, headers=headers, stream=streams)
 
 
 def table_to_batch(
@@ -516,7 +516,12 @@ def table_to_batch(
         streams = column("stream", pa.uint32(), InvalidRecord)
     else:
         streams = pa.repeat(pa.scalar(0, pa.uint32()), n).cast(pa.uint32())
-    return pa.RecordBatch.from_arrays([ts, topics, keys, values, headers, streams], schema=FRAME_SCHEMA)
+    return _frame_batch(ts=ts, topic=topics, key=keys, value=values, headers=headers, stream=streams)
+
+
+def _frame_batch(**columns: pa.Array) -> pa.RecordBatch:
+    """A batch with :data:`FRAME_SCHEMA` from its columns given by name."""
+    return pa.RecordBatch.from_arrays([columns[name] for name in FRAME_SCHEMA.names], schema=FRAME_SCHEMA)
 
 
 def _empty_like(table: pa.Table) -> pa.RecordBatch:
@@ -553,7 +558,7 @@ def encode_frame(
         raise InvalidArgument(f"unknown compression code {compression}")
     if body_len > MAX_FRAME_BODY_BYTES:
         raise InvalidArgument(f"frame body of {body_len} bytes exceeds {MAX_FRAME_BODY_BYTES}")
-    ts = batch.column(0)
+    ts = batch.column("ts")
     mm = pc.min_max(ts)
     min_ts = mm["min"].as_py()
     max_ts = mm["max"].as_py()
