@@ -28,6 +28,7 @@ from seglog.engines.base import (
     READ_SCHEMA,
     EngineConfig,
     Quota,
+    ReadOnlyReason,
     ShardStats,
     empty_read_table,
     retention_start,
@@ -217,11 +218,11 @@ class WriteGenerations:
         self.next_offset = next_offset  # event-loop thread
         self.gen = 0  # event-loop thread
         self.failed: BaseException | None = None  # set by the worker: read-only until reopen
-        self.read_only_reason = ""
+        self.read_only_reason: ReadOnlyReason | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self._min_gen = 0  # worker thread
 
-    def make_read_only(self, exc: BaseException, reason: str) -> None:
+    def make_read_only(self, exc: BaseException, reason: ReadOnlyReason) -> None:
         """(Worker) Refuse every later write until reopen; ``reason`` completes "read-only after …"."""
         self.failed = exc
         self.read_only_reason = reason
