@@ -36,6 +36,7 @@ from seglog.db import validate_db_name
 from seglog.errors import DatabaseNotFound, InvalidArgument, InvalidRecord, SeglogError, StoreLocked
 from seglog.readonly import check_store, db_view, group_lags, list_dbs
 from seglog.record import (
+    OFFSET_FIELD,
     decode_body,
     parse_header,
     records_from_table,
@@ -270,7 +271,7 @@ def _inspect(args: argparse.Namespace) -> int:
             if args.records:
                 batch = decode_body(data, pos, header)
                 table = pa.Table.from_batches([batch]).add_column(
-                    0, "offset", pa.array(range(header.base_offset, header.next_offset), pa.int64())
+                    0, OFFSET_FIELD, pa.array(range(header.base_offset, header.next_offset), pa.int64())
                 )
                 out.write(b"".join(_format(r, "json", args.value_format) for r in records_from_table(table, None)))  # type: ignore[arg-type]
         pos += header.size

@@ -218,7 +218,7 @@ class Follower:
                 first = max(self.position, h.base_offset) - h.base_offset
                 if self._from_time_us is not None:
                     # The first frame at/after the time may start with older records.
-                    mask = pc.greater_equal(batch.column(0).slice(first), self._from_time_us)
+                    mask = pc.greater_equal(batch.column("ts").slice(first), self._from_time_us)
                     idx = int(pc.index(mask, True).as_py())
                     if idx < 0:
                         self.position = h.next_offset

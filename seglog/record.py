@@ -63,6 +63,8 @@ __all__ = [
     "FRAME_SCHEMA",
     "HEADERS_TYPE",
     "MAX_TOPIC_BYTES",
+    "OFFSET_FIELD",
+    "READ_SCHEMA",
     "EncodedFrame",
     "FrameHeader",
     "Record",
@@ -83,9 +85,33 @@ FRAME_MAGIC: Final = b"SGLF"
 FORMAT_VERSION: Final = 1
 COMPRESSION_NONE: Final = 0
 COMPRESSION_ZSTD: Final = 1
-_HEADER = struct.Struct("<4sIBBHqIiqqIII")
+# The fixed frame header, little-endian, one field per line (the module docstring draws the
+# same layout). Offsets are derived from the formats, never written by hand.
+_HEADER_BYTE_ORDER: Final = "<"
+_HEADER_FIELDS: Final = (
+    ("magic", "4s"),  # Magic => b"SGLF"
+    ("crc", "I"),  # CRC => uint32 crc32c of the header from ``version`` on, then the stored body
+    ("version", "B"),  # FormatVersion => uint8 (FORMAT_VERSION)
+    ("compression", "B"),  # Compression => uint8 (COMPRESSION_NONE, COMPRESSION_ZSTD)
+    ("attributes", "H"),  # Attributes => uint16, reserved (0)
+    ("base_offset", "q"),  # BaseOffset => int64
+    ("record_count", "I"),  # RecordCount => uint32
+    ("leader_epoch", "i"),  # LeaderEpoch => int32
+    ("min_ts", "q"),  # MinTimestamp => int64 µs
+    ("max_ts", "q"),  # MaxTimestamp => int64 µs
+    ("body_len", "I"),  # StoredBodyLength => uint32 (after compression)
+    ("raw_len", "I"),  # RawBodyLength => uint32 (uncompressed)
+    ("reserved", "I"),  # Reserved => uint32 (0)
+)
+_HEADER = struct.Struct(_HEADER_BYTE_ORDER + "".join(fmt for _, fmt in _HEADER_FIELDS))
 FRAME_HEADER_BYTES: Final = _HEADER.size
-_CRC_START: Final = 8
+# Each field's byte offset: the size of the formats before it.
+_HEADER_OFFSETS: Final = {
+    name: struct.calcsize(_HEADER_BYTE_ORDER + "".join(fmt for _, fmt in _HEADER_FIELDS[:i]))
+    for i, (name, _) in enumerate(_HEADER_FIELDS)
+}
+# The CRC covers everything after its own field.
+_CRC_START: Final = _HEADER_OFFSETS["version"]
 MAX_TOPIC_BYTES: Final = 65535
 DEFAULT_MAX_RECORD_BYTES: Final = 1 << 20
 # A frame body is bounded so that a garbage length field read during recovery is rejected
@@ -110,6 +136,12 @@ FRAME_SCHEMA: Final = pa.schema(
         pa.field("stream", pa.uint32(), nullable=False),
     ]
 )
+"""The stored columns of a record: the schema of every frame body. All other schemas of
+records (reads, tiered segments, Parquet, Spark) are derived from this one."""
+OFFSET_FIELD: Final = pa.field("offset", pa.int64(), nullable=False)
+"""A record's offset: implicit in a frame (base offset + row), a column once read."""
+READ_SCHEMA: Final = pa.schema([OFFSET_FIELD, *FRAME_SCHEMA])
+"""Records as reads return them: :data:`OFFSET_FIELD`, then the :data:`FRAME_SCHEMA` columns."""
 
 assert FRAME_HEADER_BYTES == 56
 
@@ -418,7 +450,7 @@ def records_to_batch(
     keys = pa.array(keys_py, type=pa.binary())
     headers = pa.nulls(n, HEADERS_TYPE) if headers_py.count(None) == n else _headers_array(headers_py)
     streams = pa.repeat(pa.scalar(stream, pa.uint32()), n) if n else pa.array([], pa.uint32())
-    return pa.RecordBatch.from_arrays([ts, topics, keys, values, headers, streams], schema=FRAME_SCHEMA)
+    return _frame_batch(ts=ts, topic=topics, key=keys, value=values, headers=headers, stream=streams)
 
 
 def table_to_batch(
@@ -440,7 +472,7 @@ def table_to_batch(
         batches = data.combine_chunks().to_batches()
         data = batches[0] if batches else _empty_like(data)
     names = set(data.schema.names)
-    unknown = names - {"ts", "topic", "key", "value", "headers", "stream", "offset"}
+    unknown = names - set(READ_SCHEMA.names)
     if unknown:
         raise InvalidRecord(f"unexpected columns {sorted(unknown)}")
     for required in ("topic", "value"):
@@ -484,7 +516,12 @@ def table_to_batch(
         streams = column("stream", pa.uint32(), InvalidRecord)
     else:
         streams = pa.repeat(pa.scalar(0, pa.uint32()), n).cast(pa.uint32())
-    return pa.RecordBatch.from_arrays([ts, topics, keys, values, headers, streams], schema=FRAME_SCHEMA)
+    return _frame_batch(ts=ts, topic=topics, key=keys, value=values, headers=headers, stream=streams)
+
+
+def _frame_batch(**columns: pa.Array) -> pa.RecordBatch:
+    """A batch with :data:`FRAME_SCHEMA` from its columns given by name."""
+    return pa.RecordBatch.from_arrays([columns[name] for name in FRAME_SCHEMA.names], schema=FRAME_SCHEMA)
 
 
 def _empty_like(table: pa.Table) -> pa.RecordBatch:
@@ -521,7 +558,7 @@ def encode_frame(
         raise InvalidArgument(f"unknown compression code {compression}")
     if body_len > MAX_FRAME_BODY_BYTES:
         raise InvalidArgument(f"frame body of {body_len} bytes exceeds {MAX_FRAME_BODY_BYTES}")
-    ts = batch.column(0)
+    ts = batch.column("ts")
     mm = pc.min_max(ts)
     min_ts = mm["min"].as_py()
     max_ts = mm["max"].as_py()

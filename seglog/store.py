@@ -19,7 +19,7 @@ from typing import Any, Final
 
 from seglog._fs import atomic_write, boot_id, fsync_dir
 from seglog.db import Database, DbConfig, validate_db_name
-from seglog.engines.base import Engine, EngineConfig, FsyncPolicy
+from seglog.engines.base import Engine, EngineConfig, Fsync, FsyncPolicy
 from seglog.engines.lmdb_engine import LmdbEngine
 from seglog.engines.memory import MemoryEngine
 from seglog.engines.segment import SegmentEngine
@@ -55,6 +55,7 @@ DBS_DIR: Final = "dbs"
 DB_CONFIG_FILE: Final = "config.json"
 _READ_THREADS: Final = 4
 DEFAULT_RETENTION_INTERVAL_MS: Final = 300_000
+_FSYNC_VALUES: Final = tuple(policy.value for policy in Fsync)
 # Data directories open in this process: LMDB allows one handle per environment per process.
 _OPEN_HERE: set[Path] = set()
 
@@ -144,7 +145,7 @@ class Store:
             raise InvalidArgument("quota_bytes must be None or an int >= 0")
         if retention_interval_ms is not None and (type(retention_interval_ms) is not int or retention_interval_ms < 1):
             raise InvalidArgument("retention_interval_ms must be None or an int >= 1")
-        if fsync not in ("always", "interval", "never"):
+        if fsync not in _FSYNC_VALUES:
             raise InvalidArgument("fsync must be 'always', 'interval' or 'never'")
         if type(fsync_interval_ms) is not int or fsync_interval_ms < 1:
             raise InvalidArgument("fsync_interval_ms must be an int >= 1")

@@ -1,10 +1,14 @@
 from __future__ import annotations
 
+import struct
+
+import crc32c
 import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from seglog import record
 from seglog.errors import CorruptFrame
 from seglog.record import (
     COMPRESSION_NONE,
@@ -79,3 +83,34 @@ def test_any_flipped_byte_is_detected(data: st.DataObject) -> None:
     with pytest.raises(CorruptFrame):
         h = parse_header(buf, 0)
         verify_frame(buf, 0, h)
+
+
+def test_header_offsets_are_the_packed_layout() -> None:
+    """The offsets derived with ``struct.calcsize`` are where ``_HEADER.pack`` puts each field."""
+    fields = record._HEADER_FIELDS
+    values = [b"SGLF", 0x01020304, 5, 6, 0x0708, -(2**40) - 9, 0x0A0B0C0D, -14, 2**50 + 15, 2**51 + 16, 17, 18, 19]
+    packed = record._HEADER.pack(*values)
+    assert len(packed) == FRAME_HEADER_BYTES == 56
+    offsets = record._HEADER_OFFSETS
+    assert list(offsets) == [name for name, _ in fields]
+    for (name, fmt), value in zip(fields, values, strict=True):
+        assert struct.unpack_from("<" + fmt, packed, offsets[name]) == (value,), name
+    ends = [*list(offsets.values())[1:], FRAME_HEADER_BYTES]
+    assert all(end - start == struct.calcsize("<" + fmt) for (_, fmt), start, end in zip(fields, offsets.values(), ends, strict=True))
+    assert record._CRC_START == offsets["crc"] + 4 == 8
+    # The table in the module docstring shows the same offsets.
+    documented = [int(line.split()[0]) for line in (record.__doc__ or "").splitlines() if line[:5].strip().isdigit()]
+    assert documented[: len(fields)] == list(offsets.values())
+
+
+def test_frame_header_bytes_are_unchanged() -> None:
+    recs = [Record(topic="a/b", value=b"v%d" % i, ts=1_700_000_000_000_000 + i) for i in range(3)]
+    frame = encode_frame(records_to_batch(recs), 1234567890123, leader_epoch=-5)
+    header = bytes(frame.buffers[0])
+    # magic | crc (depends on the Arrow body) | version, compression, attributes, base offset,
+    # count, epoch, min ts, max ts | body lengths (depend on the Arrow body) | reserved
+    assert header[:4] == b"SGLF"
+    assert header[8:44].hex() == "01000000cb04fb711f01000003000000fbffffff00401e18240a060002401e18240a0600"
+    assert struct.unpack_from("<II", header, 44) == (len(bytes(frame.buffers[1])),) * 2
+    assert header[52:] == b"\0" * 4
+    assert crc32c.crc32c(frame.buffers[1], crc32c.crc32c(header[8:])) == struct.unpack_from("<I", header, 4)[0]

@@ -8,6 +8,7 @@ layer never knows which engine it drives.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Any, Final, Literal, Protocol
 import numpy as np
 import pyarrow as pa
 
-from seglog.record import DEFAULT_MAX_RECORD_BYTES, FRAME_SCHEMA
+from seglog.record import DEFAULT_MAX_RECORD_BYTES, READ_SCHEMA
 
 __all__ = [
     "DEFAULT_SEGMENT_BYTES",
@@ -24,17 +25,37 @@ __all__ = [
     "READ_SCHEMA",
     "Engine",
     "EngineConfig",
+    "Fsync",
     "FsyncPolicy",
     "Quota",
+    "ReadOnlyReason",
     "ShardStats",
     "empty_read_table",
     "retention_start",
 ]
 
 FsyncPolicy = Literal["always", "interval", "never"]
+"""The ``fsync`` argument users pass (a plain string in the public API)."""
+
+
+class Fsync(enum.StrEnum):
+    """The fsync policies, for comparisons inside the engines (equal to the user's strings)."""
+
+    ALWAYS = "always"
+    INTERVAL = "interval"
+    NEVER = "never"
+
+
+class ReadOnlyReason(enum.StrEnum):
+    """Why a shard or writer turned read-only; the value completes "read-only after …"."""
+
+    FAILED_SYNC = "a failed sync (acknowledged writes since the last sync may be lost)"
+    FAILED_FSYNC = "a failed fsync (acknowledged writes since the last sync may be lost)"
+    UNDO_FAILED = "a write it could not undo"
+    SEGMENT_UNDO_FAILED = "a segment write it could not undo"
+    DURABLE_END_FAILED = "publishing a durable end failed"
 DEFAULT_SEGMENT_BYTES: Final = 256 << 20
 DEFAULT_SEGMENT_MS: Final = 7 * 24 * 3600 * 1000
-READ_SCHEMA: Final = pa.schema([pa.field("offset", pa.int64(), nullable=False), *FRAME_SCHEMA])
 
 
 def empty_read_table() -> pa.Table:
@@ -93,6 +114,11 @@ class EngineConfig:
     journal_bytes: int = 64 << 20
     buffer_ms: int = 1000
     clock_us: Callable[[], int] = field(default=lambda: 0)
+
+    @property
+    def fsync_policy(self) -> Fsync:
+        """:attr:`fsync` as a :class:`Fsync` member, for comparisons."""
+        return Fsync(self.fsync)
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from seglog.engines.base import (
     READ_SCHEMA,
     EngineConfig,
     Quota,
+    ReadOnlyReason,
     ShardStats,
     empty_read_table,
     retention_start,
@@ -118,7 +119,7 @@ def split_batch(batch: pa.RecordBatch, *, frame_bytes: int | None = None) -> lis
             keeps its size).
     """
     n = batch.num_rows
-    values = batch.column(3)
+    values = batch.column("value")
     # From the offsets, not the data buffer's size: a slice shares its parent's whole buffer.
     offsets = np.frombuffer(values.buffers()[1], np.int32, count=n + 1, offset=values.offset * 4) if n else None
     total = int(offsets[-1]) - int(offsets[0]) if offsets is not None else 0
@@ -136,7 +137,7 @@ def split_batch(batch: pa.RecordBatch, *, frame_bytes: int | None = None) -> lis
 
 def frame_keys(batch: pa.RecordBatch, base: int) -> list[tuple[bytes, int]]:
     """``(key, offset)`` of every keyed record of a frame starting at ``base``."""
-    keys = batch.column(2)
+    keys = batch.column("key")
     if keys.null_count == len(keys):
         return []
     return [(k, base + i) for i, k in enumerate(keys.to_pylist()) if k is not None]
@@ -257,11 +258,11 @@ class WriteGenerations:
         self.next_offset = next_offset  # event-loop thread
         self.gen = 0  # event-loop thread
         self.failed: BaseException | None = None  # set by the worker: read-only until reopen
-        self.read_only_reason = ""
+        self.read_only_reason: ReadOnlyReason | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self._min_gen = 0  # worker thread
 
-    def make_read_only(self, exc: BaseException, reason: str) -> None:
+    def make_read_only(self, exc: BaseException, reason: ReadOnlyReason) -> None:
         """(Worker) Refuse every later write until reopen; ``reason`` completes "read-only after …"."""
         self.failed = exc
         self.read_only_reason = reason
@@ -577,7 +578,7 @@ class FrameTableEngine(abc.ABC):
             buf = self._fetch(shard, [(h, extra)])[0]
             batch = self._decode(shard, buf, h)
             first_row = max(start, h.base_offset) - h.base_offset
-            mask = pc.greater_equal(batch.column(0).slice(first_row), ts)
+            mask = pc.greater_equal(batch.column("ts").slice(first_row), ts)
             idx = int(pc.index(mask, True).as_py())
             if idx >= 0:
                 return h.base_offset + first_row + idx
@@ -609,7 +610,7 @@ class FrameTableEngine(abc.ABC):
             batch = self._decode(shard, buf, h)
             rows_arr = pa.array([o - h.base_offset for o in offs], pa.int64())
             picked = batch.take(rows_arr)
-            keep = pc.equal(picked.column(2), pa.scalar(key, pa.binary()))
+            keep = pc.equal(picked.column("key"), pa.scalar(key, pa.binary()))
             offs_arr = pc.add(rows_arr, h.base_offset).filter(keep)
             out.append(pa.RecordBatch.from_arrays([offs_arr, *picked.filter(keep).columns], schema=READ_SCHEMA))
         return pa.Table.from_batches(out, schema=READ_SCHEMA)

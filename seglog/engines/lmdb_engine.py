@@ -17,7 +17,7 @@ from typing import Any, Final, NamedTuple
 import lmdb
 import pyarrow as pa
 
-from seglog.engines.base import EngineConfig, Quota
+from seglog.engines.base import EngineConfig, Fsync, Quota, ReadOnlyReason
 from seglog.engines.frames import (
     FrameTable,
     FrameTableEngine,
@@ -104,7 +104,7 @@ class _LmdbShard(WriteGenerations):
         # "always": the environment syncs at every commit. Under "interval" a failed sync
         # makes the shard read-only; this batch is committed like the acknowledged ones
         # before it (the policy acknowledges after write).
-        if self.config.fsync == "interval" and self._interval.due():
+        if self.config.fsync_policy is Fsync.INTERVAL and self._interval.due():
             with contextlib.suppress(StorageError):
                 self._sync()
         return self.merge_results(results, [item.base for item in live])
@@ -113,7 +113,7 @@ class _LmdbShard(WriteGenerations):
         try:
             self.env.sync(True)
         except lmdb.Error as exc:
-            self.make_read_only(exc, "a failed sync (acknowledged writes since the last sync may be lost)")
+            self.make_read_only(exc, ReadOnlyReason.FAILED_SYNC)
             raise StorageError(f"sync of shard {self.number} failed") from exc
         self._interval.synced()
 
@@ -143,7 +143,7 @@ class _LmdbShard(WriteGenerations):
                         log.warning("shard %d: corrupt frame %d dropped with its key entries", self.number, h.base_offset)
                     txn.delete(k, db=self.frames_db)
             txn.put(_start_key(self.number), _U64.pack(start), db=self.meta)
-        if self.config.fsync != "always":
+        if self.config.fsync_policy is not Fsync.ALWAYS:
             self.env.sync(True)
         with t.lock:
             return t.drop_before(start)
@@ -200,8 +200,8 @@ class LmdbEngine(FrameTableEngine):
                 str(path),
                 map_size=_MAP_SIZE_BYTES,
                 max_dbs=2 * config.shards + 1,
-                sync=config.fsync == "always",
-                metasync=config.fsync == "always",
+                sync=config.fsync_policy is Fsync.ALWAYS,
+                metasync=config.fsync_policy is Fsync.ALWAYS,
                 readahead=False,
                 max_readers=256,
             )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import enum
 import mmap
 import os
 import stat
@@ -15,7 +16,7 @@ from seglog.errors import CorruptFrame
 from seglog.record import FrameHeader, parse_header
 from seglog.segment.fd_cache import CachedFile
 
-__all__ = ["SEGMENT_SUFFIX", "LogSegment", "segment_name"]
+__all__ = ["SEGMENT_SUFFIX", "LogSegment", "SegmentState", "segment_name"]
 
 SEGMENT_SUFFIX: Final = ".log"
 
@@ -23,6 +24,13 @@ SEGMENT_SUFFIX: Final = ".log"
 def segment_name(base_offset: int) -> str:
     """File name of the segment starting at ``base_offset``."""
     return f"{base_offset:020d}{SEGMENT_SUFFIX}"
+
+
+class SegmentState(enum.StrEnum):
+    """Whether a segment still takes appends."""
+
+    ACTIVE = "active"
+    SEALED = "sealed"
 
 
 class LogSegment:
@@ -201,6 +209,11 @@ class LogSegment:
             os.fchmod(fd, 0o644)
         self.sealed = False
 
+    @property
+    def state(self) -> SegmentState:
+        """:attr:`SegmentState.SEALED` once :meth:`seal` ran, else :attr:`SegmentState.ACTIVE`."""
+        return SegmentState.SEALED if self.sealed else SegmentState.ACTIVE
+
     # --- reading -----------------------------------------------------------------------
 
     def view(self, start: int, end: int) -> memoryview:
@@ -236,6 +249,5 @@ class LogSegment:
             raise CorruptFrame(f"{self.path}: last frame runs past position {limit}")
 
     def __repr__(self) -> str:
-        state = "sealed" if self.sealed else "active"
-        return f"<LogSegment {self.path.name} {state} size={self.size}>"
+        return f"<LogSegment {self.path.name} {self.state} size={self.size}>"
 

@@ -76,6 +76,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from seglog.errors import InvalidArgument
+from seglog.record import HEADERS_TYPE
 from seglog.tiering.manifest import Manifest, ManifestEntry
 from seglog.tiering.parquet import TIER_SCHEMA
 from seglog.tiering.targets import ObjectInfo, TierTarget, open_target, verify_bytes
@@ -95,10 +96,18 @@ __all__ = [
 ]
 
 SOURCE_NAME = "seglog"
-SOURCE_SCHEMA_DDL = (
-    "offset bigint, ts timestamp, topic string, key binary, value binary, "
-    "headers map<string,binary>, stream bigint, shard int"
-)
+_SHARD_FIELD = pa.field("shard", pa.int32(), nullable=False)
+# Spark SQL types of the source's columns (Spark has no unsigned ints: ``stream`` widens).
+_DDL_TYPES: dict[pa.DataType, str] = {
+    pa.int32(): "int",
+    pa.int64(): "bigint",
+    pa.uint32(): "bigint",
+    pa.timestamp("us", tz="UTC"): "timestamp",
+    pa.string(): "string",
+    pa.binary(): "binary",
+    HEADERS_TYPE: "map<string,binary>",
+}
+SOURCE_SCHEMA_DDL = ", ".join(f"{f.name} {_DDL_TYPES[f.type]}" for f in [*TIER_SCHEMA, _SHARD_FIELD])
 BATCH_ROWS = 64 * 1024
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
@@ -115,9 +124,7 @@ _OPS: dict[type[Filter], str] = {
     StringStartsWith: "startswith",
 }
 _INT_COLUMNS = frozenset({"shard", "offset"})
-_NON_NULL_PATHS = frozenset(
-    (c,) for c in ("offset", "ts", "topic", "value", "stream", "shard")
-)
+_NON_NULL_PATHS = frozenset((f.name,) for f in [*TIER_SCHEMA, _SHARD_FIELD] if not f.nullable)
 
 
 def register(spark: SparkSession) -> None:
@@ -424,7 +431,7 @@ class SeglogReader(DataSourceReader):
         if table.num_rows == 0:
             return
         table = table.append_column(
-            pa.field("shard", pa.int32()),
+            _SHARD_FIELD,
             pa.array(np.full(table.num_rows, partition.shard, dtype=np.int32)),
         )
         out_schema = to_arrow_schema(self.schema)

@@ -57,8 +57,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from seglog._fs import atomic_writer
 from seglog.errors import InvalidArgument, TierError
-from seglog.tiering._fs import atomic_write
 from seglog.tiering.parquet import SegmentStats, parse_object_key
 from seglog.tiering.targets import ObjectInfo, ObjectMismatch, ObjectNotFound, TierTarget
 
@@ -309,7 +309,7 @@ class Manifest:
             text = self.to_json().encode()
             if local_path is not None:
                 try:
-                    with atomic_write(local_path) as f:
+                    with atomic_writer(local_path, make_parents=True) as f:
                         f.write(text)
                 except OSError as exc:
                     raise TierError(f"cannot write local manifest {local_path}: {exc}") from exc

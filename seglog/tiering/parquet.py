@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from seglog.errors import InvalidArgument, TierError
+from seglog.record import HEADERS_TYPE, READ_SCHEMA
 
 __all__ = [
     "HEADERS_TYPE",
@@ -32,33 +33,11 @@ __all__ = [
     "segment_table_to_parquet",
 ]
 
-HEADERS_TYPE = pa.map_(pa.string(), pa.binary())
-"""MQTT 5 user properties / headers: string -> bytes."""
+SEGMENT_SCHEMA = READ_SCHEMA
+"""In-memory form of a segment's records (``ts`` in int64 µs since the epoch): the read schema."""
 
-SEGMENT_SCHEMA = pa.schema(
-    [
-        pa.field("offset", pa.int64(), nullable=False),
-        pa.field("ts", pa.int64(), nullable=False),
-        pa.field("topic", pa.string(), nullable=False),
-        pa.field("key", pa.binary()),
-        pa.field("value", pa.binary(), nullable=False),
-        pa.field("headers", HEADERS_TYPE),
-        pa.field("stream", pa.uint32(), nullable=False),
-    ]
-)
-"""In-memory form of a segment's records (``ts`` in int64 µs since the epoch)."""
-
-TIER_SCHEMA = pa.schema(
-    [
-        pa.field("offset", pa.int64(), nullable=False),
-        pa.field("ts", pa.timestamp("us", tz="UTC"), nullable=False),
-        pa.field("topic", pa.string(), nullable=False),
-        pa.field("key", pa.binary()),
-        pa.field("value", pa.binary(), nullable=False),
-        pa.field("headers", HEADERS_TYPE),
-        pa.field("stream", pa.uint32(), nullable=False),
-    ]
-)
+_TS_INDEX = SEGMENT_SCHEMA.get_field_index("ts")
+TIER_SCHEMA = SEGMENT_SCHEMA.set(_TS_INDEX, SEGMENT_SCHEMA.field(_TS_INDEX).with_type(pa.timestamp("us", tz="UTC")))
 """Schema of tiered Parquet objects (``ts`` as a UTC timestamp so Spark sees a TIMESTAMP)."""
 
 ROW_GROUP_ROWS = 64 * 1024

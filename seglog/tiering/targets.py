@@ -41,8 +41,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 from urllib.parse import unquote, urlsplit
 
+from seglog._fs import TMP_PREFIX, atomic_writer, fsync_dir
 from seglog.errors import InvalidArgument, TierError
-from seglog.tiering._fs import TMP_PREFIX, atomic_write, copy_and_hash, fsync_dir
+from seglog.tiering._fs import copy_and_hash
 
 if TYPE_CHECKING:
     from mypy_boto3_s3.client import S3Client
@@ -254,7 +255,7 @@ class LocalTarget:
         path = self._path(key)
         src = _as_view_or_path(data)
         try:
-            with atomic_write(path) as f:
+            with atomic_writer(path, make_parents=True) as f:
                 if isinstance(src, memoryview):
                     f.write(src)
                     size, checksum = len(src), hashlib.sha256(src).hexdigest()
