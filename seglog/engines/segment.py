@@ -694,6 +694,8 @@ class SegmentEngine:
             except StorageError as exc:
                 writer.make_read_only(exc, "cutting the leader-epoch cache or high watermark failed")
                 raise
+            finally:
+                writer.refresh_epoch_floor()  # the next frame of an epoch cut here is recorded again
             try:
                 s.index.truncate_from(new_end)
             except StorageError as exc:

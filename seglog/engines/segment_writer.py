@@ -308,6 +308,10 @@ class WorkerLog:
         except (OSError, StorageError) as exc:
             self.make_read_only(exc, "writing a leader-epoch cache failed")
             return
+        self.refresh_epoch_floor()
+
+    def refresh_epoch_floor(self) -> None:
+        """(Worker) Recompute the epoch floor after a change that can lower a shard's latest epoch."""
         self._known_epoch_floor = min((s.known_epoch for s in self.shards), default=0)
 
     def _index(self, written: Sequence[tuple[_Shard, Sequence[tuple[FramePosition, pa.RecordBatch]]]]) -> None:
