@@ -325,7 +325,7 @@ class Database:
                 if s is not None:
                     self._check_shard(s)
         shard_col, offset_col = await self._append_routed(engine, batch, shard, explicit)
-        return AppendResult(shard_col, offset_col, batch.column(0).to_numpy())
+        return AppendResult(shard_col, offset_col, batch.column("ts").to_numpy())
 
     async def append_arrow(self, data: pa.Table | pa.RecordBatch, *, shard: int | None = None) -> pa.Table:
         """Append columns ``ts, topic, key, value[, headers][, stream]`` durably.

@@ -19,11 +19,19 @@ def _batch(p: int, seq: int, n: int) -> list[seglog.Record]:
 
 @pytest.mark.parametrize("fsync", ["always"])
 def test_eio_under_load_keeps_exactly_the_acknowledged_records(run, tmp_path: Path, fsync: str) -> None:
+    """An ``fdatasync`` that is running when the filesystem is shut down may return success
+    although its data is gone (seen on Linux 6.18: the sync started before the ioctl and
+    returned after it, and the frames were not there after remount). A real power cut never
+    lets such a call return, so appends acknowledged after the shutdown began are "maybe":
+    they may be missing, but nothing outside acknowledged appends may appear."""
     with ext4_fs(tmp_path, size_mib=64) as fs:
         data = fs.mount / "data"
         acked: dict[int, set[bytes]] = {}
+        maybe: dict[int, set[bytes]] = {}  # acknowledged once the disk was already dying
+        dying = False
 
         async def load() -> None:
+            nonlocal dying
             store = await seglog.open(data, fsync=fsync)  # type: ignore[arg-type]
             db = await store.create_db("t", shards=4, segment_bytes=256 << 10)
             enough = asyncio.Event()
@@ -39,13 +47,14 @@ def test_eio_under_load_keeps_exactly_the_acknowledged_records(run, tmp_path: Pa
                         failures.append(exc)
                         return
                     for m, r in zip(metas, recs, strict=True):
-                        acked.setdefault(m.shard, set()).add(r.value)
+                        (maybe if dying else acked).setdefault(m.shard, set()).add(r.value)
                     seq += len(recs)
                     if seq > 3000:
                         enough.set()
 
             tasks = [asyncio.create_task(producer(p)) for p in range(4)]
             await asyncio.wait_for(enough.wait(), 60)
+            dying = True  # set on the loop before the ioctl: completions seen later are "maybe"
             shutdown_fs(fs.mount)  # every later I/O on the filesystem fails with EIO
             await asyncio.wait_for(asyncio.gather(*tasks), 60)
             assert len(failures) == 4 and all(isinstance(f, StorageError) for f in failures)
@@ -64,6 +73,7 @@ def test_eio_under_load_keeps_exactly_the_acknowledged_records(run, tmp_path: Pa
                     values = table.column("value").to_pylist()
                     assert len(values) == db.end_offset(shard)
                     assert set(values) >= acked.get(shard, set()), "an acknowledged record was lost"
-                    assert set(values) <= acked.get(shard, set()), "a record whose append failed came back"
+                    allowed = acked.get(shard, set()) | maybe.get(shard, set())
+                    assert set(values) <= allowed, "a record whose append failed came back"
 
         run(verify())

@@ -54,6 +54,8 @@ class ReadOnlyReason(enum.StrEnum):
     UNDO_FAILED = "a write it could not undo"
     SEGMENT_UNDO_FAILED = "a segment write it could not undo"
     DURABLE_END_FAILED = "publishing a durable end failed"
+    TRUNCATION_FAILED = "a truncation it could not finish (the next open completes it)"
+    EPOCH_CACHE_FAILED = "writing a leader-epoch cache or high watermark failed"
 DEFAULT_SEGMENT_BYTES: Final = 256 << 20
 DEFAULT_SEGMENT_MS: Final = 7 * 24 * 3600 * 1000
 

@@ -24,6 +24,7 @@ from seglog.engines.base import (
     READ_SCHEMA,
     EngineConfig,
     Quota,
+    ReadOnlyReason,
     ShardStats,
     empty_read_table,
     retention_start,
@@ -202,7 +203,7 @@ class _Shard:
     @staticmethod
     def frame_entries(frames: Sequence[tuple[FramePosition, pa.RecordBatch]]) -> list[FrameEntry]:
         """The index entries of frames just written."""
-        return [_entry(p, batch.column(2), _frame_tags(batch)) for p, batch in frames]
+        return [_entry(p, batch.column("key"), _frame_tags(batch)) for p, batch in frames]
 
     def pending_snapshot(self, stop: int) -> tuple[int, list[tuple[int, pa.RecordBatch, int, int]]]:
         """``(first pending offset or stop, pending rows)``: the segments hold all below the first.
@@ -328,7 +329,7 @@ _KEY_WALK_FRAMES: Final = 16
 def _key_rows(parts: list[tuple[pa.RecordBatch, int]], key: bytes) -> pa.Table:
     """The rows of ``parts`` (frame batches and the offset of their first row) whose key is ``key``."""
     table = pa.Table.from_batches([b for b, _ in parts])
-    keep = pc.fill_null(pc.equal(table.column(2), pa.scalar(key, pa.binary())), False)
+    keep = pc.fill_null(pc.equal(table.column("key"), pa.scalar(key, pa.binary())), False)
     rows = np.flatnonzero(keep.to_numpy())
     offsets = np.concatenate([np.arange(first, first + b.num_rows, dtype=np.int64) for b, first in parts])
     # take, not filter: filtering a many-chunk table (its map column above all) costs more.
@@ -368,7 +369,7 @@ def _frame_starts_at(seg: LogSegment, pos: int, base_offset: int) -> bool:
 
 
 def _frame_tags(batch: pa.RecordBatch) -> list[int]:
-    streams = batch.column(5)
+    streams = batch.column("stream")
     if streams.null_count == 0:
         # numpy on the zero-copy buffer: pyarrow.compute's per-call cost dominates small frames
         values = streams.to_numpy(zero_copy_only=True)
@@ -684,7 +685,7 @@ class SegmentEngine:
             try:
                 new_end = s.log.truncate_to(offset)
             except OSError as exc:
-                writer.make_read_only(exc, "a truncation it could not finish (the next open completes it)")
+                writer.make_read_only(exc, ReadOnlyReason.TRUNCATION_FAILED)
                 raise StorageError(f"shard {shard}: truncation to {offset} failed") from exc
             s.durable_end = new_end
             try:
@@ -692,7 +693,7 @@ class SegmentEngine:
                 if s.hw.value > new_end:
                     s.hw.reset(new_end)
             except StorageError as exc:
-                writer.make_read_only(exc, "cutting the leader-epoch cache or high watermark failed")
+                writer.make_read_only(exc, ReadOnlyReason.EPOCH_CACHE_FAILED)
                 raise
             finally:
                 writer.refresh_epoch_floor()  # the next frame of an epoch cut here is recorded again
@@ -855,14 +856,14 @@ class SegmentEngine:
                     continue
                 batch = s.decode(fp)
                 first_row = max(begin, h.base_offset) - h.base_offset
-                mask = pc.greater_equal(batch.column(0).slice(first_row), ts)
+                mask = pc.greater_equal(batch.column("ts").slice(first_row), ts)
                 idx = int(pc.index(mask, True).as_py())
                 if idx >= 0:
                     return h.base_offset + first_row + idx
         for part in s.pending_tables(pending, max(begin, seg_stop), end):
-            idx = int(pc.index(pc.greater_equal(part.column(1), ts), True).as_py())
+            idx = int(pc.index(pc.greater_equal(part.column("ts"), ts), True).as_py())
             if idx >= 0:
-                return int(part.column(0)[idx].as_py())
+                return int(part.column("offset")[idx].as_py())
         return end
 
     async def offset_for_time(self, shard: int, ts: int) -> int:
@@ -917,7 +918,7 @@ class SegmentEngine:
         if parts:
             out.append(_key_rows(parts, key))
         for part in s.pending_tables(pending, max(start, end), durable_end):
-            picked = part.filter(pc.equal(part.column(3), pa.scalar(key, pa.binary())))
+            picked = part.filter(pc.equal(part.column("key"), pa.scalar(key, pa.binary())))
             out.append(pa.Table.from_batches([picked], schema=READ_SCHEMA))
         return pa.concat_tables(out) if out else empty_read_table()
 
@@ -1109,7 +1110,7 @@ def _catch_up_index(s: _Shard) -> None:
         if fp.header.next_offset <= begin:
             continue
         batch = s.decode(fp)
-        pending.append(_entry(fp, batch.column(2), _frame_tags(batch)))
+        pending.append(_entry(fp, batch.column("key"), _frame_tags(batch)))
         if len(pending) >= 1024:
             s.index.add(pending)
             pending = []

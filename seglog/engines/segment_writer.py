@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Final, NamedTuple
 import numpy as np
 import pyarrow as pa
 
+from seglog.engines.base import Fsync, ReadOnlyReason
 from seglog.engines.frames import IntervalSync, split_batch
 from seglog.errors import CorruptFrame, StorageError
 from seglog.io_pool import ItemError
@@ -126,7 +127,7 @@ class WorkerLog:
         self.index = index
         self.shards = shards
         self.journal = journal
-        self.fsync = fsync
+        self.fsync = Fsync(fsync)
         self.buffer_s = buffer_ms / 1000
         self.buffer_bytes = buffer_bytes
         self.compression = compression
@@ -134,7 +135,7 @@ class WorkerLog:
         self.gen = 0  # event loop
         self.loop: asyncio.AbstractEventLoop | None = None
         self.failed: BaseException | None = None
-        self.read_only_reason = ""
+        self.read_only_reason: ReadOnlyReason | None = None
         self._min_gen = 0  # worker thread
         self._pending_bytes = 0
         self._pending_since: float | None = None
@@ -153,7 +154,7 @@ class WorkerLog:
 
     # --- state -------------------------------------------------------------------------
 
-    def make_read_only(self, exc: BaseException, reason: str) -> None:
+    def make_read_only(self, exc: BaseException, reason: ReadOnlyReason) -> None:
         """(Worker) Refuse every later write until reopen."""
         self.failed = exc
         self.read_only_reason = reason
@@ -224,7 +225,7 @@ class WorkerLog:
         need = sum(Journal.entry_bytes(sum(memoryview(b).nbytes for b in body)) for _, _, body in bodies)
         marks: dict[int, tuple[_Shard, AppendMark]] = {}
         frame_writes: list[tuple[FrameRequest, list[FramePosition]]] = []
-        direct = self.fsync == "always" and all(isinstance(i, FrameRequest) for i in items) and len(
+        direct = self.fsync is Fsync.ALWAYS and all(isinstance(i, FrameRequest) for i in items) and len(
             {i.shard.number for i in items if isinstance(i, FrameRequest)}) == 1
         journal_start: int | None = None
         stage = "checkpoint"
@@ -306,7 +307,7 @@ class WorkerLog:
                         if item.epoch > s.known_epoch:
                             s.assign_epoch(item.epoch, base)
         except (OSError, StorageError) as exc:
-            self.make_read_only(exc, "writing a leader-epoch cache failed")
+            self.make_read_only(exc, ReadOnlyReason.EPOCH_CACHE_FAILED)
             return
         self.refresh_epoch_floor()
 
@@ -356,7 +357,7 @@ class WorkerLog:
             except OSError as undo_exc:
                 undo_failed = undo_exc
         if undo_failed is not None:
-            self.make_read_only(undo_failed, "a write it could not undo")
+            self.make_read_only(undo_failed, ReadOnlyReason.UNDO_FAILED)
             return
         log.warning("I/O worker %d: %s failed (%s); the drain was rolled back", self.worker, stage, exc)
         gen = max(item.gen for item in items)
@@ -367,7 +368,7 @@ class WorkerLog:
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(self._rewound, gen, ends)
         if stage == "sync" and self._interval.pending:
-            self.make_read_only(exc, "a failed fsync (acknowledged writes since the last sync may be lost)")
+            self.make_read_only(exc, ReadOnlyReason.FAILED_FSYNC)
 
     def _rewound(self, gen: int, ends: dict[int, int]) -> None:
         if self.gen == gen:
@@ -376,9 +377,9 @@ class WorkerLog:
                 s.next_offset = ends[s.number]
 
     def _sync_journal(self) -> None:
-        if self.fsync == "always":
+        if self.fsync is Fsync.ALWAYS:
             self.journal.sync()
-        elif self.fsync == "interval" and self._interval.due():
+        elif self.fsync is Fsync.INTERVAL and self._interval.due():
             self.journal.sync()
             self._interval.synced()
 
@@ -387,7 +388,7 @@ class WorkerLog:
             s.log.publish_durable_end()
         except OSError as exc:
             # Durable and acknowledged; but followers would no longer see the log grow.
-            self.make_read_only(exc, "publishing a durable end failed")
+            self.make_read_only(exc, ReadOnlyReason.DURABLE_END_FAILED)
 
     # --- pending rows ------------------------------------------------------------------
 
@@ -462,7 +463,7 @@ class WorkerLog:
                 try:
                     s.log.rollback(mark)
                 except OSError as undo_exc:
-                    self.make_read_only(undo_exc, "a segment write it could not undo")
+                    self.make_read_only(undo_exc, ReadOnlyReason.SEGMENT_UNDO_FAILED)
                     with contextlib.suppress(OSError):
                         s.log.fence(mark)
                 first = first or exc
@@ -567,7 +568,7 @@ class WorkerLog:
             try:
                 self.journal.sync()
             except OSError as exc:
-                self.make_read_only(exc, "a failed fsync (acknowledged writes since the last sync may be lost)")
+                self.make_read_only(exc, ReadOnlyReason.FAILED_FSYNC)
                 return
             self._interval.synced()
         # Pending rows wait for their deadline even when the worker is idle: they are durable
@@ -688,9 +689,9 @@ def _replay_rows(
     epoch: int,
 ) -> None:
     batch = pa.ipc.read_record_batch(pa.py_buffer(body), _ROWS_SCHEMA)
-    shard_col = batch.column(len(FRAME_SCHEMA)).to_numpy()
-    offset_col = batch.column(len(FRAME_SCHEMA) + 1).to_numpy()
-    rows = pa.RecordBatch.from_arrays(batch.columns[: len(FRAME_SCHEMA)], schema=FRAME_SCHEMA)
+    shard_col = batch.column("shard").to_numpy()
+    offset_col = batch.column("offset").to_numpy()
+    rows = pa.RecordBatch.from_arrays([batch.column(n) for n in FRAME_SCHEMA.names], schema=FRAME_SCHEMA)
     bounds = np.flatnonzero(np.diff(shard_col)) + 1
     starts = [0, *bounds.tolist()]
     stops = [*bounds.tolist(), len(shard_col)]
