@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import seglog
-from seglog.segment import ShardLog
+from seglog.segment import open_shard_log
 from seglog.segment.journal import ENTRY_ROWS, Journal
 from tests.crash_child import key_for, value_for
 from tests.faults import ext4_fs, shutdown_fs, strace_command
@@ -63,7 +63,7 @@ def _segment_ends(db_dir: Path, shards: int) -> list[int]:
     """Each shard's log end as its segment files say, without the journal."""
     ends = []
     for n in range(shards):
-        log_, _ = ShardLog.open(db_dir / f"shard-{n:04d}", segment_bytes=1 << 30, segment_ms=1 << 40,
+        log_, _ = open_shard_log(db_dir / f"shard-{n:04d}", segment_bytes=1 << 30, segment_ms=1 << 40,
                                 clock_ms=lambda: 0)
         ends.append(log_.next_offset)
         log_.close()
@@ -260,7 +260,7 @@ def test_buffered_rows_of_many_appends_become_one_frame_per_shard(run, data_dir:
 
 
 def _frames(db_dir: Path, shard: int) -> Iterator[object]:
-    log_, _ = ShardLog.open(db_dir / f"shard-{shard:04d}", segment_bytes=1 << 30, segment_ms=1 << 40,
+    log_, _ = open_shard_log(db_dir / f"shard-{shard:04d}", segment_bytes=1 << 30, segment_ms=1 << 40,
                             clock_ms=lambda: 0)
     try:
         for seg in log_.segments_snapshot():

@@ -57,7 +57,7 @@ from seglog.record import (
     parse_header,
     verify_frame,
 )
-from seglog.segment import FramePosition, LogSegment, ShardLog
+from seglog.segment import FramePosition, LogSegment, ShardLog, open_shard_log
 from seglog.segment.epoch_cache import MAX_EPOCH, UNDEFINED_EPOCH, UNDEFINED_OFFSET, LeaderEpochCache
 from seglog.segment.high_watermark import HighWatermarkCheckpoint
 from seglog.segment.journal import Journal
@@ -418,7 +418,7 @@ class SegmentEngine:
         try:
             for n in range(config.shards):
                 directory = config.directory / shard_dir_name(n)
-                log_, _report = ShardLog.open(
+                log_, _report = open_shard_log(
                     directory, segment_bytes=config.segment_bytes, segment_ms=config.segment_ms, clock_ms=clock_ms
                 )
                 # A shard's own index (the layout before indexes were shared) is removed.

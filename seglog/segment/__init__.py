@@ -8,8 +8,9 @@ from seglog.segment.epoch_cache import (
     LeaderEpochCache,
 )
 from seglog.segment.high_watermark import HIGH_WATERMARK_FILE, HighWatermarkCheckpoint
+from seglog.segment.log_loader import RecoveryReport, open_shard_log
 from seglog.segment.log_segment import LogSegment, segment_name
-from seglog.segment.shard_log import FramePosition, RecoveryReport, ShardLog
+from seglog.segment.shard_log import FramePosition, ShardLog
 
 __all__ = [
     "HIGH_WATERMARK_FILE",
@@ -23,5 +24,6 @@ __all__ = [
     "LogSegment",
     "RecoveryReport",
     "ShardLog",
+    "open_shard_log",
     "segment_name",
 ]
