@@ -262,7 +262,11 @@ class LmdbEngine(FrameTableEngine):
 
     One named database per shard maps the big-endian base offset to the frame bytes (the
     same encoded frames, and CRCs, as the segment engine); another maps ``(key, offset)``
-    to nothing for key lookups; ``meta`` holds each shard's start offset. Appends go through
+    to nothing for key lookups; ``meta`` holds each shard's start offset, leader-epoch entries
+    (``(epoch, start offset)`` pairs, written in the transaction of the frames that start them;
+    no key: every frame has epoch 0) and high watermark (written lazily, like the segment
+    engine's: with the next write transaction, when idle, at close). ``truncate_to`` deletes
+    frames and key entries and cuts epochs and high watermark in one transaction. Appends go through
     the shared :class:`IoPool`: one write transaction (frames and key entries together,
     atomically) per drained group per shard, synced at commit under ``fsync="always"``.
     Time lookups use the frame headers, which are loaded into memory when the database
