@@ -216,12 +216,13 @@ class _LmdbShard(WriteGenerations):
                 txn.put(_hw_key(self.number), _U64.pack(hw), db=self.meta)
         except lmdb.Error as exc:
             raise StorageError(f"shard {self.number}: truncation to {offset} failed; nothing was cut") from exc
-        if self.config.fsync_policy is not Fsync.ALWAYS:
-            self._sync()  # a cut is rare; it must not come undone after it returned
+        # Committed: the table follows the environment before the sync, which may fail.
         with t.lock:
             t.cut_end(new_end)
             t.epochs = epochs
             t.hw = min(t.hw, new_end)
+        if self.config.fsync_policy is not Fsync.ALWAYS:
+            self._sync()  # a cut is rare; it must not come undone after it returned
         return new_end
 
     def _delete_frame(self, txn: Any, h: FrameHeader) -> None:
@@ -330,14 +331,17 @@ class LmdbEngine(FrameTableEngine):
                     start = _U64.unpack(bytes(raw_start))[0] if raw_start is not None else 0
                     for _k, value in txn.cursor(db=shard.frames_db):
                         table.add(parse_header(value))
+                    # Copied inside the txn: its buffers are only valid until it ends.
                     raw_epochs = txn.get(_epochs_key(n), db=meta)
+                    epochs = _unpack_epochs(bytes(raw_epochs)) if raw_epochs is not None else []
                     raw_hw = txn.get(_hw_key(n), db=meta)
+                    hw = _U64.unpack(bytes(raw_hw))[0] if raw_hw is not None else 0
                 table.start = start
                 table.end = max(table.end, start)
                 # Written in the frames' transactions, so they agree with the frames; the
                 # high watermark is capped defensively (it is never written past the end).
-                table.epochs = _unpack_epochs(bytes(raw_epochs)) if raw_epochs is not None else []
-                table.hw = min(_U64.unpack(bytes(raw_hw))[0], table.end) if raw_hw is not None else 0
+                table.epochs = epochs
+                table.hw = min(hw, table.end)
                 shard.next_offset = table.end
                 shards.append(shard)
         except (lmdb.Error, CorruptFrame) as exc:
