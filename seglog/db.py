@@ -703,13 +703,9 @@ class Database:
 
     # --- replica log ---------------------------------------------------------------------
 
-    def _replica_engine(self) -> SegmentEngine:
-        engine = self._check()
-        if not isinstance(engine, SegmentEngine):
-            raise InvalidArgument(
-                f"database {self.name!r}: frame-level operations need the 'segment' engine, not {self.config.engine!r}"
-            )
-        return engine
+    def _replica_engine(self) -> Engine:
+        # Every engine stores the same frames and implements the replica-log operations.
+        return self._check()
 
     async def read_frames(self, shard: int, offset: int, max_bytes: int = 1 << 20) -> bytes:
         """The stored frames of ``shard`` from the one holding ``offset``, byte for byte.
@@ -720,7 +716,7 @@ class Database:
 
         Raises:
             OffsetOutOfRange: ``offset`` is outside ``[start, end]`` (local segments only).
-            InvalidArgument: Bad shard or ``max_bytes``, or not the segment engine.
+            InvalidArgument: Bad shard or ``max_bytes``.
         """
         engine = self._replica_engine()
         self._check_shard(shard)

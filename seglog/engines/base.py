@@ -156,30 +156,40 @@ class Engine(Protocol):
     async def append(self, shard: int, batch: pa.RecordBatch) -> int:
         """Append a validated batch durably; return the offset of its first record."""
 
-    async def append_many(self, parts: Sequence[tuple[int, pa.RecordBatch]], quota: Quota | None = None) -> list[int]:
+    async def append_many(
+        self, parts: Sequence[tuple[int, pa.RecordBatch]], quota: Quota | None = None, *, leader_epoch: int = 0
+    ) -> list[int]:
         """Append batches to distinct shards; return each one's base offset.
 
         ``quota.admit`` gets the bytes the append will write and may raise to reject it
         before any offset is assigned or anything is queued; the bytes of parts that fail
-        are given back with ``quota.release``.
+        are given back with ``quota.release``. Frames are stamped with ``leader_epoch`` (0 for
+        a standalone store); a new epoch's first frame on a shard is recorded in its epochs.
 
         Raises:
+            InvalidArgument: ``leader_epoch`` is outside ``0..2**31-1``.
+            BusyResourceError: A shard is being truncated (:meth:`truncate_to`).
             AppendFailed: Some parts failed; nothing of them is in the log.
         """
 
     async def append_routed(
-        self, batch: pa.RecordBatch, routes: np.ndarray[Any, np.dtype[np.int32]], quota: Quota | None = None
+        self,
+        batch: pa.RecordBatch,
+        routes: np.ndarray[Any, np.dtype[np.int32]],
+        quota: Quota | None = None,
+        *,
+        leader_epoch: int = 0,
     ) -> np.ndarray[Any, np.dtype[np.int64]]:
         """Append each row of ``batch`` to the shard ``routes`` names; return each row's offset.
 
-        Same atomicity and errors as :meth:`append_many` (per shard part).
+        Same atomicity, epoch stamping and errors as :meth:`append_many` (per shard part).
         """
 
     listener: Callable[[int], None] | None
     """Called on the event loop with a shard number after an append to it completed."""
 
-    async def read_arrow(self, shard: int, offset: int, max_records: int) -> pa.Table:
-        """Up to ``max_records`` records from ``offset`` (:data:`READ_SCHEMA`)."""
+    async def read_arrow(self, shard: int, offset: int, max_records: int, upper: int | None = None) -> pa.Table:
+        """Up to ``max_records`` records from ``offset``, none at or past ``upper`` (:data:`READ_SCHEMA`)."""
 
     async def offset_for_time(self, shard: int, ts: int) -> int:
         """First offset whose record has ``ts >=`` the given one; the end offset if none."""
@@ -204,6 +214,56 @@ class Engine(Protocol):
 
     def reconfigure(self, *, segment_bytes: int, segment_ms: int) -> None:
         """Apply new rolling settings to segments created from now on."""
+
+    # --- replica log (frames are the same bytes on every engine) ------------------------
+
+    async def read_frames(self, shard: int, offset: int, max_bytes: int) -> bytes:
+        """The stored frames from the one holding ``offset``, byte for byte: at least one
+        (if any lies at or after ``offset``), else at most ``max_bytes``; acknowledged only.
+
+        Raises:
+            OffsetOutOfRange: ``offset`` is outside ``[start, end]``.
+        """
+
+    async def append_frames(self, shard: int, frames: Any, *, expected_base: int) -> int:
+        """Store frames another log encoded (:meth:`read_frames`), byte for byte; return the new end.
+
+        Verified with :func:`seglog.engines.frames.parse_frames`; each frame keeps its leader
+        epoch (recorded like an append's); nothing is written when a check fails.
+
+        Raises:
+            OffsetMismatch: ``expected_base`` is not the end, or a gap or an overlap.
+            CorruptFrame: A frame fails its magic, length or CRC check.
+            BusyResourceError: The shard is being truncated.
+        """
+
+    async def truncate_to(self, shard: int, offset: int, *, force: bool = False) -> int:
+        """Remove every record at or after ``offset``; return the new end (``offset`` or the
+        base of the frame holding it). Epoch entries from the new end go; a high watermark
+        above it is reset to it; appends are refused (``BusyResourceError``) while it runs.
+
+        Raises:
+            OffsetOutOfRange: ``offset`` is below the start or past the end.
+            InvalidArgument: ``offset`` is below the high watermark and not ``force``.
+            BusyResourceError: The shard is already being truncated.
+        """
+
+    def end_offset_for_epoch(self, shard: int, epoch: int) -> tuple[int, int]:
+        """Kafka's OffsetsForLeaderEpoch: ``(largest known epoch <= epoch, its end offset)``,
+        ``(-1, -1)`` when none; no entries means every frame has epoch 0."""
+
+    def leader_epochs(self, shard: int) -> list[tuple[int, int]]:
+        """The shard's leader-epoch entries, ``(epoch, start offset)`` oldest first."""
+
+    def high_watermark(self, shard: int) -> int:
+        """The shard's high watermark."""
+
+    def update_high_watermark(self, shard: int, hw: int) -> bool:
+        """Move the high watermark up to ``hw`` (never down); return whether it moved.
+
+        Raises:
+            OffsetOutOfRange: ``hw`` is past the end offset.
+        """
 
     async def drain(self) -> None:
         """Wait for every append queued so far."""

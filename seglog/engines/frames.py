@@ -35,6 +35,7 @@ from seglog.engines.base import (
 )
 from seglog.errors import (
     AppendFailed,
+    BusyResourceError,
     ClosedResourceError,
     CorruptFrame,
     InvalidArgument,
@@ -44,6 +45,15 @@ from seglog.errors import (
 )
 from seglog.io_pool import BatchWriter, IoPool, ItemError
 from seglog.record import EncodedFrame, FrameHeader, decode_body, parse_header, verify_frame
+from seglog.segment.epoch_cache import (
+    MAX_EPOCH,
+    UNDEFINED_EPOCH,
+    UNDEFINED_OFFSET,
+    EpochEntry,
+    assign_entry,
+    end_offset_for_epoch,
+    entries_truncated_from_start,
+)
 
 __all__ = [
     "MAX_FRAME_RECORDS",
@@ -55,11 +65,15 @@ __all__ = [
     "QueueableShard",
     "WriteGenerations",
     "await_outcomes",
+    "check_leader_epoch",
+    "epochs_after_start",
+    "epochs_with_frames",
     "frame_bytes",
     "frame_keys",
     "parse_frames",
     "queue_appends",
     "raise_if_failed",
+    "shard_end_offset_for_epoch",
     "split_batch",
     "with_offsets",
 ]
@@ -103,6 +117,55 @@ def parse_frames(data: Any, expected_base: int, *, shard: int) -> tuple[list[Enc
         expected = header.next_offset
         pos += header.size
     return frames, batches
+
+
+# --- leader epochs of a frame-table shard ---------------------------------------------------
+# The same rules as the segment engine's shard (its LeaderEpochCache plus "an empty cache
+# means every frame has epoch 0"), over a plain list the engine stores where it likes.
+
+
+def check_leader_epoch(leader_epoch: int) -> None:
+    """Raise :class:`InvalidArgument` unless ``leader_epoch`` fits a frame header."""
+    if not 0 <= leader_epoch <= MAX_EPOCH:
+        raise InvalidArgument(f"leader_epoch must be in 0..{MAX_EPOCH}, not {leader_epoch!r}")
+
+
+def epochs_with_frames(entries: list[EpochEntry], headers: Sequence[FrameHeader], log_start: int) -> list[EpochEntry]:
+    """``entries`` after frames ``headers`` were appended: each new epoch's first frame recorded.
+
+    A frame whose epoch is not above the latest known one (0 for an empty list) records
+    nothing, as on the segment engine. The first entry of an empty list that does not start
+    at ``log_start`` is preceded by ``(0, log_start)``: what the empty list implied.
+    """
+    known = entries[-1][0] if entries else 0
+    for h in headers:
+        if h.leader_epoch > known:
+            if not entries and h.base_offset > log_start:
+                entries = assign_entry(entries, 0, log_start)
+            entries = assign_entry(entries, h.leader_epoch, h.base_offset)
+            known = h.leader_epoch
+    return entries
+
+
+def epochs_after_start(entries: list[EpochEntry], start: int) -> list[EpochEntry]:
+    """``entries`` after the log start moved up to ``start`` (retention, ``truncate_before``).
+
+    Only when a whole epoch went: the first entry keeps its start otherwise, as on the
+    segment engine (so both answer ``end_offset_for_epoch`` alike).
+    """
+    if len(entries) > 1 and entries[1][1] <= start:
+        return entries_truncated_from_start(entries, start)
+    return entries
+
+
+def shard_end_offset_for_epoch(entries: list[EpochEntry], epoch: int, end: int) -> tuple[int, int]:
+    """Kafka's OffsetsForLeaderEpoch for a shard whose empty list means "every frame has epoch 0"."""
+    if not entries:
+        if epoch < UNDEFINED_EPOCH:
+            raise InvalidArgument(f"epoch {epoch} out of range")
+        return (0, end) if epoch == 0 else (UNDEFINED_EPOCH, UNDEFINED_OFFSET)
+    return end_offset_for_epoch(entries, epoch, end)
+
 
 # A batch is cut into frames of at most this many records / value bytes.
 MAX_FRAME_RECORDS: Final = 16_384
@@ -177,6 +240,10 @@ class FrameTable:
         self.start = start
         self.end = start
         self.bytes = 0
+        # Leader epochs ((epoch, start offset), empty: every frame has epoch 0) and the high
+        # watermark, kept here so they change under the same lock as the frames.
+        self.epochs: list[EpochEntry] = []
+        self.hw = 0
 
     def add(self, header: FrameHeader, extra: Any = None) -> None:
         """Append a frame (caller holds the lock)."""
@@ -191,6 +258,31 @@ class FrameTable:
     def index_of(self, offset: int) -> int:
         """Index of the frame holding ``offset`` (``-1``: before the first frame)."""
         return bisect.bisect_right(self.bases, offset) - 1
+
+    def cut_point(self, offset: int) -> int:
+        """The end a ``truncate_to(offset)`` leaves: ``offset`` or the base of the frame holding it.
+
+        Frames are shipped and checksummed whole, so a cut is at a frame boundary; never
+        below the start (a frame straddling the start goes whole, its head was unreadable).
+        """
+        if offset >= self.end:
+            return self.end
+        i = self.index_of(offset)
+        return max(self.start, self.bases[i]) if i >= 0 else max(self.start, offset)
+
+    def doomed_from(self, end: int) -> list[tuple[FrameHeader, Any]]:
+        """Frames holding any offset at or past ``end`` (what cutting the log at ``end`` removes)."""
+        k = len(self.headers)
+        while k and self.headers[k - 1].next_offset > end:
+            k -= 1
+        return list(zip(self.headers[k:], self.extra[k:], strict=True))
+
+    def cut_end(self, end: int) -> None:
+        """Forget the frames holding any offset at or past ``end``; the log ends at ``end``."""
+        k = len(self.headers) - len(self.doomed_from(end))
+        self.bytes -= sum(h.size for h in self.headers[k:])
+        del self.headers[k:], self.bases[k:], self.run_max[k:], self.extra[k:]
+        self.end = end
 
     def span(self, offset: int, stop: int) -> list[tuple[FrameHeader, Any]]:
         """Frames overlapping ``[offset, stop)``."""
@@ -475,6 +567,8 @@ class FrameTableEngine(abc.ABC):
         self._executor = executor
         self._closed = False
         self.listener: Callable[[int], None] | None = None
+        # Shards a truncate_to is cutting: appends to them are refused until it is done.
+        self._truncating: set[int] = set()
 
     # --- for subclasses ----------------------------------------------------------------
 
@@ -487,11 +581,42 @@ class FrameTableEngine(abc.ABC):
         """Offsets that may hold ``key`` (a superset; filtered against the real key)."""
 
     @abc.abstractmethod
-    async def append_many(self, parts: Sequence[tuple[int, pa.RecordBatch]], quota: Quota | None = None) -> list[int]:
-        """Append batches to distinct shards (the engine protocol's)."""
+    async def append_many(
+        self, parts: Sequence[tuple[int, pa.RecordBatch]], quota: Quota | None = None, *, leader_epoch: int = 0
+    ) -> list[int]:
+        """Append batches to distinct shards, frames stamped with ``leader_epoch`` (the engine protocol's)."""
+
+    @abc.abstractmethod
+    async def append_frames(self, shard: int, frames: Any, *, expected_base: int) -> int:
+        """Store frames another node encoded, byte for byte (the engine protocol's)."""
+
+    @abc.abstractmethod
+    async def _cut(self, shard: int, offset: int) -> int:
+        """Remove the frames of ``shard`` holding ``offset`` or later, with their key entries,
+        and cut its epochs and high watermark; return the new end (checks are done)."""
+
+    def _assigned_end(self, shard: int) -> int:
+        """The offset after the last one handed to an append (queued ones included)."""
+        return self._tables[shard].end
+
+    def _check_writable(self, shard: int) -> None:  # noqa: B027 - engines without a failure state accept
+        """Raise :class:`StorageError` if ``shard`` takes no writes."""
+
+    def _hw_moved(self, shard: int) -> None:  # noqa: B027 - nothing to persist unless the engine says
+        """The high watermark of ``shard`` moved up (an engine may persist it lazily)."""
+
+    def _check_not_truncating(self, shards: Sequence[int]) -> None:
+        busy = self._truncating.intersection(shards)
+        if busy:
+            raise BusyResourceError(f"shards {sorted(busy)} are being truncated; retry")
 
     async def append_routed(
-        self, batch: pa.RecordBatch, routes: np.ndarray[Any, np.dtype[np.int32]], quota: Quota | None = None
+        self,
+        batch: pa.RecordBatch,
+        routes: np.ndarray[Any, np.dtype[np.int32]],
+        quota: Quota | None = None,
+        *,
+        leader_epoch: int = 0,
     ) -> np.ndarray[Any, np.dtype[np.int64]]:
         """Append rows to the shards ``routes`` names, one part per shard (:meth:`append_many`)."""
         order = np.argsort(routes, kind="stable")
@@ -502,7 +627,9 @@ class FrameTableEngine(abc.ABC):
             if c:
                 parts.append((s, order[start : start + c]))
                 start += c
-        bases = await self.append_many([(s, batch.take(pa.array(idx))) for s, idx in parts], quota)
+        bases = await self.append_many(
+            [(s, batch.take(pa.array(idx))) for s, idx in parts], quota, leader_epoch=leader_epoch
+        )
         offsets = np.empty(batch.num_rows, np.int64)
         for (_, idx), base in zip(parts, bases, strict=True):
             offsets[idx] = np.arange(base, base + len(idx), dtype=np.int64)
@@ -539,7 +666,7 @@ class FrameTableEngine(abc.ABC):
         except CorruptFrame as exc:
             raise StorageError(f"shard {shard}: corrupt frame at offset {h.base_offset}") from exc
 
-    def read_arrow_blocking(self, shard: int, offset: int, max_records: int) -> pa.Table:
+    def read_arrow_blocking(self, shard: int, offset: int, max_records: int, upper: int | None = None) -> pa.Table:
         t = self._table(shard)
         if max_records < 1:
             raise InvalidArgument("max_records must be >= 1")
@@ -548,6 +675,8 @@ class FrameTableEngine(abc.ABC):
             if not start <= offset <= end:
                 raise OffsetOutOfRange(offset, start, end, shard=shard)
             stop = min(end, offset + max_records)
+            if upper is not None:
+                stop = min(stop, upper)
             picked = t.span(offset, stop) if offset < stop else []
         if not picked:
             return empty_read_table()
@@ -559,8 +688,10 @@ class FrameTableEngine(abc.ABC):
             out.append(with_offsets(batch, h.base_offset, lo, hi))
         return pa.Table.from_batches(out, schema=READ_SCHEMA)
 
-    async def read_arrow(self, shard: int, offset: int, max_records: int) -> pa.Table:
-        return await self._run(self.read_arrow_blocking, shard, offset, max_records)
+    async def read_arrow(self, shard: int, offset: int, max_records: int, upper: int | None = None) -> pa.Table:
+        """Records ``[offset, min(end, offset + max_records, upper))`` (``upper``: e.g. the high
+        watermark a server caps consumers at)."""
+        return await self._run(self.read_arrow_blocking, shard, offset, max_records, upper)
 
     def offset_for_time_blocking(self, shard: int, ts: int) -> int:
         t = self._table(shard)
@@ -617,6 +748,120 @@ class FrameTableEngine(abc.ABC):
 
     async def read_key(self, shard: int, key: bytes) -> pa.Table:
         return await self._run(self.read_key_blocking, shard, key)
+
+    # --- replica log -------------------------------------------------------------------
+
+    def read_frames_blocking(self, shard: int, offset: int, max_bytes: int) -> bytes:
+        """Blocking body of :meth:`read_frames`."""
+        t = self._table(shard)
+        with t.lock:
+            start, end = t.start, t.end
+            if not start <= offset <= end:
+                raise OffsetOutOfRange(offset, start, end, shard=shard)
+            if max_bytes < 1:
+                raise InvalidArgument("max_bytes must be >= 1")
+            picked: list[tuple[FrameHeader, Any]] = []
+            total = 0
+            for h, extra in t.span(offset, end) if offset < end else []:
+                if picked and total + h.size > max_bytes:
+                    break
+                picked.append((h, extra))
+                total += h.size
+        if not picked:
+            return b""
+        return b"".join(self._fetch(shard, picked))
+
+    async def read_frames(self, shard: int, offset: int, max_bytes: int) -> bytes:
+        """The stored frames of ``shard`` from the one holding ``offset``, byte for byte.
+
+        At least one frame (if any lies at or after ``offset``), otherwise at most
+        ``max_bytes``; only acknowledged frames.
+
+        Raises:
+            OffsetOutOfRange: ``offset`` is outside ``[start, end]``.
+        """
+        data: bytes = await self._run(self.read_frames_blocking, shard, offset, max_bytes)
+        return data
+
+    def _check_append_frames(self, shard: int, expected_base: int) -> None:
+        """After parsing (it awaited): refuse a truncating shard or a base that is not the end."""
+        self._check_not_truncating([shard])
+        end = self._assigned_end(shard)
+        if expected_base != end:
+            raise OffsetMismatch(
+                f"shard {shard}: frames start at {expected_base} but the log ends at {end}",
+                expected=end, actual=expected_base, shard=shard,
+            )
+
+    async def truncate_to(self, shard: int, offset: int, *, force: bool = False) -> int:
+        """Remove every record of ``shard`` at or after ``offset`` (a follower diverged).
+
+        The cut is at a frame boundary: the new end is ``offset`` or the base of the frame
+        holding it. The leader-epoch entries starting at or past the new end go, and a high
+        watermark above it is reset to it. Appends to the shard are refused while it runs.
+
+        Returns:
+            The new end offset.
+
+        Raises:
+            OffsetOutOfRange: ``offset`` is below the log start or past the end.
+            InvalidArgument: ``offset`` is below the high watermark and not ``force``.
+            BusyResourceError: The shard is already being truncated.
+            StorageError: The cut failed; nothing of it was done.
+        """
+        t = self._table(shard)
+        self._check_writable(shard)
+        if offset < t.hw and not force:
+            raise InvalidArgument(
+                f"shard {shard}: truncate_to({offset}) is below the high watermark {t.hw}; "
+                "records below it may have been read (force=True to cut anyway)"
+            )
+        if shard in self._truncating:
+            raise BusyResourceError(f"shard {shard} is already being truncated")
+        end = self._assigned_end(shard)
+        if not t.start <= offset <= end:
+            raise OffsetOutOfRange(offset, t.start, end, shard=shard)
+        self._truncating.add(shard)
+        try:
+            return await self._cut(shard, offset)
+        finally:
+            self._truncating.discard(shard)
+
+    def end_offset_for_epoch(self, shard: int, epoch: int) -> tuple[int, int]:
+        """Kafka's OffsetsForLeaderEpoch for ``shard``: the largest epoch at or below ``epoch``
+        this log knows and the offset where it ends (``(-1, -1)`` when there is none)."""
+        t = self._table(shard)
+        with t.lock:
+            return shard_end_offset_for_epoch(t.epochs, epoch, t.end)
+
+    def leader_epochs(self, shard: int) -> list[tuple[int, int]]:
+        """The shard's leader-epoch entries: ``(epoch, start offset)``, oldest first."""
+        t = self._table(shard)
+        with t.lock:
+            return list(t.epochs)
+
+    def high_watermark(self, shard: int) -> int:
+        """The shard's high watermark."""
+        return self._table(shard).hw
+
+    def update_high_watermark(self, shard: int, hw: int) -> bool:
+        """Move the high watermark up to ``hw`` (never down; at most the end offset).
+
+        Returns:
+            Whether it moved.
+
+        Raises:
+            OffsetOutOfRange: ``hw`` is past the end offset.
+        """
+        t = self._table(shard)
+        with t.lock:
+            if not 0 <= hw <= t.end:
+                raise OffsetOutOfRange(hw, t.start, t.end, shard=shard)
+            if hw <= t.hw:
+                return False
+            t.hw = hw
+        self._hw_moved(shard)
+        return True
 
     def reconfigure(self, *, segment_bytes: int, segment_ms: int) -> None:  # noqa: B027 - a no-op on purpose
         """No segments to roll: accepted and ignored."""

@@ -24,16 +24,21 @@ from seglog.engines.frames import (
     IntervalSync,
     Maintenance,
     WriteGenerations,
+    check_leader_epoch,
     check_writable,
     decode_frame,
+    epochs_after_start,
+    epochs_with_frames,
     frame_bytes,
     frame_keys,
+    parse_frames,
     queue_appends,
     split_batch,
 )
 from seglog.errors import ClosedResourceError, CorruptFrame, OffsetOutOfRange, StorageError
 from seglog.io_pool import IoPool
 from seglog.record import FrameHeader, encode_frame, parse_header
+from seglog.segment.epoch_cache import EpochEntry, entries_truncated_from_end
 
 __all__ = ["FRAMES_DIR", "LmdbEngine"]
 
@@ -42,6 +47,7 @@ log = logging.getLogger("seglog.engines.lmdb")
 FRAMES_DIR: Final = "frames"
 _MAP_SIZE_BYTES: Final = 1 << 40  # address space only; the file grows as needed
 _U64: Final = struct.Struct(">Q")
+_EPOCH_ENTRY: Final = struct.Struct(">qq")  # (epoch, start offset)
 _MAX_INLINE_KEY_BYTES: Final = 400  # LMDB keys are at most 511 bytes
 _LONG_KEY_MARK: Final = 0xFFFF
 
@@ -54,6 +60,32 @@ def _key_prefix(key: bytes) -> bytes:
 
 def _start_key(shard: int) -> bytes:
     return b"start:%d" % shard
+
+
+def _epochs_key(shard: int) -> bytes:
+    return b"epochs:%d" % shard
+
+
+def _hw_key(shard: int) -> bytes:
+    return b"hw:%d" % shard
+
+
+def _pack_epochs(entries: list[EpochEntry]) -> bytes:
+    return b"".join(_EPOCH_ENTRY.pack(e, o) for e, o in entries)
+
+
+def _unpack_epochs(raw: bytes) -> list[EpochEntry]:
+    if len(raw) % _EPOCH_ENTRY.size:
+        raise CorruptFrame(f"leader-epoch entries of {len(raw)} bytes")
+    return [(int(e), int(o)) for e, o in _EPOCH_ENTRY.iter_unpack(raw)]
+
+
+def _put_epochs(txn: Any, meta: Any, shard: int, entries: list[EpochEntry]) -> None:
+    """Store ``shard``'s epoch entries in ``txn`` (no key at all: every frame has epoch 0)."""
+    if entries:
+        txn.put(_epochs_key(shard), _pack_epochs(entries), db=meta)
+    else:
+        txn.delete(_epochs_key(shard), db=meta)
 
 
 class _Pending(NamedTuple):
@@ -80,11 +112,20 @@ class _LmdbShard(WriteGenerations):
         self.table = table
         self.maintenance = Maintenance()
         self._interval = IntervalSync(config.fsync_interval_ms)
+        # The high watermark moved since it was last written: written lazily (with the next
+        # write transaction, when the worker is idle, at close), as Kafka checkpoints it; a
+        # crash may bring back an older value, which only hides records.
+        self.hw_dirty = False
 
     def write_batch(self, items: Sequence[_Pending]) -> Sequence[Any]:
         live, results = self.split_stale(items)
         if not live:
             return results
+        t = self.table
+        with t.lock:
+            old_epochs, start = t.epochs, t.start
+        epochs = epochs_with_frames(old_epochs, [h for item in live for h, _d, _k in item.frames], start)
+        hw_was_dirty = self.hw_dirty
         try:
             with self.env.begin(write=True) as txn:
                 for item in live:
@@ -92,15 +133,20 @@ class _LmdbShard(WriteGenerations):
                         txn.put(_U64.pack(header.base_offset), data, db=self.frames_db, append=True)
                         for k, o in keys:
                             txn.put(_key_prefix(k) + _U64.pack(o), b"", db=self.keys_db)
+                # In the frames' transaction: an epoch entry exists exactly when its frame does.
+                if epochs != old_epochs:
+                    _put_epochs(txn, self.meta, self.number, epochs)
+                self.take_hw(txn)
         except lmdb.Error as exc:
             # LMDB aborted the transaction: nothing of it is kept.
+            self.hw_dirty = self.hw_dirty or hw_was_dirty
             self.rewind(live[0].gen, self.table.end)
             raise StorageError(f"write to shard {self.number} failed; nothing of it was kept") from exc
-        t = self.table
         with t.lock:
             for item in live:
                 for header, _data, _keys in item.frames:
                     t.add(header)
+            t.epochs = epochs
         # "always": the environment syncs at every commit. Under "interval" a failed sync
         # makes the shard read-only; this batch is committed like the acknowledged ones
         # before it (the policy acknowledges after write).
@@ -121,8 +167,76 @@ class _LmdbShard(WriteGenerations):
         return None if self.failed is not None else self._interval.deadline()
 
     def flush_idle(self) -> None:
+        if self.hw_dirty:
+            try:
+                self.write_hw()
+            except StorageError as exc:  # retried; a stale value only hides records
+                log.warning("shard %d: writing the high watermark failed (%s)", self.number, exc)
         if self._interval.pending and self.failed is None:
             self._sync()
+
+    def take_hw(self, txn: Any) -> None:
+        """Put a moved high watermark into ``txn`` (the caller marks it dirty again if the txn fails)."""
+        if not self.hw_dirty:
+            return
+        self.hw_dirty = False  # before reading: a move after this is written next time
+        txn.put(_hw_key(self.number), _U64.pack(self.table.hw), db=self.meta)
+
+    def write_hw(self) -> None:
+        """Write a moved high watermark in its own transaction.
+
+        Raises:
+            StorageError: The transaction failed (the value stays dirty, retried later).
+        """
+        try:
+            with self.env.begin(write=True) as txn:
+                self.take_hw(txn)
+        except lmdb.Error as exc:
+            self.hw_dirty = True
+            raise StorageError(f"shard {self.number}: writing the high watermark failed") from exc
+
+    def cut(self, offset: int) -> int:
+        """Remove the frames holding ``offset`` or later, their key entries, the epoch entries
+        starting at or past the new end and a high watermark above it, in one transaction.
+
+        Returns:
+            The new end offset (``offset`` or the base of the frame holding it).
+        """
+        t = self.table
+        with t.lock:
+            new_end = t.cut_point(offset)
+            doomed = t.doomed_from(new_end)
+            epochs = entries_truncated_from_end(t.epochs, new_end)
+            hw = min(t.hw, new_end)
+        try:
+            with self.env.begin(write=True) as txn:
+                for h, _ in doomed:
+                    self._delete_frame(txn, h)
+                _put_epochs(txn, self.meta, self.number, epochs)
+                txn.put(_hw_key(self.number), _U64.pack(hw), db=self.meta)
+        except lmdb.Error as exc:
+            raise StorageError(f"shard {self.number}: truncation to {offset} failed; nothing was cut") from exc
+        # Committed: the table follows the environment before the sync, which may fail.
+        with t.lock:
+            t.cut_end(new_end)
+            t.epochs = epochs
+            t.hw = min(t.hw, new_end)
+        if self.config.fsync_policy is not Fsync.ALWAYS:
+            self._sync()  # a cut is rare; it must not come undone after it returned
+        return new_end
+
+    def _delete_frame(self, txn: Any, h: FrameHeader) -> None:
+        """Delete one frame and its key entries in ``txn``."""
+        k = _U64.pack(h.base_offset)
+        data = txn.get(k, db=self.frames_db)
+        if data is not None:
+            try:
+                batch = decode_frame(data, h)
+                for key, o in frame_keys(batch, h.base_offset):
+                    txn.delete(_key_prefix(key) + _U64.pack(o), db=self.keys_db)
+            except CorruptFrame:  # stale key entries are filtered by the start/end offsets
+                log.warning("shard %d: corrupt frame %d dropped with its key entries", self.number, h.base_offset)
+            txn.delete(k, db=self.frames_db)
 
     def drop_before(self, start: int) -> int:
         """Delete the frames (and their key entries) wholly below ``start`` in one txn; return bytes freed."""
@@ -130,22 +244,17 @@ class _LmdbShard(WriteGenerations):
         with t.lock:
             start = max(t.start, start)
             doomed = t.doomed_before(start)
+            epochs = epochs_after_start(t.epochs, start)
         with self.env.begin(write=True) as txn:
             for h, _ in doomed:
-                k = _U64.pack(h.base_offset)
-                data = txn.get(k, db=self.frames_db)
-                if data is not None:
-                    try:
-                        batch = decode_frame(data, h)
-                        for key, o in frame_keys(batch, h.base_offset):
-                            txn.delete(_key_prefix(key) + _U64.pack(o), db=self.keys_db)
-                    except CorruptFrame:  # stale key entries are filtered by the start offset
-                        log.warning("shard %d: corrupt frame %d dropped with its key entries", self.number, h.base_offset)
-                    txn.delete(k, db=self.frames_db)
+                self._delete_frame(txn, h)
             txn.put(_start_key(self.number), _U64.pack(start), db=self.meta)
+            if epochs != t.epochs:
+                _put_epochs(txn, self.meta, self.number, epochs)
         if self.config.fsync_policy is not Fsync.ALWAYS:
             self.env.sync(True)
         with t.lock:
+            t.epochs = epochs
             return t.drop_before(start)
 
 
@@ -154,7 +263,11 @@ class LmdbEngine(FrameTableEngine):
 
     One named database per shard maps the big-endian base offset to the frame bytes (the
     same encoded frames, and CRCs, as the segment engine); another maps ``(key, offset)``
-    to nothing for key lookups; ``meta`` holds each shard's start offset. Appends go through
+    to nothing for key lookups; ``meta`` holds each shard's start offset, leader-epoch entries
+    (``(epoch, start offset)`` pairs, written in the transaction of the frames that start them;
+    no key: every frame has epoch 0) and high watermark (written lazily, like the segment
+    engine's: with the next write transaction, when idle, at close). ``truncate_to`` deletes
+    frames and key entries and cuts epochs and high watermark in one transaction. Appends go through
     the shared :class:`IoPool`: one write transaction (frames and key entries together,
     atomically) per drained group per shard, synced at commit under ``fsync="always"``.
     Time lookups use the frame headers, which are loaded into memory when the database
@@ -218,8 +331,17 @@ class LmdbEngine(FrameTableEngine):
                     start = _U64.unpack(bytes(raw_start))[0] if raw_start is not None else 0
                     for _k, value in txn.cursor(db=shard.frames_db):
                         table.add(parse_header(value))
+                    # Copied inside the txn: its buffers are only valid until it ends.
+                    raw_epochs = txn.get(_epochs_key(n), db=meta)
+                    epochs = _unpack_epochs(bytes(raw_epochs)) if raw_epochs is not None else []
+                    raw_hw = txn.get(_hw_key(n), db=meta)
+                    hw = _U64.unpack(bytes(raw_hw))[0] if raw_hw is not None else 0
                 table.start = start
                 table.end = max(table.end, start)
+                # Written in the frames' transactions, so they agree with the frames; the
+                # high watermark is capped defensively (it is never written past the end).
+                table.epochs = epochs
+                table.hw = min(hw, table.end)
                 shard.next_offset = table.end
                 shards.append(shard)
         except (lmdb.Error, CorruptFrame) as exc:
@@ -236,24 +358,75 @@ class LmdbEngine(FrameTableEngine):
     async def append(self, shard: int, batch: pa.RecordBatch) -> int:
         return (await self.append_many([(shard, batch)]))[0]
 
-    def _encode(self, gen: int, base: int, batch: pa.RecordBatch) -> tuple[_Pending, int]:
+    def _encode(self, gen: int, base: int, batch: pa.RecordBatch, leader_epoch: int) -> tuple[_Pending, int]:
         frames = []
         offset = base
         for part in split_batch(batch):
-            frame = encode_frame(part, offset, compression=self.config.compression)
+            frame = encode_frame(part, offset, compression=self.config.compression, leader_epoch=leader_epoch)
             frames.append((frame.header, frame_bytes(frame), frame_keys(part, offset)))
             offset += part.num_rows
         return _Pending(gen, base, frames), offset
 
-    async def append_many(self, parts: Sequence[tuple[int, pa.RecordBatch]], quota: Quota | None = None) -> list[int]:
-        """Append batches to distinct shards; ``quota`` may veto before anything is queued."""
+    async def append_many(
+        self, parts: Sequence[tuple[int, pa.RecordBatch]], quota: Quota | None = None, *, leader_epoch: int = 0
+    ) -> list[int]:
+        """Append batches to distinct shards, frames stamped with ``leader_epoch``; ``quota`` may
+        veto before anything is queued. A new epoch's first frame is recorded in the shard's
+        epoch entries in the frames' own transaction."""
         shards = [self._shard(n) for n, _ in parts]
+        check_leader_epoch(leader_epoch)
         check_writable(shards)
+        self._check_not_truncating([n for n, _ in parts])
         encoded = [
-            self._encode(s.gen, s.next_offset, batch) for s, (_, batch) in zip(shards, parts, strict=True)
+            self._encode(s.gen, s.next_offset, batch, leader_epoch) for s, (_, batch) in zip(shards, parts, strict=True)
         ]
         sizes = [sum(h.size for h, _d, _k in pending.frames) for pending, _ in encoded]
         return await queue_appends(self._io_pool, shards, encoded, sizes, quota, self.listener)
+
+    async def append_frames(self, shard: int, frames: Any, *, expected_base: int) -> int:
+        """Store frames another node encoded, byte for byte, at the end of ``shard``.
+
+        Checked off the loop (magic, lengths, CRC, offset continuity from ``expected_base``),
+        then written in one transaction with their key entries and the epoch entries they
+        start (each frame keeps its leader epoch), like any append.
+
+        Returns:
+            The new end offset.
+
+        Raises:
+            OffsetMismatch: ``expected_base`` is not the end, or the frames have a gap or an
+                overlap; nothing was written.
+            CorruptFrame: A frame fails its checks; nothing was written.
+            BusyResourceError: The shard is being truncated.
+            StorageError: The write failed; nothing of it is in the log.
+        """
+        s = self._shard(shard)
+        s.check_writable()
+        encoded, batches = await self._run(functools.partial(parse_frames, frames, expected_base, shard=shard))
+        self._check_append_frames(shard, expected_base)  # after the await: the end may have moved
+        pending = _Pending(s.gen, expected_base, [
+            (f.header, frame_bytes(f), frame_keys(b, f.header.base_offset))
+            for f, b in zip(encoded, batches, strict=True)
+        ])
+        new_end = int(encoded[-1].header.next_offset)
+        await queue_appends(self._io_pool, [s], [(pending, new_end)], [0], None, self.listener)
+        return new_end
+
+    def _assigned_end(self, shard: int) -> int:
+        return self._shards[shard].next_offset
+
+    def _check_writable(self, shard: int) -> None:
+        self._shards[shard].check_writable()
+
+    def _hw_moved(self, shard: int) -> None:
+        self._shards[shard].hw_dirty = True
+
+    async def _cut(self, shard: int, offset: int) -> int:
+        s = self._shards[shard]
+        # On the shard's worker: after every append queued before it, in its own transaction.
+        new_end: int = await self._on_worker(s, functools.partial(s.cut, offset))
+        s.next_offset = new_end
+        return new_end
 
     # --- reads -------------------------------------------------------------------------
 
@@ -337,6 +510,9 @@ class LmdbEngine(FrameTableEngine):
             return
         self._closed = True
         try:
+            with self._env.begin(write=True) as txn:  # moved high watermarks (written lazily)
+                for s in self._shards:
+                    s.take_hw(txn)
             self._env.sync(True)
             self._env.close()
         except lmdb.Error as exc:

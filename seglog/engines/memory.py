@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import functools
 from collections.abc import Sequence
 from concurrent.futures import Executor
 from typing import Any, Final
@@ -10,9 +11,20 @@ from typing import Any, Final
 import pyarrow as pa
 
 from seglog.engines.base import EngineConfig, Quota
-from seglog.engines.frames import FrameTable, FrameTableEngine, frame_bytes, frame_keys, split_batch
+from seglog.engines.frames import (
+    FrameTable,
+    FrameTableEngine,
+    check_leader_epoch,
+    epochs_after_start,
+    epochs_with_frames,
+    frame_bytes,
+    frame_keys,
+    parse_frames,
+    split_batch,
+)
 from seglog.errors import OffsetOutOfRange
 from seglog.record import EncodedFrame, FrameHeader, encode_frame
+from seglog.segment.epoch_cache import entries_truncated_from_end
 
 __all__ = ["MemoryEngine"]
 
@@ -31,7 +43,8 @@ class MemoryEngine(FrameTableEngine):
     """Frames in RAM per shard: the same encoded frames (and CRCs) as the segment engine.
 
     Per shard it keeps the frames in offset order with a bisectable list of base offsets,
-    a running max timestamp (time lookups) and a dict key -> offsets (key lookups).
+    a running max timestamp (time lookups) and a dict key -> offsets (key lookups), and the
+    replica-log state: leader-epoch entries and the high watermark (lost at close with the rest).
 
     What it cannot do:
 
@@ -59,36 +72,73 @@ class MemoryEngine(FrameTableEngine):
     async def append(self, shard: int, batch: pa.RecordBatch) -> int:
         return (await self.append_many([(shard, batch)]))[0]
 
-    def _encode(self, base: int, batch: pa.RecordBatch) -> list[tuple[EncodedFrame, list[tuple[bytes, int]]]]:
+    def _encode(
+        self, base: int, batch: pa.RecordBatch, leader_epoch: int
+    ) -> list[tuple[EncodedFrame, list[tuple[bytes, int]]]]:
         out = []
         offset = base
         for part in split_batch(batch):
-            out.append((encode_frame(part, offset, compression=self.config.compression), frame_keys(part, offset)))
+            frame = encode_frame(part, offset, compression=self.config.compression, leader_epoch=leader_epoch)
+            out.append((frame, frame_keys(part, offset)))
             offset += part.num_rows
         return out
 
-    async def append_many(self, parts: Sequence[tuple[int, pa.RecordBatch]], quota: Quota | None = None) -> list[int]:
-        """Append batches to distinct shards; ``quota`` may veto before anything changes."""
+    def _store(self, shard: int, frames: Sequence[tuple[EncodedFrame, list[tuple[bytes, int]]]]) -> None:
+        """Add encoded frames to ``shard`` and record the epochs they start."""
+        t = self._tables[shard]
+        keys = self._keys[shard]
+        with t.lock:
+            for frame, fkeys in frames:
+                t.add(frame.header, _MemFrame(frame_bytes(frame), fkeys))
+                for k, o in fkeys:
+                    keys.setdefault(k, []).append(o)
+            t.epochs = epochs_with_frames(t.epochs, [f.header for f, _ in frames], t.start)
+
+    async def append_many(
+        self, parts: Sequence[tuple[int, pa.RecordBatch]], quota: Quota | None = None, *, leader_epoch: int = 0
+    ) -> list[int]:
+        """Append batches to distinct shards, frames stamped with ``leader_epoch``; ``quota`` may
+        veto before anything changes; a new epoch's first frame is recorded in the shard's epochs."""
         tables = [self._table(n) for n, _ in parts]
+        check_leader_epoch(leader_epoch)
+        self._check_not_truncating([n for n, _ in parts])
         # No await between encoding and storing: offsets cannot interleave.
-        encoded = [self._encode(t.end, batch) for t, (_, batch) in zip(tables, parts, strict=True)]
+        encoded = [self._encode(t.end, batch, leader_epoch) for t, (_, batch) in zip(tables, parts, strict=True)]
         if quota is not None:
             quota.admit(sum(f.size for frames in encoded for f, _ in frames))
         bases: list[int] = []
         for (n, _), t, frames in zip(parts, tables, encoded, strict=True):
             bases.append(t.end)
-            keys = self._keys[n]
-            with t.lock:
-                for frame, fkeys in frames:
-                    t.add(frame.header, _MemFrame(frame_bytes(frame), fkeys))
-                    for k, o in fkeys:
-                        keys.setdefault(k, []).append(o)
+            self._store(n, frames)
         listener = self.listener
         if listener is not None:
             for (n, _), frames in zip(parts, encoded, strict=True):
                 if frames:
                     listener(n)
         return bases
+
+    async def append_frames(self, shard: int, frames: Any, *, expected_base: int) -> int:
+        """Store frames another node encoded, byte for byte (copied), at the end of ``shard``.
+
+        Checked off the loop (magic, lengths, CRC, offset continuity from ``expected_base``);
+        each frame keeps its leader epoch.
+
+        Returns:
+            The new end offset.
+
+        Raises:
+            OffsetMismatch: ``expected_base`` is not the end, or the frames have a gap or an
+                overlap; nothing was stored.
+            CorruptFrame: A frame fails its checks; nothing was stored.
+            BusyResourceError: The shard is being truncated.
+        """
+        self._table(shard)
+        encoded, batches = await self._run(functools.partial(parse_frames, frames, expected_base, shard=shard))
+        self._check_append_frames(shard, expected_base)  # after the await: the end may have moved
+        self._store(shard, [(f, frame_keys(b, f.header.base_offset)) for f, b in zip(encoded, batches, strict=True)])
+        if self.listener is not None:
+            self.listener(shard)
+        return self._tables[shard].end
 
     # --- reads -------------------------------------------------------------------------
 
@@ -108,6 +158,7 @@ class MemoryEngine(FrameTableEngine):
         with t.lock:
             doomed = t.doomed_before(max(t.start, start))
             freed = t.drop_before(start)
+            t.epochs = epochs_after_start(t.epochs, t.start)
             for _, extra in doomed:
                 for k, _o in extra.keys:
                     offs = keys.get(k)
@@ -119,6 +170,30 @@ class MemoryEngine(FrameTableEngine):
                     elif cut:
                         del offs[:cut]
         return freed
+
+    def _cut_blocking(self, shard: int, offset: int) -> int:
+        t = self._tables[shard]
+        keys = self._keys[shard]
+        with t.lock:
+            new_end = t.cut_point(offset)
+            for _, extra in t.doomed_from(new_end):
+                for k, _o in extra.keys:
+                    offs = keys.get(k)
+                    if offs is None:
+                        continue
+                    del offs[bisect.bisect_left(offs, new_end) :]
+                    if not offs:
+                        del keys[k]
+            t.cut_end(new_end)
+            t.epochs = entries_truncated_from_end(t.epochs, new_end)
+            t.hw = min(t.hw, new_end)
+        return new_end
+
+    async def _cut(self, shard: int, offset: int) -> int:
+        # Off the loop, like the other engines' cuts: appends arriving meanwhile see the shard
+        # busy (BusyResourceError), the same contract on every engine.
+        new_end: int = await self._run(self._cut_blocking, shard, offset)
+        return new_end
 
     async def truncate_before(self, shard: int, offset: int) -> int:
         """Make ``offset`` the first readable offset (never lowers it); return the frame bytes freed."""

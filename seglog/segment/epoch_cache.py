@@ -26,6 +26,7 @@ from __future__ import annotations
 import bisect
 import os
 import zlib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Final
 
@@ -39,6 +40,10 @@ __all__ = [
     "UNDEFINED_OFFSET",
     "EpochEntry",
     "LeaderEpochCache",
+    "assign_entry",
+    "end_offset_for_epoch",
+    "entries_truncated_from_end",
+    "entries_truncated_from_start",
 ]
 
 LEADER_EPOCH_FILE: Final = "leader-epoch-checkpoint"
@@ -119,6 +124,103 @@ def _order_problem(entries: list[EpochEntry]) -> str | None:
     return None
 
 
+# --- the rules, as pure functions over a list of entries ----------------------------------
+# LeaderEpochCache applies them to its file; engines that persist entries elsewhere (the
+# ``lmdb`` engine keeps them in its environment, ``memory`` in RAM) apply the same ones.
+
+
+def end_offset_for_epoch(entries: Sequence[EpochEntry], epoch: int, log_end_offset: int) -> tuple[int, int]:
+    """Kafka's OffsetsForLeaderEpoch answer: ``(epoch, end offset)`` for a follower's ``epoch``.
+
+    The end offset of an epoch is the first offset *not* written under it or an earlier
+    epoch; the follower truncates its log there. The rules, in order, are those of
+    Kafka's ``LeaderEpochFileCache.endOffsetFor`` (since KIP-279):
+
+    1. ``epoch`` is ``UNDEFINED_EPOCH`` (-1), or the cache is empty:
+       ``(UNDEFINED_EPOCH, UNDEFINED_OFFSET)``.
+    2. ``epoch`` is the latest epoch: ``(epoch, log_end_offset)`` -- it is still open.
+    3. ``epoch`` is above the latest epoch (no higher entry):
+       ``(UNDEFINED_EPOCH, UNDEFINED_OFFSET)``.
+    4. ``epoch`` is below the first entry's epoch (its history was removed by retention):
+       ``(epoch, start offset of the first entry)``. The answer may be inaccurate, but the
+       data before that offset is gone from this log anyway, so the follower must
+       replicate from there. (KIP-101 as first shipped in 0.11 answered
+       ``UNDEFINED_OFFSET`` here; KIP-279 changed it.)
+    5. Otherwise let ``floor`` be the largest known epoch ``<= epoch`` and ``higher`` the
+       first entry above it: ``(floor, higher's start offset)``. For a gap (the cache has
+       1 and 3, the follower asks for 2) this is ``(1, start of 3)``: the follower learns
+       that its epoch 2 never reached this leader, and that it diverged from epoch 1's end.
+
+    Args:
+        entries: A cache's ``(epoch, start_offset)`` entries, strictly increasing in both.
+        epoch: The follower's latest epoch.
+        log_end_offset: This log's end offset (next offset to write); rule 2's answer.
+
+    Raises:
+        InvalidArgument: ``epoch < -1`` or ``log_end_offset < 0``.
+    """
+    if epoch < UNDEFINED_EPOCH or log_end_offset < 0:
+        raise InvalidArgument(f"epoch {epoch} / log end offset {log_end_offset} out of range")
+    if epoch == UNDEFINED_EPOCH or not entries:
+        return UNDEFINED_EPOCH, UNDEFINED_OFFSET
+    if epoch == entries[-1][0]:
+        return epoch, log_end_offset
+    higher = bisect.bisect_right(entries, epoch, key=lambda e: e[0])
+    if higher == len(entries):
+        return UNDEFINED_EPOCH, UNDEFINED_OFFSET
+    if higher == 0:
+        return epoch, entries[0][1]
+    return entries[higher - 1][0], entries[higher][1]
+
+
+def assign_entry(entries: Sequence[EpochEntry], epoch: int, start_offset: int) -> list[EpochEntry]:
+    """``entries`` after recording that ``epoch`` starts at ``start_offset`` (the rules of
+    :meth:`LeaderEpochCache.assign`); ``entries`` itself is not changed.
+
+    Raises:
+        InvalidArgument: ``epoch`` outside ``[0, MAX_EPOCH]`` or a negative offset.
+        EpochRegression: The assignment would make the entries non-monotonic.
+    """
+    if not 0 <= epoch <= MAX_EPOCH or start_offset < 0:
+        raise InvalidArgument(f"epoch {epoch} at offset {start_offset} out of range")
+    if not entries:
+        return [(epoch, start_offset)]
+    latest_epoch, latest_start = entries[-1]
+    if epoch < latest_epoch or start_offset < latest_start:
+        raise EpochRegression(epoch, start_offset, latest_epoch, latest_start)
+    if epoch == latest_epoch:
+        return list(entries)
+    keep = entries[:-1] if start_offset == latest_start else entries
+    return [*keep, (epoch, start_offset)]
+
+
+def entries_truncated_from_end(entries: Sequence[EpochEntry], end_offset: int) -> list[EpochEntry]:
+    """``entries`` after the log was cut back to ``end_offset`` (see
+    :meth:`LeaderEpochCache.truncate_from_end`).
+
+    Raises:
+        InvalidArgument: ``end_offset < 0``.
+    """
+    if end_offset < 0:
+        raise InvalidArgument(f"end offset {end_offset} is negative")
+    return [e for e in entries if e[1] < end_offset]
+
+
+def entries_truncated_from_start(entries: Sequence[EpochEntry], start_offset: int) -> list[EpochEntry]:
+    """``entries`` after the log start moved up to ``start_offset`` (see
+    :meth:`LeaderEpochCache.truncate_from_start`).
+
+    Raises:
+        InvalidArgument: ``start_offset < 0``.
+    """
+    if start_offset < 0:
+        raise InvalidArgument(f"start offset {start_offset} is negative")
+    i = bisect.bisect_right(entries, start_offset, key=lambda e: e[1])
+    if i == 0:
+        return list(entries)
+    return [(entries[i - 1][0], start_offset), *entries[i:]]
+
+
 class LeaderEpochCache:
     """Epoch -> start offset of one shard, persisted in ``<directory>/leader-epoch-checkpoint``.
 
@@ -181,47 +283,12 @@ class LeaderEpochCache:
         return self._entries[i - 1][0] if i else None
 
     def end_offset_for_epoch(self, epoch: int, log_end_offset: int) -> tuple[int, int]:
-        """Kafka's OffsetsForLeaderEpoch answer: ``(epoch, end offset)`` for a follower's ``epoch``.
-
-        The end offset of an epoch is the first offset *not* written under it or an earlier
-        epoch; the follower truncates its log there. The rules, in order, are those of
-        Kafka's ``LeaderEpochFileCache.endOffsetFor`` (since KIP-279):
-
-        1. ``epoch`` is ``UNDEFINED_EPOCH`` (-1), or the cache is empty:
-           ``(UNDEFINED_EPOCH, UNDEFINED_OFFSET)``.
-        2. ``epoch`` is the latest epoch: ``(epoch, log_end_offset)`` -- it is still open.
-        3. ``epoch`` is above the latest epoch (no higher entry):
-           ``(UNDEFINED_EPOCH, UNDEFINED_OFFSET)``.
-        4. ``epoch`` is below the first entry's epoch (its history was removed by retention):
-           ``(epoch, start offset of the first entry)``. The answer may be inaccurate, but the
-           data before that offset is gone from this log anyway, so the follower must
-           replicate from there. (KIP-101 as first shipped in 0.11 answered
-           ``UNDEFINED_OFFSET`` here; KIP-279 changed it.)
-        5. Otherwise let ``floor`` be the largest known epoch ``<= epoch`` and ``higher`` the
-           first entry above it: ``(floor, higher's start offset)``. For a gap (the cache has
-           1 and 3, the follower asks for 2) this is ``(1, start of 3)``: the follower learns
-           that its epoch 2 never reached this leader, and that it diverged from epoch 1's end.
-
-        Args:
-            epoch: The follower's latest epoch.
-            log_end_offset: This log's end offset (next offset to write); rule 2's answer.
+        """Kafka's OffsetsForLeaderEpoch answer for this cache (see :func:`end_offset_for_epoch`).
 
         Raises:
             InvalidArgument: ``epoch < -1`` or ``log_end_offset < 0``.
         """
-        if epoch < UNDEFINED_EPOCH or log_end_offset < 0:
-            raise InvalidArgument(f"epoch {epoch} / log end offset {log_end_offset} out of range")
-        entries = self._entries
-        if epoch == UNDEFINED_EPOCH or not entries:
-            return UNDEFINED_EPOCH, UNDEFINED_OFFSET
-        if epoch == entries[-1][0]:
-            return epoch, log_end_offset
-        higher = bisect.bisect_right(entries, epoch, key=lambda e: e[0])
-        if higher == len(entries):
-            return UNDEFINED_EPOCH, UNDEFINED_OFFSET
-        if higher == 0:
-            return epoch, entries[0][1]
-        return entries[higher - 1][0], entries[higher][1]
+        return end_offset_for_epoch(self._entries, epoch, log_end_offset)
 
     # --- mutations -------------------------------------------------------------------
 
@@ -243,18 +310,7 @@ class LeaderEpochCache:
             EpochRegression: The assignment would make the cache non-monotonic.
             StorageError: The file could not be written; the cache is unchanged.
         """
-        if not 0 <= epoch <= MAX_EPOCH or start_offset < 0:
-            raise InvalidArgument(f"epoch {epoch} at offset {start_offset} out of range")
-        if not self._entries:
-            self._store([(epoch, start_offset)])
-            return
-        latest_epoch, latest_start = self._entries[-1]
-        if epoch < latest_epoch or start_offset < latest_start:
-            raise EpochRegression(epoch, start_offset, latest_epoch, latest_start)
-        if epoch == latest_epoch:
-            return
-        keep = self._entries[:-1] if start_offset == latest_start else self._entries
-        self._store([*keep, (epoch, start_offset)])
+        self._store(assign_entry(self._entries, epoch, start_offset))
 
     def truncate_from_end(self, end_offset: int) -> None:
         """The log was cut back to ``end_offset`` (offsets ``>= end_offset`` removed).
@@ -265,9 +321,7 @@ class LeaderEpochCache:
             InvalidArgument: ``end_offset < 0``.
             StorageError: The file could not be written; the cache is unchanged.
         """
-        if end_offset < 0:
-            raise InvalidArgument(f"end offset {end_offset} is negative")
-        self._store([e for e in self._entries if e[1] < end_offset])
+        self._store(entries_truncated_from_end(self._entries, end_offset))
 
     def truncate_from_start(self, start_offset: int) -> None:
         """The log start moved forward to ``start_offset`` (retention removed older offsets).
@@ -281,12 +335,7 @@ class LeaderEpochCache:
             InvalidArgument: ``start_offset < 0``.
             StorageError: The file could not be written; the cache is unchanged.
         """
-        if start_offset < 0:
-            raise InvalidArgument(f"start offset {start_offset} is negative")
-        i = bisect.bisect_right(self._entries, start_offset, key=lambda e: e[1])
-        if i == 0:
-            return
-        self._store([(self._entries[i - 1][0], start_offset), *self._entries[i:]])
+        self._store(entries_truncated_from_start(self._entries, start_offset))
 
     def clear(self) -> None:
         """Remove every entry (the file is rewritten empty, not deleted).
