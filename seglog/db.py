@@ -23,6 +23,7 @@ from seglog.engines.base import (
     ShardStats,
     retention_start,
 )
+from seglog.engines.registry import get_engine
 from seglog.engines.segment import SegmentEngine
 from seglog.errors import ClosedResourceError, ConfigMismatch, InvalidArgument, InvalidName, OffsetOutOfRange
 from seglog.groups import GroupStore, validate_group_name
@@ -46,8 +47,8 @@ if TYPE_CHECKING:
 
 __all__ = ["AppendResult", "Database", "DbConfig", "TierShardStats", "shard_for", "validate_db_name"]
 
+# The registered engines (seglog.engines.registry); a Literal so mypy checks the defaults.
 EngineName = Literal["segment", "memory", "lmdb"]
-ENGINES: Final = ("segment", "memory", "lmdb")
 Compression = Literal["none", "zstd"]
 # Always ``fullmatch``: ``$`` with ``match`` also accepts a trailing "\n".
 _NAME_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
@@ -176,8 +177,7 @@ class DbConfig:
         """
         if not isinstance(self.shards, int) or not 1 <= self.shards <= MAX_SHARDS:
             raise InvalidArgument(f"shards must be an int in 1..{MAX_SHARDS}")
-        if self.engine not in ENGINES:
-            raise InvalidArgument(f"unknown engine {self.engine!r} (known: {', '.join(map(repr, ENGINES))})")
+        get_engine(self.engine)  # raises InvalidArgument naming the registered engines
         if not isinstance(self.segment_bytes, int) or self.segment_bytes < 4096:
             raise InvalidArgument("segment_bytes must be an int >= 4096")
         if not isinstance(self.segment_ms, int) or self.segment_ms < 1:

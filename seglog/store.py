@@ -20,9 +20,7 @@ from typing import Any, Final
 from seglog._fs import atomic_write, boot_id, fsync_dir
 from seglog.db import Database, DbConfig, validate_db_name
 from seglog.engines.base import Engine, EngineConfig, FsyncPolicy
-from seglog.engines.lmdb_engine import LmdbEngine
-from seglog.engines.memory import MemoryEngine
-from seglog.engines.segment import SegmentEngine
+from seglog.engines.registry import get_engine
 from seglog.engines.segment_writer import DEFAULT_BUFFER_MS
 from seglog.errors import (
     ClosedResourceError,
@@ -498,13 +496,8 @@ class Store:
             buffer_ms=self.buffer_ms,
             clock_us=self.clock_us,
         )
-        engine: Engine
-        if config.engine == "memory":
-            engine = MemoryEngine(engine_config, self._executor)
-        elif config.engine == "lmdb":
-            engine = await asyncio.to_thread(LmdbEngine.open_blocking, engine_config, self._io_pool, self._executor)
-        else:
-            engine = await asyncio.to_thread(SegmentEngine.open_blocking, engine_config, self._io_pool, self._executor)
+        factory = get_engine(config.engine)
+        engine: Engine = await asyncio.to_thread(factory.open_blocking, engine_config, self._io_pool, self._executor)
         tier: DbTier | None = None
         try:
             groups = await asyncio.to_thread(GroupStore, self._db_dir(name))

@@ -12,6 +12,7 @@ import pyarrow as pa
 from seglog.engines.base import EngineConfig, Quota
 from seglog.engines.frames import FrameTable, FrameTableEngine, frame_bytes, frame_keys, split_batch
 from seglog.errors import OffsetOutOfRange
+from seglog.io_pool import IoPool
 from seglog.record import EncodedFrame, FrameHeader, encode_frame
 
 __all__ = ["MemoryEngine"]
@@ -53,6 +54,15 @@ class MemoryEngine(FrameTableEngine):
     def __init__(self, config: EngineConfig, executor: Executor | None = None) -> None:
         super().__init__(config, [FrameTable() for _ in range(config.shards)], executor)
         self._keys: list[dict[bytes, list[int]]] = [{} for _ in range(config.shards)]
+
+    @classmethod
+    def open_blocking(cls, config: EngineConfig, io_pool: IoPool, executor: Executor) -> MemoryEngine:
+        """A new, empty engine (the signature every engine factory shares).
+
+        ``io_pool`` is not used: appends complete on the event loop, nothing is written.
+        """
+        del io_pool
+        return cls(config, executor)
 
     # --- append ------------------------------------------------------------------------
 
