@@ -20,7 +20,7 @@ from typing import Any, Final
 from seglog._fs import atomic_write, boot_id, fsync_dir
 from seglog.db import Database, DbConfig, validate_db_name
 from seglog.engines.base import Engine, EngineConfig, FsyncPolicy
-from seglog.engines.registry import get_engine
+from seglog.engines.registry import EngineFactory, get_engine
 from seglog.engines.segment_writer import DEFAULT_BUFFER_MS
 from seglog.errors import (
     ClosedResourceError,
@@ -37,7 +37,6 @@ from seglog.groups import GroupStore
 from seglog.io_pool import DEFAULT_IO_WORKERS, IoPool
 from seglog.record import COMPRESSION_NONE, COMPRESSION_ZSTD, now_us
 from seglog.segment.journal import DEFAULT_JOURNAL_BYTES
-from seglog.segment.log_segment import SEGMENT_SUFFIX
 from seglog.tiering.db_tier import DbTier
 from seglog.tiering.targets import TierTarget, open_target
 
@@ -87,6 +86,24 @@ def read_db_config(data_dir: Path, name: str) -> DbConfig:
         raise DatabaseNotFound(f"database {name!r} does not exist in {data_dir}") from None
     except (OSError, ValueError) as exc:
         raise StorageError(f"cannot read the config of database {name!r}") from exc
+
+
+def _measured_engine(directory: Path) -> EngineFactory:
+    """The engine whose files the database ``directory`` holds, for the quota measure.
+
+    Read from the config without validating it. A directory whose config cannot be read (a
+    crashed create, a corrupt config) is measured as the default engine's: whatever it
+    holds still takes space, and that is how such a directory was always counted.
+    """
+    name: object = DbConfig.engine
+    with contextlib.suppress(OSError, ValueError):
+        data = json.loads((directory / DB_CONFIG_FILE).read_text())
+        if isinstance(data, dict):
+            name = data.get("engine", name)
+    try:
+        return get_engine(name)
+    except InvalidArgument:  # a name this version does not know
+        return get_engine(DbConfig.engine)
 
 
 class _StoreQuota:
@@ -249,15 +266,21 @@ class Store:
         return freed
 
     def _measure_blocking(self) -> int:
-        """Bytes of every segment file. LMDB files (indexes, groups) are not counted: they
-        never shrink, so counting them would keep a store over quota after data was freed."""
+        """Data bytes of every database, as its engine measures them without opening it.
+
+        Engines count only files that shrink when data is freed (the segment engine its
+        segment files, not its LMDB indexes; groups are never counted).
+        """
         total = 0
-        for root, _dirs, files in os.walk(self.path / DBS_DIR):
-            for f in files:
-                if not f.endswith(SEGMENT_SUFFIX):
-                    continue
-                with contextlib.suppress(OSError):  # removed while walking
-                    total += os.stat(os.path.join(root, f)).st_size
+        try:
+            entries = list(os.scandir(self.path / DBS_DIR))
+        except OSError:
+            return 0
+        for entry in entries:
+            with contextlib.suppress(OSError):  # removed while measuring
+                if entry.is_dir(follow_symlinks=False):
+                    directory = Path(entry.path)
+                    total += _measured_engine(directory).measure_bytes(directory)
         return total
 
     async def _remeasure(self) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 from concurrent.futures import Executor
+from pathlib import Path
 from typing import Any, Final
 
 import pyarrow as pa
@@ -160,6 +161,12 @@ class MemoryEngine(FrameTableEngine):
 
     def disk_bytes(self) -> int:
         """0: nothing is on disk."""
+        return 0
+
+    @staticmethod
+    def measure_bytes(directory: Path) -> int:
+        """0: a memory database keeps no data files (the store's quota measure)."""
+        del directory
         return 0
 
     async def close(self) -> None:

@@ -11,18 +11,27 @@ from __future__ import annotations
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
+from pathlib import Path
 
 from seglog.engines.base import Engine, EngineConfig
 from seglog.errors import InvalidArgument
 from seglog.io_pool import IoPool
 
-__all__ = ["EngineFactory", "OpenBlocking", "engine_names", "get_engine", "register_engine"]
+__all__ = ["EngineFactory", "MeasureBytes", "OpenBlocking", "engine_names", "get_engine", "register_engine"]
 
 OpenBlocking = Callable[[EngineConfig, IoPool, Executor], Engine]
 """Open (or create) an engine's data for one database; blocking, run off the event loop.
 
 Every engine gets the store's shared :class:`IoPool` and read executor; one that does not
 write through the pool (``memory``) ignores it.
+"""
+
+MeasureBytes = Callable[[Path], int]
+"""Bytes of a database directory's data files that count against the store quota.
+
+Runs without opening the database (the store measures at open, and after a drop) and is
+blocking. Only files that shrink when data is freed may count: otherwise a store could
+stay over quota after retention freed space.
 """
 
 
@@ -33,10 +42,12 @@ class EngineFactory:
     Attributes:
         name: The name a database's config uses (``DbConfig.engine``).
         open_blocking: Opens the engine (see :data:`OpenBlocking`).
+        measure_bytes: The quota measure of a closed database (see :data:`MeasureBytes`).
     """
 
     name: str
     open_blocking: OpenBlocking
+    measure_bytes: MeasureBytes
 
 
 # Registration order is the order names are listed in (error messages name them all).
