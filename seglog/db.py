@@ -19,12 +19,13 @@ from seglog.engines.base import (
     DEFAULT_SEGMENT_MS,
     READ_SCHEMA,
     Engine,
+    FrameLogEngine,
     Quota,
+    SegmentedEngine,
     ShardStats,
     retention_start,
 )
-from seglog.engines.registry import get_engine
-from seglog.engines.segment import SegmentEngine
+from seglog.engines.registry import get_engine, tiering_engines
 from seglog.errors import ClosedResourceError, ConfigMismatch, InvalidArgument, InvalidName, OffsetOutOfRange
 from seglog.groups import GroupStore, validate_group_name
 from seglog.record import (
@@ -192,10 +193,10 @@ class DbConfig:
             value = getattr(self, name)
             if value is not None and (type(value) is not int or value < 0):
                 raise InvalidArgument(f"{name} must be None or an int >= 0")
-        if self.engine != "segment" and (
+        if not get_engine(self.engine).tiering and (
             self.local_retention_bytes is not None or self.local_retention_ms is not None
         ):
-            raise InvalidArgument("local_retention_bytes/local_retention_ms need the 'segment' engine (tiering)")
+            raise InvalidArgument(f"local_retention_bytes/local_retention_ms need the {tiering_engines()} engine (tiering)")
         if type(self.retention_overrides_groups) is not bool:
             raise InvalidArgument("retention_overrides_groups must be a bool")
         for name in ("min_ts_us", "max_ts_us"):
@@ -248,7 +249,10 @@ class Database:
         self._clock_us = clock_us
         self._persist_config = persist_config
         self._quota = quota
-        if tier is not None and not isinstance(engine, SegmentEngine):
+        # What the engine can do beyond Engine, asked once (a structural check is not free).
+        self._segmented: SegmentedEngine | None = engine if isinstance(engine, SegmentedEngine) else None
+        self._frame_log: FrameLogEngine | None = engine if isinstance(engine, FrameLogEngine) else None
+        if tier is not None and self._segmented is None:
             raise ConfigMismatch(f"database {name!r}: tiering needs the 'segment' engine, not {config.engine!r}")
         self._tier = tier
         self._tier_lock = asyncio.Lock()
@@ -551,9 +555,10 @@ class Database:
         """Whether this database tiers (a ``segment`` DB in a store opened with ``tier=``)."""
         return self._tier is not None
 
-    def _tier_parts(self) -> tuple[SegmentEngine, DbTier]:
-        engine = self._check()
-        if self._tier is None or not isinstance(engine, SegmentEngine):
+    def _tier_parts(self) -> tuple[SegmentedEngine, DbTier]:
+        self._check()
+        engine = self._segmented
+        if self._tier is None or engine is None:
             raise InvalidArgument(
                 f"database {self.name!r} has no tier: open the store with tier=... (segment engine only)"
             )
@@ -597,7 +602,7 @@ class Database:
             self._after_delete(freed)
             return done
 
-    async def _local_retention(self, engine: SegmentEngine, tier: DbTier, shard: int) -> int:
+    async def _local_retention(self, engine: SegmentedEngine, tier: DbTier, shard: int) -> int:
         """Delete committed local segments past local retention (oldest first); bytes freed."""
         cfg = self.config
         if cfg.local_retention_bytes is None and cfg.local_retention_ms is None:
@@ -634,8 +639,9 @@ class Database:
         Raises:
             InvalidArgument: The database's engine has no segments.
         """
-        engine = self._check()
-        if not isinstance(engine, SegmentEngine):
+        self._check()
+        engine = self._segmented
+        if engine is None:
             raise InvalidArgument(f"the {self.config.engine!r} engine has no segments to seal")
         shards = range(self.config.shards) if shard is None else [self._check_shard(shard)]
         sealed = 0
@@ -648,15 +654,16 @@ class Database:
         tier) bytes, plus logical and local start offsets. Without a tier (or for other
         engines) everything local counts as hot and cold is 0."""
         engine = self._check()
+        segmented = self._segmented
         out = []
         for shard in range(self.config.shards):
             end = engine.end_offset(shard)
             local_start = engine.start_offset(shard)
-            if not isinstance(engine, SegmentEngine):
+            if segmented is None:
                 st = engine.stats(shard)
                 out.append(TierShardStats(shard, st.bytes, 0, 0, local_start, local_start, end, 0))
                 continue
-            segs = engine.segment_ranges(shard)
+            segs = segmented.segment_ranges(shard)
             hot = segs[-1].size if segs else 0
             warm = sum(seg.size for seg in segs[:-1])
             tier = self._tier
@@ -703,9 +710,10 @@ class Database:
 
     # --- replica log ---------------------------------------------------------------------
 
-    def _replica_engine(self) -> SegmentEngine:
-        engine = self._check()
-        if not isinstance(engine, SegmentEngine):
+    def _replica_engine(self) -> FrameLogEngine:
+        self._check()
+        engine = self._frame_log
+        if engine is None:
             raise InvalidArgument(
                 f"database {self.name!r}: frame-level operations need the 'segment' engine, not {self.config.engine!r}"
             )
@@ -840,20 +848,23 @@ class Database:
             groups = self._groups
             floors = await asyncio.to_thread(lambda: [groups.min_committed(s) for s in range(cfg.shards)])
         tier = self._tier
-        if tier is None or not isinstance(engine, SegmentEngine):
+        segmented = self._segmented
+        if tier is None or segmented is None:
             freed = await engine.enforce_retention(cfg.retention_bytes, cfg.retention_ms, self._clock_us(), floors)
             self._after_delete(freed)
             return freed
         freed = 0
         async with self._tier_lock:
             for shard in range(cfg.shards):
-                start = await asyncio.to_thread(self._whole_log_retention_start, engine, tier, shard, floors[shard])
+                start = await asyncio.to_thread(
+                    self._whole_log_retention_start, segmented, tier, shard, floors[shard]
+                )
                 if start is not None:
-                    freed += await self._truncate_tiered(engine, tier, shard, start)
+                    freed += await self._truncate_tiered(segmented, tier, shard, start)
         return freed
 
     def _whole_log_retention_start(
-        self, engine: SegmentEngine, tier: DbTier, shard: int, floor: int | None
+        self, engine: SegmentedEngine, tier: DbTier, shard: int, floor: int | None
     ) -> int | None:
         """Retention over a tiered shard's whole log: cold objects, then local sealed segments.
 

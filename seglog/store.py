@@ -20,7 +20,7 @@ from typing import Any, Final
 from seglog._fs import atomic_write, boot_id, fsync_dir
 from seglog.db import Database, DbConfig, validate_db_name
 from seglog.engines.base import Engine, EngineConfig, FsyncPolicy
-from seglog.engines.registry import EngineFactory, get_engine
+from seglog.engines.registry import EngineFactory, get_engine, tiering_engines
 from seglog.engines.segment_writer import DEFAULT_BUFFER_MS
 from seglog.errors import (
     ClosedResourceError,
@@ -494,9 +494,9 @@ class Store:
             return await self._open_db_locked(name, config)
 
     def _check_tier_engine(self, name: str, config: DbConfig) -> None:
-        if self._tier_target is not None and config.engine != "segment":
+        if self._tier_target is not None and not get_engine(config.engine).tiering:
             raise ConfigMismatch(
-                f"database {name!r} uses the {config.engine!r} engine: tiering (tier=...) needs 'segment'"
+                f"database {name!r} uses the {config.engine!r} engine: tiering (tier=...) needs {tiering_engines()}"
             )
 
     async def _open_db_locked(self, name: str, config: DbConfig) -> Database:
@@ -567,7 +567,7 @@ class Store:
                 # Tier first: a database created later under this name must not find these
                 # objects. If the tier is down this raises and nothing local is touched.
                 config = await asyncio.to_thread(self._read_config, name)
-                if config.engine == "segment":
+                if get_engine(config.engine).tiering:
                     await asyncio.to_thread(self._drop_tier_blocking, name)
             await asyncio.to_thread(self._drop_blocking, name)
         await self._remeasure()

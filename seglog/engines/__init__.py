@@ -15,6 +15,6 @@ from seglog.engines.segment import SegmentEngine
 __all__ = ["Engine", "EngineConfig", "EngineFactory", "FsyncPolicy", "ShardStats", "engine_names", "get_engine"]
 
 # "segment" first: it is the default and is listed first in error messages.
-register_engine(EngineFactory("segment", SegmentEngine.open_blocking, SegmentEngine.measure_bytes))
+register_engine(EngineFactory("segment", SegmentEngine.open_blocking, SegmentEngine.measure_bytes, tiering=True))
 register_engine(EngineFactory("memory", MemoryEngine.open_blocking, MemoryEngine.measure_bytes))
 register_engine(EngineFactory("lmdb", LmdbEngine.open_blocking, LmdbEngine.measure_bytes))

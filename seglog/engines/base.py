@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, Literal, Protocol
+from typing import Any, Final, Literal, Protocol, runtime_checkable
 
 import numpy as np
 import pyarrow as pa
@@ -24,8 +24,11 @@ __all__ = [
     "READ_SCHEMA",
     "Engine",
     "EngineConfig",
+    "FrameLogEngine",
     "FsyncPolicy",
     "Quota",
+    "SegmentInfo",
+    "SegmentedEngine",
     "ShardStats",
     "empty_read_table",
     "retention_start",
@@ -185,3 +188,56 @@ class Engine(Protocol):
 
     async def close(self) -> None:
         """Flush and release everything; idempotent."""
+
+
+# --- capabilities beyond Engine ---------------------------------------------------------
+# The DB layer asks whether an engine has a capability (``isinstance`` on these
+# runtime-checkable protocols, i.e. whether the engine has the methods) instead of asking
+# which engine it is, so it never imports a concrete engine.
+
+
+class SegmentInfo(Protocol):
+    """One local segment of a shard, for tiering and retention: readable offsets ``[start, end)``."""
+
+    @property
+    def start(self) -> int: ...
+
+    @property
+    def end(self) -> int: ...
+
+    @property
+    def size(self) -> int:
+        """Bytes of the segment file."""
+
+    @property
+    def sealed(self) -> bool:
+        """Whether the segment is immutable (only sealed segments are tiered)."""
+
+    @property
+    def max_ts(self) -> int | None:
+        """Largest record timestamp (``None``: empty, or not asked for)."""
+
+
+@runtime_checkable
+class SegmentedEngine(Engine, Protocol):
+    """An engine that keeps each shard in segments that can be sealed: what tiering needs."""
+
+    def segment_ranges(self, shard: int, *, with_ts: bool = False) -> Sequence[SegmentInfo]:
+        """The local segments of ``shard``, oldest first (``max_ts`` only with ``with_ts``)."""
+
+    async def seal(self, shard: int) -> bool:
+        """Seal the active segment of ``shard`` if it holds data; whether it did."""
+
+
+@runtime_checkable
+class FrameLogEngine(Engine, Protocol):
+    """An engine that stores frames byte for byte: what a replica log needs."""
+
+    async def read_frames(self, shard: int, offset: int, max_bytes: int) -> bytes:
+        """The stored frames of ``shard`` from the one holding ``offset``, byte for byte."""
+
+    async def append_frames(self, shard: int, frames: Any, *, expected_base: int) -> int:
+        """Store frames read from another log at the end of ``shard``; return the new end offset."""
+
+    async def truncate_to(self, shard: int, offset: int) -> int:
+        """Remove every record of ``shard`` at or after ``offset``; return the new end offset."""

@@ -17,7 +17,7 @@ from seglog.engines.base import Engine, EngineConfig
 from seglog.errors import InvalidArgument
 from seglog.io_pool import IoPool
 
-__all__ = ["EngineFactory", "MeasureBytes", "OpenBlocking", "engine_names", "get_engine", "register_engine"]
+__all__ = ["EngineFactory", "MeasureBytes", "OpenBlocking", "engine_names", "get_engine", "register_engine", "tiering_engines"]
 
 OpenBlocking = Callable[[EngineConfig, IoPool, Executor], Engine]
 """Open (or create) an engine's data for one database; blocking, run off the event loop.
@@ -43,11 +43,15 @@ class EngineFactory:
         name: The name a database's config uses (``DbConfig.engine``).
         open_blocking: Opens the engine (see :data:`OpenBlocking`).
         measure_bytes: The quota measure of a closed database (see :data:`MeasureBytes`).
+        tiering: Whether its databases can tier (the engine is a
+            :class:`~seglog.engines.base.SegmentedEngine`); the store checks this before
+            opening one, the database checks the engine itself.
     """
 
     name: str
     open_blocking: OpenBlocking
     measure_bytes: MeasureBytes
+    tiering: bool = False
 
 
 # Registration order is the order names are listed in (error messages name them all).
@@ -70,6 +74,11 @@ def register_engine(factory: EngineFactory) -> None:
 def engine_names() -> tuple[str, ...]:
     """Names of the registered engines, in registration order."""
     return tuple(_FACTORIES)
+
+
+def tiering_engines() -> str:
+    """The names of the engines that can tier, for messages: ``'segment'`` (or ``'a' or 'b'``)."""
+    return " or ".join(repr(f.name) for f in _FACTORIES.values() if f.tiering)
 
 
 def get_engine(name: object) -> EngineFactory:
