@@ -18,7 +18,8 @@ from types import TracebackType
 from typing import Any, Final
 
 from seglog._fs import atomic_write, boot_id, fsync_dir
-from seglog.db import Database, DbConfig, validate_db_name
+from seglog.db import Database
+from seglog.db_config import DbConfig, validate_db_name
 from seglog.engines.base import Engine, EngineConfig, FsyncPolicy
 from seglog.engines.registry import EngineFactory, get_engine, tiering_engines
 from seglog.engines.segment_writer import DEFAULT_BUFFER_MS
