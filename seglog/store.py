@@ -22,7 +22,6 @@ from seglog.db import Database
 from seglog.db_config import DbConfig, validate_db_name
 from seglog.engines.base import Engine, EngineConfig, FsyncPolicy
 from seglog.engines.registry import EngineFactory, get_engine, tiering_engines
-from seglog.engines.segment_writer import DEFAULT_BUFFER_MS
 from seglog.errors import (
     ClosedResourceError,
     ConfigMismatch,
@@ -37,7 +36,12 @@ from seglog.errors import (
 from seglog.groups import GroupStore
 from seglog.io_pool import DEFAULT_IO_WORKERS, IoPool
 from seglog.record import COMPRESSION_NONE, COMPRESSION_ZSTD, now_us
-from seglog.segment.journal import DEFAULT_JOURNAL_BYTES
+from seglog.store_config import (
+    DEFAULT_BUFFER_MS,
+    DEFAULT_JOURNAL_BYTES,
+    DEFAULT_RETENTION_INTERVAL_MS,
+    StoreConfig,
+)
 from seglog.tiering.db_tier import DbTier
 from seglog.tiering.targets import TierTarget, open_target
 
@@ -52,7 +56,6 @@ STORE_FILE: Final = "seglog.json"
 DBS_DIR: Final = "dbs"
 DB_CONFIG_FILE: Final = "config.json"
 _READ_THREADS: Final = 4
-DEFAULT_RETENTION_INTERVAL_MS: Final = 300_000
 # Data directories open in this process: LMDB allows one handle per environment per process.
 _OPEN_HERE: set[Path] = set()
 
@@ -123,69 +126,38 @@ class _StoreQuota:
 class Store:
     """An open data directory. Use ``async with seglog.open(path) as store`` (or ``await``)."""
 
-    def __init__(
-        self,
-        path: str | os.PathLike[str],
-        *,
-        fsync: FsyncPolicy = "always",
-        fsync_interval_ms: int = 1000,
-        io_workers: int = DEFAULT_IO_WORKERS,
-        flush_interval_ms: float = 0.0,
-        max_items: int = 1024,
-        clock_us: Callable[[], int] | None = None,
-        quota_bytes: int | None = None,
-        retention_interval_ms: int | None = DEFAULT_RETENTION_INTERVAL_MS,
-        tier: str | None = None,
-        s3_endpoint: str | None = None,
-        s3_access_key: str | None = None,
-        s3_secret_key: str | None = None,
-        s3_region: str | None = None,
-        tier_interval_ms: int | None = None,
-        buffer_ms: int = DEFAULT_BUFFER_MS,
-        journal_bytes: int = DEFAULT_JOURNAL_BYTES,
-    ) -> None:
-        if type(buffer_ms) is not int or buffer_ms < 1:
-            raise InvalidArgument("buffer_ms must be an int >= 1")
-        if type(journal_bytes) is not int or journal_bytes < (1 << 20):
-            raise InvalidArgument("journal_bytes must be an int >= 1 MiB (1048576)")
-        self.buffer_ms = buffer_ms
-        self.journal_bytes = journal_bytes
-        if tier is not None and not isinstance(tier, str):
-            raise InvalidArgument("tier must be None or a 'file:///abs/dir' or 's3://bucket/prefix' URI")
-        if tier_interval_ms is not None and (type(tier_interval_ms) is not int or tier_interval_ms < 1):
-            raise InvalidArgument("tier_interval_ms must be None or an int >= 1")
-        if tier is None and tier_interval_ms is not None:
-            raise InvalidArgument("tier_interval_ms needs tier=...")
-        if quota_bytes is not None and (type(quota_bytes) is not int or quota_bytes < 0):
-            raise InvalidArgument("quota_bytes must be None or an int >= 0")
-        if retention_interval_ms is not None and (type(retention_interval_ms) is not int or retention_interval_ms < 1):
-            raise InvalidArgument("retention_interval_ms must be None or an int >= 1")
-        if fsync not in ("always", "interval", "never"):
-            raise InvalidArgument("fsync must be 'always', 'interval' or 'never'")
-        if type(fsync_interval_ms) is not int or fsync_interval_ms < 1:
-            raise InvalidArgument("fsync_interval_ms must be an int >= 1")
-        if type(io_workers) is not int or io_workers < 1:
-            raise InvalidArgument("io_workers must be an int >= 1")
+    def __init__(self, path: str | os.PathLike[str], config: StoreConfig | None = None) -> None:
+        """A store for ``path``, not yet opened (``await`` it or use ``async with``).
+
+        Args:
+            path: The data directory.
+            config: The store options (validated when built); ``None``: every default.
+        """
+        config = StoreConfig() if config is None else config
+        self.config = config
+        # The options stay readable as attributes, as they always were.
+        self.buffer_ms = config.buffer_ms
+        self.journal_bytes = config.journal_bytes
         self.path = Path(path).absolute()
-        self.fsync: FsyncPolicy = fsync
-        self.fsync_interval_ms = fsync_interval_ms
-        self.io_workers = io_workers
-        self._flush_interval_ms = flush_interval_ms
-        self._max_items = max_items
-        self.clock_us = clock_us or now_us
+        self.fsync: FsyncPolicy = config.fsync
+        self.fsync_interval_ms = config.fsync_interval_ms
+        self.io_workers = config.io_workers
+        self._flush_interval_ms = config.flush_interval_ms
+        self._max_items = config.max_items
+        self.clock_us = config.clock_us or now_us
         self._state = "new"
         self._lock_fd = -1
         self._dbs: dict[str, Database] = {}
         self._db_lock = asyncio.Lock()
         self._io_pool: IoPool | None = None
         self._executor: ThreadPoolExecutor | None = None
-        self.quota_bytes = quota_bytes
+        self.quota_bytes = config.quota_bytes
         self.used_bytes = 0
-        self.retention_interval_ms = retention_interval_ms
+        self.retention_interval_ms = config.retention_interval_ms
         self._retention_task: asyncio.Task[None] | None = None
-        self.tier = tier
-        self._s3 = (s3_endpoint, s3_access_key, s3_secret_key, s3_region)
-        self.tier_interval_ms = tier_interval_ms
+        self.tier = config.tier
+        self._s3 = (config.s3_endpoint, config.s3_access_key, config.s3_secret_key, config.s3_region)
+        self.tier_interval_ms = config.tier_interval_ms
         self._tier_target: TierTarget | None = None
         self._tier_task: asyncio.Task[None] | None = None
 
@@ -654,20 +626,22 @@ def open(
     """
     return Store(
         path,
-        fsync=fsync,
-        fsync_interval_ms=fsync_interval_ms,
-        io_workers=io_workers,
-        flush_interval_ms=flush_interval_ms,
-        max_items=max_items,
-        clock_us=clock_us,
-        quota_bytes=quota_bytes,
-        retention_interval_ms=retention_interval_ms,
-        tier=tier,
-        s3_endpoint=s3_endpoint,
-        s3_access_key=s3_access_key,
-        s3_secret_key=s3_secret_key,
-        s3_region=s3_region,
-        tier_interval_ms=tier_interval_ms,
-        buffer_ms=buffer_ms,
-        journal_bytes=journal_bytes,
+        StoreConfig(
+            fsync=fsync,
+            fsync_interval_ms=fsync_interval_ms,
+            io_workers=io_workers,
+            flush_interval_ms=flush_interval_ms,
+            max_items=max_items,
+            clock_us=clock_us,
+            quota_bytes=quota_bytes,
+            retention_interval_ms=retention_interval_ms,
+            tier=tier,
+            s3_endpoint=s3_endpoint,
+            s3_access_key=s3_access_key,
+            s3_secret_key=s3_secret_key,
+            s3_region=s3_region,
+            tier_interval_ms=tier_interval_ms,
+            buffer_ms=buffer_ms,
+            journal_bytes=journal_bytes,
+        ),
     )
