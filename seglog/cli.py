@@ -32,7 +32,7 @@ import pyarrow as pa
 from tqdm import tqdm
 
 import seglog
-from seglog.db import validate_db_name
+from seglog.db_config import validate_db_name
 from seglog.errors import DatabaseNotFound, InvalidArgument, InvalidRecord, SeglogError, StoreLocked
 from seglog.readonly import check_store, db_view, group_lags, list_dbs
 from seglog.record import (

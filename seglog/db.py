@@ -5,31 +5,26 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import functools
-import re
 from collections.abc import AsyncGenerator, Callable, Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass, fields, replace
-from typing import TYPE_CHECKING, Any, Final, Literal, overload
+from dataclasses import dataclass, fields, replace
+from typing import TYPE_CHECKING, Any, Final, overload
 
 import numpy as np
 import pyarrow as pa
 
 from seglog._routing import routing_hashes, shard_for
+from seglog.db_config import DbConfig, validate_db_name
 from seglog.engines.base import (
-    DEFAULT_SEGMENT_BYTES,
-    DEFAULT_SEGMENT_MS,
     READ_SCHEMA,
     Engine,
     Quota,
+    SegmentedEngine,
     ShardStats,
     retention_start,
 )
-from seglog.engines.segment import SegmentEngine
-from seglog.errors import ClosedResourceError, ConfigMismatch, InvalidArgument, InvalidName, OffsetOutOfRange
+from seglog.errors import ClosedResourceError, ConfigMismatch, InvalidArgument, OffsetOutOfRange
 from seglog.groups import GroupStore, validate_group_name
 from seglog.record import (
-    DEFAULT_MAX_RECORD_BYTES,
-    DEFAULT_MAX_TS_US,
-    DEFAULT_MIN_TS_US,
     Record,
     RecordMeta,
     now_us,
@@ -46,16 +41,8 @@ if TYPE_CHECKING:
 
 __all__ = ["AppendResult", "Database", "DbConfig", "TierShardStats", "shard_for", "validate_db_name"]
 
-EngineName = Literal["segment", "memory", "lmdb"]
-ENGINES: Final = ("segment", "memory", "lmdb")
-Compression = Literal["none", "zstd"]
-# Always ``fullmatch``: ``$`` with ``match`` also accepts a trailing "\n".
-_NAME_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 # Reads larger than this convert to Record objects off the event loop.
 _INLINE_RECORDS_MAX: Final = 4096
-# Shards cost no descriptor while idle (segment/fd_cache.py); 10,000 are tested under
-# ``ulimit -n 1024`` (tests/test_many_shards.py).
-MAX_SHARDS: Final = 16_384
 # Builds RecordMeta tuples without a Python-level __new__ per record.
 _META: Final = functools.partial(tuple.__new__, RecordMeta)
 
@@ -112,120 +99,6 @@ class AppendResult(Sequence[RecordMeta]):
         return f"AppendResult([{', '.join(map(repr, items))}{more}])"
 
 
-def validate_db_name(name: object) -> str:
-    """Check a database name: 1-128 of ``[A-Za-z0-9_.-]``, not starting with ``.`` or ``-``.
-
-    Raises:
-        InvalidName: The name could escape the data directory or is otherwise unusable.
-    """
-    if not isinstance(name, str) or not _NAME_RE.fullmatch(name) or ".." in name:
-        raise InvalidName(
-            f"invalid database name {name!r}: use 1-128 characters of letters, digits, '_', '.', '-', "
-            "starting with a letter or digit, without '..'"
-        )
-    return name
-
-
-@dataclass(frozen=True)
-class DbConfig:
-    """A database's persisted configuration. ``shards`` and ``engine`` are immutable."""
-
-    shards: int = 1
-    engine: EngineName = "segment"
-    segment_bytes: int = DEFAULT_SEGMENT_BYTES
-    segment_ms: int = DEFAULT_SEGMENT_MS
-    compression: Compression = "none"
-    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
-    index_interval_bytes: int = 4096
-    retention_bytes: int | None = None
-    retention_ms: int | None = None
-    retention_overrides_groups: bool = False
-    # Tiering (``segment`` engine in a store opened with ``tier=...``): after a sealed
-    # segment is committed in the tier, its local copy goes when the shard's local bytes stay
-    # at or above ``local_retention_bytes`` without it, or its newest record is older than
-    # ``local_retention_ms``. ``None`` (both): keep every local copy.
-    local_retention_bytes: int | None = None
-    local_retention_ms: int | None = None
-    # The ``ts`` an append accepts, in µs since 1970 (``None``: no bound). A record outside
-    # it raises InvalidTimestamp, whose message names the likely unit (s, ms, ns) when the
-    # value looks like one. Default: 2000-01-01T00:00:00Z .. 2200-01-01T00:00:00Z.
-    min_ts_us: int | None = DEFAULT_MIN_TS_US
-    max_ts_us: int | None = DEFAULT_MAX_TS_US
-
-    IMMUTABLE: Final = ("shards", "engine")  # type: ignore[misc]
-    # What Database.configure may change (``compression`` and ``index_interval_bytes`` are
-    # fixed at creation too, like the immutable ones).
-    MUTABLE: Final = (  # type: ignore[misc]
-        "segment_bytes",
-        "segment_ms",
-        "max_record_bytes",
-        "retention_bytes",
-        "retention_ms",
-        "retention_overrides_groups",
-        "local_retention_bytes",
-        "local_retention_ms",
-        "min_ts_us",
-        "max_ts_us",
-    )
-
-    def validate(self) -> DbConfig:
-        """Check every setting's domain.
-
-        Raises:
-            InvalidArgument: A setting is out of range.
-        """
-        if not isinstance(self.shards, int) or not 1 <= self.shards <= MAX_SHARDS:
-            raise InvalidArgument(f"shards must be an int in 1..{MAX_SHARDS}")
-        if self.engine not in ENGINES:
-            raise InvalidArgument(f"unknown engine {self.engine!r} (known: {', '.join(map(repr, ENGINES))})")
-        if not isinstance(self.segment_bytes, int) or self.segment_bytes < 4096:
-            raise InvalidArgument("segment_bytes must be an int >= 4096")
-        if not isinstance(self.segment_ms, int) or self.segment_ms < 1:
-            raise InvalidArgument("segment_ms must be an int >= 1")
-        if self.compression not in ("none", "zstd"):
-            raise InvalidArgument("compression must be 'none' or 'zstd'")
-        if not isinstance(self.max_record_bytes, int) or not 1 <= self.max_record_bytes <= 64 << 20:
-            raise InvalidArgument("max_record_bytes must be an int in 1..64 MiB")
-        if not isinstance(self.index_interval_bytes, int) or self.index_interval_bytes < 1:
-            raise InvalidArgument("index_interval_bytes must be an int >= 1")
-        for name in ("retention_bytes", "retention_ms", "local_retention_bytes", "local_retention_ms"):
-            value = getattr(self, name)
-            if value is not None and (type(value) is not int or value < 0):
-                raise InvalidArgument(f"{name} must be None or an int >= 0")
-        if self.engine != "segment" and (
-            self.local_retention_bytes is not None or self.local_retention_ms is not None
-        ):
-            raise InvalidArgument("local_retention_bytes/local_retention_ms need the 'segment' engine (tiering)")
-        if type(self.retention_overrides_groups) is not bool:
-            raise InvalidArgument("retention_overrides_groups must be a bool")
-        for name in ("min_ts_us", "max_ts_us"):
-            value = getattr(self, name)
-            if value is not None and (type(value) is not int or not -(1 << 63) <= value < 1 << 63):
-                raise InvalidArgument(f"{name} must be None or an int64 (µs since 1970)")
-        if self.min_ts_us is not None and self.max_ts_us is not None and self.min_ts_us > self.max_ts_us:
-            raise InvalidArgument("min_ts_us must not be greater than max_ts_us")
-        return self
-
-    def to_json(self) -> dict[str, Any]:
-        """A JSON-ready dict."""
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> DbConfig:
-        """Read a persisted config, ignoring unknown keys from newer versions."""
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known}).validate()
-
-    def check_compatible(self, requested: dict[str, Any]) -> None:
-        """Raise :class:`ConfigMismatch` if ``requested`` changes an immutable setting."""
-        for name in self.IMMUTABLE:
-            if name in requested and requested[name] != getattr(self, name):
-                raise ConfigMismatch(
-                    f"{name}={requested[name]!r} conflicts with the existing database's {name}="
-                    f"{getattr(self, name)!r} (immutable)"
-                )
-
-
 class Database:
     """One database of a :class:`~seglog.Store`; get it from ``store.create_db``/``open_db``."""
 
@@ -248,7 +121,9 @@ class Database:
         self._clock_us = clock_us
         self._persist_config = persist_config
         self._quota = quota
-        if tier is not None and not isinstance(engine, SegmentEngine):
+        # What the engine can do beyond Engine, asked once (a structural check is not free).
+        self._segmented: SegmentedEngine | None = engine if isinstance(engine, SegmentedEngine) else None
+        if tier is not None and self._segmented is None:
             raise ConfigMismatch(f"database {name!r}: tiering needs the 'segment' engine, not {config.engine!r}")
         self._tier = tier
         self._tier_lock = asyncio.Lock()
@@ -551,9 +426,10 @@ class Database:
         """Whether this database tiers (a ``segment`` DB in a store opened with ``tier=``)."""
         return self._tier is not None
 
-    def _tier_parts(self) -> tuple[SegmentEngine, DbTier]:
-        engine = self._check()
-        if self._tier is None or not isinstance(engine, SegmentEngine):
+    def _tier_parts(self) -> tuple[SegmentedEngine, DbTier]:
+        self._check()
+        engine = self._segmented
+        if self._tier is None or engine is None:
             raise InvalidArgument(
                 f"database {self.name!r} has no tier: open the store with tier=... (segment engine only)"
             )
@@ -597,7 +473,7 @@ class Database:
             self._after_delete(freed)
             return done
 
-    async def _local_retention(self, engine: SegmentEngine, tier: DbTier, shard: int) -> int:
+    async def _local_retention(self, engine: SegmentedEngine, tier: DbTier, shard: int) -> int:
         """Delete committed local segments past local retention (oldest first); bytes freed."""
         cfg = self.config
         if cfg.local_retention_bytes is None and cfg.local_retention_ms is None:
@@ -634,8 +510,9 @@ class Database:
         Raises:
             InvalidArgument: The database's engine has no segments.
         """
-        engine = self._check()
-        if not isinstance(engine, SegmentEngine):
+        self._check()
+        engine = self._segmented
+        if engine is None:
             raise InvalidArgument(f"the {self.config.engine!r} engine has no segments to seal")
         shards = range(self.config.shards) if shard is None else [self._check_shard(shard)]
         sealed = 0
@@ -648,15 +525,16 @@ class Database:
         tier) bytes, plus logical and local start offsets. Without a tier (or for other
         engines) everything local counts as hot and cold is 0."""
         engine = self._check()
+        segmented = self._segmented
         out = []
         for shard in range(self.config.shards):
             end = engine.end_offset(shard)
             local_start = engine.start_offset(shard)
-            if not isinstance(engine, SegmentEngine):
+            if segmented is None:
                 st = engine.stats(shard)
                 out.append(TierShardStats(shard, st.bytes, 0, 0, local_start, local_start, end, 0))
                 continue
-            segs = engine.segment_ranges(shard)
+            segs = segmented.segment_ranges(shard)
             hot = segs[-1].size if segs else 0
             warm = sum(seg.size for seg in segs[:-1])
             tier = self._tier
@@ -874,20 +752,23 @@ class Database:
             groups = self._groups
             floors = await asyncio.to_thread(lambda: [groups.min_committed(s) for s in range(cfg.shards)])
         tier = self._tier
-        if tier is None or not isinstance(engine, SegmentEngine):
+        segmented = self._segmented
+        if tier is None or segmented is None:
             freed = await engine.enforce_retention(cfg.retention_bytes, cfg.retention_ms, self._clock_us(), floors)
             self._after_delete(freed)
             return freed
         freed = 0
         async with self._tier_lock:
             for shard in range(cfg.shards):
-                start = await asyncio.to_thread(self._whole_log_retention_start, engine, tier, shard, floors[shard])
+                start = await asyncio.to_thread(
+                    self._whole_log_retention_start, segmented, tier, shard, floors[shard]
+                )
                 if start is not None:
-                    freed += await self._truncate_tiered(engine, tier, shard, start)
+                    freed += await self._truncate_tiered(segmented, tier, shard, start)
         return freed
 
     def _whole_log_retention_start(
-        self, engine: SegmentEngine, tier: DbTier, shard: int, floor: int | None
+        self, engine: SegmentedEngine, tier: DbTier, shard: int, floor: int | None
     ) -> int | None:
         """Retention over a tiered shard's whole log: cold objects, then local sealed segments.
 

@@ -28,7 +28,7 @@ from typing import Final
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from seglog.db import validate_db_name
+from seglog.db_config import validate_db_name
 from seglog.engines.base import READ_SCHEMA, empty_read_table
 from seglog.engines.frames import with_offsets
 from seglog.engines.segment import shard_dir_name

@@ -21,7 +21,7 @@ from typing import Final
 
 import lmdb
 
-from seglog.db import DbConfig
+from seglog.db_config import DbConfig
 from seglog.engines.lmdb_engine import FRAMES_DIR
 from seglog.engines.segment import shard_dir_name
 from seglog.errors import StorageError, StoreNotFound

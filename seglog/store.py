@@ -18,12 +18,10 @@ from types import TracebackType
 from typing import Any, Final
 
 from seglog._fs import atomic_write, boot_id, fsync_dir
-from seglog.db import Database, DbConfig, validate_db_name
-from seglog.engines.base import Engine, EngineConfig, Fsync, FsyncPolicy
-from seglog.engines.lmdb_engine import LmdbEngine
-from seglog.engines.memory import MemoryEngine
-from seglog.engines.segment import SegmentEngine
-from seglog.engines.segment_writer import DEFAULT_BUFFER_MS
+from seglog.db import Database
+from seglog.db_config import DbConfig, validate_db_name
+from seglog.engines.base import Engine, EngineConfig, FsyncPolicy
+from seglog.engines.registry import EngineFactory, get_engine, tiering_engines
 from seglog.errors import (
     ClosedResourceError,
     ConfigMismatch,
@@ -38,8 +36,12 @@ from seglog.errors import (
 from seglog.groups import GroupStore
 from seglog.io_pool import DEFAULT_IO_WORKERS, IoPool
 from seglog.record import COMPRESSION_NONE, COMPRESSION_ZSTD, now_us
-from seglog.segment.journal import DEFAULT_JOURNAL_BYTES
-from seglog.segment.log_segment import SEGMENT_SUFFIX
+from seglog.store_config import (
+    DEFAULT_BUFFER_MS,
+    DEFAULT_JOURNAL_BYTES,
+    DEFAULT_RETENTION_INTERVAL_MS,
+    StoreConfig,
+)
 from seglog.tiering.db_tier import DbTier
 from seglog.tiering.targets import TierTarget, open_target
 
@@ -54,8 +56,6 @@ STORE_FILE: Final = "seglog.json"
 DBS_DIR: Final = "dbs"
 DB_CONFIG_FILE: Final = "config.json"
 _READ_THREADS: Final = 4
-DEFAULT_RETENTION_INTERVAL_MS: Final = 300_000
-_FSYNC_VALUES: Final = tuple(policy.value for policy in Fsync)
 # Data directories open in this process: LMDB allows one handle per environment per process.
 _OPEN_HERE: set[Path] = set()
 
@@ -92,6 +92,24 @@ def read_db_config(data_dir: Path, name: str) -> DbConfig:
         raise StorageError(f"cannot read the config of database {name!r}") from exc
 
 
+def _measured_engine(directory: Path) -> EngineFactory:
+    """The engine whose files the database ``directory`` holds, for the quota measure.
+
+    Read from the config without validating it. A directory whose config cannot be read (a
+    crashed create, a corrupt config) is measured as the default engine's: whatever it
+    holds still takes space, and that is how such a directory was always counted.
+    """
+    name: object = DbConfig.engine
+    with contextlib.suppress(OSError, ValueError):
+        data = json.loads((directory / DB_CONFIG_FILE).read_text())
+        if isinstance(data, dict):
+            name = data.get("engine", name)
+    try:
+        return get_engine(name)
+    except InvalidArgument:  # a name this version does not know
+        return get_engine(DbConfig.engine)
+
+
 class _StoreQuota:
     """The store's soft quota as a database's appends see it."""
 
@@ -108,69 +126,38 @@ class _StoreQuota:
 class Store:
     """An open data directory. Use ``async with seglog.open(path) as store`` (or ``await``)."""
 
-    def __init__(
-        self,
-        path: str | os.PathLike[str],
-        *,
-        fsync: FsyncPolicy = "always",
-        fsync_interval_ms: int = 1000,
-        io_workers: int = DEFAULT_IO_WORKERS,
-        flush_interval_ms: float = 0.0,
-        max_items: int = 1024,
-        clock_us: Callable[[], int] | None = None,
-        quota_bytes: int | None = None,
-        retention_interval_ms: int | None = DEFAULT_RETENTION_INTERVAL_MS,
-        tier: str | None = None,
-        s3_endpoint: str | None = None,
-        s3_access_key: str | None = None,
-        s3_secret_key: str | None = None,
-        s3_region: str | None = None,
-        tier_interval_ms: int | None = None,
-        buffer_ms: int = DEFAULT_BUFFER_MS,
-        journal_bytes: int = DEFAULT_JOURNAL_BYTES,
-    ) -> None:
-        if type(buffer_ms) is not int or buffer_ms < 1:
-            raise InvalidArgument("buffer_ms must be an int >= 1")
-        if type(journal_bytes) is not int or journal_bytes < (1 << 20):
-            raise InvalidArgument("journal_bytes must be an int >= 1 MiB (1048576)")
-        self.buffer_ms = buffer_ms
-        self.journal_bytes = journal_bytes
-        if tier is not None and not isinstance(tier, str):
-            raise InvalidArgument("tier must be None or a 'file:///abs/dir' or 's3://bucket/prefix' URI")
-        if tier_interval_ms is not None and (type(tier_interval_ms) is not int or tier_interval_ms < 1):
-            raise InvalidArgument("tier_interval_ms must be None or an int >= 1")
-        if tier is None and tier_interval_ms is not None:
-            raise InvalidArgument("tier_interval_ms needs tier=...")
-        if quota_bytes is not None and (type(quota_bytes) is not int or quota_bytes < 0):
-            raise InvalidArgument("quota_bytes must be None or an int >= 0")
-        if retention_interval_ms is not None and (type(retention_interval_ms) is not int or retention_interval_ms < 1):
-            raise InvalidArgument("retention_interval_ms must be None or an int >= 1")
-        if fsync not in _FSYNC_VALUES:
-            raise InvalidArgument("fsync must be 'always', 'interval' or 'never'")
-        if type(fsync_interval_ms) is not int or fsync_interval_ms < 1:
-            raise InvalidArgument("fsync_interval_ms must be an int >= 1")
-        if type(io_workers) is not int or io_workers < 1:
-            raise InvalidArgument("io_workers must be an int >= 1")
+    def __init__(self, path: str | os.PathLike[str], config: StoreConfig | None = None) -> None:
+        """A store for ``path``, not yet opened (``await`` it or use ``async with``).
+
+        Args:
+            path: The data directory.
+            config: The store options (validated when built); ``None``: every default.
+        """
+        config = StoreConfig() if config is None else config
+        self.config = config
+        # The options stay readable as attributes, as they always were.
+        self.buffer_ms = config.buffer_ms
+        self.journal_bytes = config.journal_bytes
         self.path = Path(path).absolute()
-        self.fsync: FsyncPolicy = fsync
-        self.fsync_interval_ms = fsync_interval_ms
-        self.io_workers = io_workers
-        self._flush_interval_ms = flush_interval_ms
-        self._max_items = max_items
-        self.clock_us = clock_us or now_us
+        self.fsync: FsyncPolicy = config.fsync
+        self.fsync_interval_ms = config.fsync_interval_ms
+        self.io_workers = config.io_workers
+        self._flush_interval_ms = config.flush_interval_ms
+        self._max_items = config.max_items
+        self.clock_us = config.clock_us or now_us
         self._state = "new"
         self._lock_fd = -1
         self._dbs: dict[str, Database] = {}
         self._db_lock = asyncio.Lock()
         self._io_pool: IoPool | None = None
         self._executor: ThreadPoolExecutor | None = None
-        self.quota_bytes = quota_bytes
+        self.quota_bytes = config.quota_bytes
         self.used_bytes = 0
-        self.retention_interval_ms = retention_interval_ms
+        self.retention_interval_ms = config.retention_interval_ms
         self._retention_task: asyncio.Task[None] | None = None
-        self.tier = tier
-        self._s3 = (s3_endpoint, s3_access_key, s3_secret_key, s3_region)
-        self.tier_interval_ms = tier_interval_ms
+        self.tier = config.tier
+        self._s3 = (config.s3_endpoint, config.s3_access_key, config.s3_secret_key, config.s3_region)
+        self.tier_interval_ms = config.tier_interval_ms
         self._tier_target: TierTarget | None = None
         self._tier_task: asyncio.Task[None] | None = None
 
@@ -252,15 +239,21 @@ class Store:
         return freed
 
     def _measure_blocking(self) -> int:
-        """Bytes of every segment file. LMDB files (indexes, groups) are not counted: they
-        never shrink, so counting them would keep a store over quota after data was freed."""
+        """Data bytes of every database, as its engine measures them without opening it.
+
+        Engines count only files that shrink when data is freed (the segment engine its
+        segment files, not its LMDB indexes; groups are never counted).
+        """
         total = 0
-        for root, _dirs, files in os.walk(self.path / DBS_DIR):
-            for f in files:
-                if not f.endswith(SEGMENT_SUFFIX):
-                    continue
-                with contextlib.suppress(OSError):  # removed while walking
-                    total += os.stat(os.path.join(root, f)).st_size
+        try:
+            entries = list(os.scandir(self.path / DBS_DIR))
+        except OSError:
+            return 0
+        for entry in entries:
+            with contextlib.suppress(OSError):  # removed while measuring
+                if entry.is_dir(follow_symlinks=False):
+                    directory = Path(entry.path)
+                    total += _measured_engine(directory).measure_bytes(directory)
         return total
 
     async def _remeasure(self) -> None:
@@ -474,9 +467,9 @@ class Store:
             return await self._open_db_locked(name, config)
 
     def _check_tier_engine(self, name: str, config: DbConfig) -> None:
-        if self._tier_target is not None and config.engine != "segment":
+        if self._tier_target is not None and not get_engine(config.engine).tiering:
             raise ConfigMismatch(
-                f"database {name!r} uses the {config.engine!r} engine: tiering (tier=...) needs 'segment'"
+                f"database {name!r} uses the {config.engine!r} engine: tiering (tier=...) needs {tiering_engines()}"
             )
 
     async def _open_db_locked(self, name: str, config: DbConfig) -> Database:
@@ -499,13 +492,8 @@ class Store:
             buffer_ms=self.buffer_ms,
             clock_us=self.clock_us,
         )
-        engine: Engine
-        if config.engine == "memory":
-            engine = MemoryEngine(engine_config, self._executor)
-        elif config.engine == "lmdb":
-            engine = await asyncio.to_thread(LmdbEngine.open_blocking, engine_config, self._io_pool, self._executor)
-        else:
-            engine = await asyncio.to_thread(SegmentEngine.open_blocking, engine_config, self._io_pool, self._executor)
+        factory = get_engine(config.engine)
+        engine: Engine = await asyncio.to_thread(factory.open_blocking, engine_config, self._io_pool, self._executor)
         tier: DbTier | None = None
         try:
             groups = await asyncio.to_thread(GroupStore, self._db_dir(name))
@@ -552,7 +540,7 @@ class Store:
                 # Tier first: a database created later under this name must not find these
                 # objects. If the tier is down this raises and nothing local is touched.
                 config = await asyncio.to_thread(self._read_config, name)
-                if config.engine == "segment":
+                if get_engine(config.engine).tiering:
                     await asyncio.to_thread(self._drop_tier_blocking, name)
             await asyncio.to_thread(self._drop_blocking, name)
         await self._remeasure()
@@ -638,20 +626,22 @@ def open(
     """
     return Store(
         path,
-        fsync=fsync,
-        fsync_interval_ms=fsync_interval_ms,
-        io_workers=io_workers,
-        flush_interval_ms=flush_interval_ms,
-        max_items=max_items,
-        clock_us=clock_us,
-        quota_bytes=quota_bytes,
-        retention_interval_ms=retention_interval_ms,
-        tier=tier,
-        s3_endpoint=s3_endpoint,
-        s3_access_key=s3_access_key,
-        s3_secret_key=s3_secret_key,
-        s3_region=s3_region,
-        tier_interval_ms=tier_interval_ms,
-        buffer_ms=buffer_ms,
-        journal_bytes=journal_bytes,
+        StoreConfig(
+            fsync=fsync,
+            fsync_interval_ms=fsync_interval_ms,
+            io_workers=io_workers,
+            flush_interval_ms=flush_interval_ms,
+            max_items=max_items,
+            clock_us=clock_us,
+            quota_bytes=quota_bytes,
+            retention_interval_ms=retention_interval_ms,
+            tier=tier,
+            s3_endpoint=s3_endpoint,
+            s3_access_key=s3_access_key,
+            s3_secret_key=s3_secret_key,
+            s3_region=s3_region,
+            tier_interval_ms=tier_interval_ms,
+            buffer_ms=buffer_ms,
+            journal_bytes=journal_bytes,
+        ),
     )

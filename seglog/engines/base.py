@@ -12,7 +12,7 @@ import enum
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, Literal, Protocol
+from typing import Any, Final, Literal, Protocol, runtime_checkable
 
 import numpy as np
 import pyarrow as pa
@@ -29,6 +29,8 @@ __all__ = [
     "FsyncPolicy",
     "Quota",
     "ReadOnlyReason",
+    "SegmentInfo",
+    "SegmentedEngine",
     "ShardStats",
     "empty_read_table",
     "retention_start",
@@ -273,3 +275,42 @@ class Engine(Protocol):
 
     async def close(self) -> None:
         """Flush and release everything; idempotent."""
+
+
+# --- capabilities beyond Engine ---------------------------------------------------------
+# The DB layer asks whether an engine has a capability (``isinstance`` on these
+# runtime-checkable protocols, i.e. whether the engine has the methods) instead of asking
+# which engine it is, so it never imports a concrete engine.
+
+
+class SegmentInfo(Protocol):
+    """One local segment of a shard, for tiering and retention: readable offsets ``[start, end)``."""
+
+    @property
+    def start(self) -> int: ...
+
+    @property
+    def end(self) -> int: ...
+
+    @property
+    def size(self) -> int:
+        """Bytes of the segment file."""
+
+    @property
+    def sealed(self) -> bool:
+        """Whether the segment is immutable (only sealed segments are tiered)."""
+
+    @property
+    def max_ts(self) -> int | None:
+        """Largest record timestamp (``None``: empty, or not asked for)."""
+
+
+@runtime_checkable
+class SegmentedEngine(Engine, Protocol):
+    """An engine that keeps each shard in segments that can be sealed: what tiering needs."""
+
+    def segment_ranges(self, shard: int, *, with_ts: bool = False) -> Sequence[SegmentInfo]:
+        """The local segments of ``shard``, oldest first (``max_ts`` only with ``with_ts``)."""
+
+    async def seal(self, shard: int) -> bool:
+        """Seal the active segment of ``shard`` if it holds data; whether it did."""

@@ -6,6 +6,7 @@ import bisect
 import functools
 from collections.abc import Sequence
 from concurrent.futures import Executor
+from pathlib import Path
 from typing import Any, Final
 
 import pyarrow as pa
@@ -23,6 +24,7 @@ from seglog.engines.frames import (
     split_batch,
 )
 from seglog.errors import OffsetOutOfRange
+from seglog.io_pool import IoPool
 from seglog.record import EncodedFrame, FrameHeader, encode_frame
 from seglog.segment.epoch_cache import entries_truncated_from_end
 
@@ -66,6 +68,15 @@ class MemoryEngine(FrameTableEngine):
     def __init__(self, config: EngineConfig, executor: Executor | None = None) -> None:
         super().__init__(config, [FrameTable() for _ in range(config.shards)], executor)
         self._keys: list[dict[bytes, list[int]]] = [{} for _ in range(config.shards)]
+
+    @classmethod
+    def open_blocking(cls, config: EngineConfig, io_pool: IoPool, executor: Executor) -> MemoryEngine:
+        """A new, empty engine (the signature every engine factory shares).
+
+        ``io_pool`` is not used: appends complete on the event loop, nothing is written.
+        """
+        del io_pool
+        return cls(config, executor)
 
     # --- append ------------------------------------------------------------------------
 
@@ -225,6 +236,12 @@ class MemoryEngine(FrameTableEngine):
 
     def disk_bytes(self) -> int:
         """0: nothing is on disk."""
+        return 0
+
+    @staticmethod
+    def measure_bytes(directory: Path) -> int:
+        """0: a memory database keeps no data files (the store's quota measure)."""
+        del directory
         return 0
 
     async def close(self) -> None:

@@ -12,8 +12,10 @@ import asyncio
 import contextlib
 import functools
 import logging
+import os
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor
+from pathlib import Path
 from typing import Any, Final, NamedTuple
 
 import numpy as np
@@ -61,6 +63,7 @@ from seglog.segment import FramePosition, LogSegment, ShardLog, open_shard_log
 from seglog.segment.epoch_cache import MAX_EPOCH, UNDEFINED_EPOCH, UNDEFINED_OFFSET, LeaderEpochCache
 from seglog.segment.high_watermark import HighWatermarkCheckpoint
 from seglog.segment.journal import Journal
+from seglog.segment.log_segment import SEGMENT_SUFFIX
 
 __all__ = ["SegmentEngine", "SegmentRange", "shard_dir_name"]
 
@@ -1054,6 +1057,23 @@ class SegmentEngine:
     def disk_bytes(self) -> int:
         """Bytes of the segment files (fast, from memory)."""
         return sum(s.log.size_bytes() for s in self._shards)
+
+    @staticmethod
+    def measure_bytes(directory: Path) -> int:
+        """Bytes of the segment files under a database ``directory``, without opening it.
+
+        What the store's quota counts: LMDB files (indexes, groups) are left out because
+        they never shrink, so counting them would keep a store over quota after data was
+        freed; journals are left out because they are reused, not grown.
+        """
+        total = 0
+        for root, _dirs, files in os.walk(directory):
+            for f in files:
+                if not f.endswith(SEGMENT_SUFFIX):
+                    continue
+                with contextlib.suppress(OSError):  # removed while walking
+                    total += os.stat(os.path.join(root, f)).st_size
+        return total
 
     def close_blocking(self) -> None:
         """Checkpoint the journals and close every shard (the I/O pool is drained or closed)."""
