@@ -181,8 +181,9 @@ def _make_template(path: Path) -> list[tuple[int, bytes]]:
     async def main() -> list[tuple[int, bytes]]:
         async with seglog.open(path) as store:
             db = await store.create_db("r", shards=1, segment_bytes=8192)
-            for k in range(16):
-                await db.append(_records(50, k * 50))
+            for k in range(16):  # epoch 0, then a leader of epoch 2 from offset 400
+                await _append_epoch(db, _records(50, k * 50), 0 if k < 8 else 2)
+            assert db.leader_epochs(0) == [(0, 0), (2, 400)]
             return [(r.offset, r.value) for r in await read_all(db, 0)]
 
     return asyncio_run(main())
@@ -195,7 +196,7 @@ def asyncio_run(coro: Coroutine[Any, Any, T]) -> T:
 def test_truncate_killed_at_every_step_reopens_consistent(tmp_path: Path) -> None:
     """SIGKILL at each write, sync, rename, unlink and copy of a truncation (strace counts each
     system call separately, so each is stepped on its own): the reopened log is the whole log
-    or the cut one, never between, and the indexes agree with it."""
+    or the cut one, never between, and the indexes and the leader-epoch cache agree with it."""
     template = tmp_path / "template"
     full = _make_template(template)
     offset = 175  # inside the second of several sealed segments
@@ -229,6 +230,8 @@ async def _verified_end(data: Path, full: list[tuple[int, bytes]]) -> int:
         assert [(r.offset, r.value) for r in await read_all(db, 0)] == full[:end]
         assert [r.offset for r in await db.read_key(b"k3", shard=0)] == list(range(3, end, 50))
         assert await db.offset_for_time(0, TS0 + 10_000) == end
+        assert db.leader_epochs(0) == ([(0, 0), (2, 400)] if end > 400 else [(0, 0)])
+        assert db.end_offset_for_epoch(0, 2) == ((2, end) if end > 400 else (-1, -1))
         return end
 
 
@@ -356,3 +359,34 @@ def test_high_watermark_moves_up_caps_reads_guards_truncation_and_persists(run, 
             assert db.high_watermark(0) == 30 and db.end_offset(0) == 30
 
     run(main())
+
+
+def test_recovery_reports_its_cause(tmp_path: Path) -> None:
+    from seglog.record import encode_frame, records_to_batch
+    from seglog.segment import open_shard_log
+    from seglog.segment.log_loader import RecoveryCause
+
+    def opened() -> tuple[seglog.segment.ShardLog, seglog.segment.RecoveryReport]:
+        return open_shard_log(tmp_path / "s", segment_bytes=1 << 20, segment_ms=1 << 40, clock_ms=lambda: 0)
+
+    log_, report = opened()
+    assert report.cause is None and not report.cut
+    for k in range(3):
+        log_.append([encode_frame(records_to_batch(_records(10, k * 10)), k * 10)])
+    log_.close()
+    log_, report = opened()
+    assert report.cause is None and log_.next_offset == 30
+    seg = log_.active
+    bounds = [pos for pos, _ in seg.headers()]
+    log_.marker.publish(20, 0, bounds[2], fenced=True)  # a fence at the third frame
+    log_.close()
+    log_, report = opened()
+    assert report.cause is RecoveryCause.FENCED and log_.next_offset == 20
+    path = log_.active.path
+    log_.close()
+    with open(path, "r+b") as f:  # garble the second frame's body
+        f.seek(bounds[1] + 80)
+        f.write(b"\xff\xfe")
+    log_, report = opened()
+    assert report.cause is RecoveryCause.BAD_FRAME and log_.next_offset == 10
+    log_.close()

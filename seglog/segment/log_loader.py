@@ -10,6 +10,7 @@ that was interrupted) cuts the log back to it.
 
 from __future__ import annotations
 
+import enum
 import itertools
 import logging
 import os
@@ -24,9 +25,17 @@ from seglog.segment.durable_end import DurableEndMarker, take_fence
 from seglog.segment.log_segment import SEGMENT_SUFFIX, LogSegment
 from seglog.segment.shard_log import ShardLog, read_checkpoint
 
-__all__ = ["RecoveryReport", "open_shard_log"]
+__all__ = ["RecoveryCause", "RecoveryReport", "open_shard_log"]
 
 log = logging.getLogger("seglog.segment")
+
+
+class RecoveryCause(enum.Enum):
+    """Why recovery cut a shard's log (``RecoveryReport.reason`` says where and what)."""
+
+    OFFSET_GAP = "a segment file does not continue the offsets of the one before"
+    BAD_FRAME = "a frame failed its magic, length, offset or CRC check"
+    FENCED = "a fenced durable end: a failed write that could not be undone, or an interrupted truncation"
 
 
 @dataclass
@@ -38,7 +47,8 @@ class RecoveryReport:
     truncated_at: int | None = None
     bytes_cut: int = 0
     deleted_segments: list[str] = field(default_factory=list)
-    reason: str | None = None
+    cause: RecoveryCause | None = None
+    reason: str | None = None  # the details, for the log
 
     @property
     def cut(self) -> bool:
@@ -99,7 +109,7 @@ def open_shard_log(
             # A gap in the offset sequence: this file cannot follow the one before.
             prev = segments[index - 1]
             reason = f"segment {seg.path.name} does not continue offset {expected}"
-            _cut(report, segments, index - 1, prev, prev.size, reason)
+            _cut(report, segments, index - 1, prev, prev.size, RecoveryCause.OFFSET_GAP, reason)
             break
         if seg.base_offset < recovery_base and index + 1 < len(segments):
             expected = segments[index + 1].base_offset
@@ -108,7 +118,7 @@ def open_shard_log(
         seg.next_offset = next_offset
         expected = next_offset
         if error is not None:
-            _cut(report, segments, index, seg, pos, error)
+            _cut(report, segments, index, seg, pos, RecoveryCause.BAD_FRAME, error)
             break
     segments = [s for s in segments if s.path.name not in report.deleted_segments]
     expected = _cut_to_durable_end(directory, report, segments, expected)
@@ -174,7 +184,7 @@ def _cut_to_durable_end(
             break
         if boundary != marker.next_offset:
             break
-        _cut(report, segments, index, segments[index], marker.segment_bytes,
+        _cut(report, segments, index, segments[index], marker.segment_bytes, RecoveryCause.FENCED,
                  f"offsets {marker.next_offset}..{end} were written but never acknowledged")
         segments[index].next_offset = marker.next_offset
         return marker.next_offset
@@ -187,8 +197,10 @@ def _cut(
     index: int,
     seg: LogSegment,
     pos: int,
+    cause: RecoveryCause,
     reason: str,
 ) -> None:
+    report.cause = cause
     report.reason = reason
     if pos < seg.size:
         report.truncated_segment = seg.path.name
