@@ -25,6 +25,7 @@ from seglog.engines.base import (
 from seglog.errors import ClosedResourceError, ConfigMismatch, InvalidArgument, OffsetOutOfRange
 from seglog.groups import GroupStore, validate_group_name
 from seglog.record import (
+    MAX_LEADER_EPOCH,
     Record,
     RecordMeta,
     now_us,
@@ -150,7 +151,9 @@ class Database:
 
     # --- append ------------------------------------------------------------------------
 
-    async def append(self, records: Record | Iterable[Record], *, shard: int | None = None) -> AppendResult:
+    async def append(
+        self, records: Record | Iterable[Record], *, shard: int | None = None, leader_epoch: int = 0
+    ) -> AppendResult:
         """Append one record or a batch durably; return where each went, in input order.
 
         Records go to ``shard`` if given, else to their own ``shard`` attribute if set, else
@@ -160,7 +163,8 @@ class Database:
 
         Records without ``ts`` are stamped ``now_us()`` (read once per call) plus their index
         in the call, so a batch keeps its order in time. Every ``ts`` must lie in
-        ``[config.min_ts_us, config.max_ts_us]``.
+        ``[config.min_ts_us, config.max_ts_us]``. ``leader_epoch`` is stamped on the frames
+        (0 for a standalone store; a replicated leader passes its epoch).
 
         Returns:
             An :class:`AppendResult`: a read-only list of ``RecordMeta(shard, offset, ts)``.
@@ -172,6 +176,7 @@ class Database:
             StorageError: The disk failed; records of other shards may have been written.
         """
         engine = self._check()
+        _check_epoch(leader_epoch)
         if isinstance(records, Record):
             recs: list[Record] = [records]
         elif isinstance(records, list):
@@ -199,14 +204,17 @@ class Database:
             for s in explicit:
                 if s is not None:
                     self._check_shard(s)
-        shard_col, offset_col = await self._append_routed(engine, batch, shard, explicit)
+        shard_col, offset_col = await self._append_routed(engine, batch, shard, explicit, leader_epoch)
         return AppendResult(shard_col, offset_col, batch.column("ts").to_numpy())
 
-    async def append_arrow(self, data: pa.Table | pa.RecordBatch, *, shard: int | None = None) -> pa.Table:
+    async def append_arrow(
+        self, data: pa.Table | pa.RecordBatch, *, shard: int | None = None, leader_epoch: int = 0
+    ) -> pa.Table:
         """Append columns ``ts, topic, key, value[, headers][, stream]`` durably.
 
         ``topic`` and ``value`` are required; ``ts`` (int64 µs, or any Arrow timestamp) and
-        ``key`` may be missing or null; routing and ``ts`` stamping are as in :meth:`append`.
+        ``key`` may be missing or null; routing, ``ts`` stamping and ``leader_epoch`` are as
+        in :meth:`append`.
 
         Returns:
             A table with columns ``shard`` (int32) and ``offset`` (int64), one row per input
@@ -216,6 +224,7 @@ class Database:
             InvalidRecord: A row or column is invalid; nothing was written.
         """
         engine = self._check()
+        _check_epoch(leader_epoch)
         if not isinstance(data, (pa.Table, pa.RecordBatch)):
             raise InvalidArgument("append_arrow takes a pyarrow Table or RecordBatch")
         if shard is not None:
@@ -224,11 +233,16 @@ class Database:
         batch = table_to_batch(
             data, max_record_bytes=cfg.max_record_bytes, min_ts_us=cfg.min_ts_us, max_ts_us=cfg.max_ts_us
         )
-        shard_col, offset_col = await self._append_routed(engine, batch, shard, [])
+        shard_col, offset_col = await self._append_routed(engine, batch, shard, [], leader_epoch)
         return pa.table({"shard": pa.array(shard_col), "offset": pa.array(offset_col)})
 
     async def _append_routed(
-        self, engine: Engine, batch: pa.RecordBatch, shard: int | None, explicit: list[int | None]
+        self,
+        engine: Engine,
+        batch: pa.RecordBatch,
+        shard: int | None,
+        explicit: list[int | None],
+        leader_epoch: int = 0,
     ) -> tuple[np.ndarray[Any, np.dtype[np.int32]], np.ndarray[Any, np.dtype[np.int64]]]:
         """Split a validated batch by shard, append the parts concurrently, return positions."""
         n = batch.num_rows
@@ -237,10 +251,10 @@ class Database:
         if shard is None and self.config.shards == 1 and not explicit:
             shard = 0
         if shard is not None:
-            (base,) = await engine.append_many([(shard, batch)], self._quota)
+            (base,) = await engine.append_many([(shard, batch)], self._quota, leader_epoch=leader_epoch)
             return np.full(n, shard, np.int32), np.arange(base, base + n, dtype=np.int64)
         routes = self._routes(batch, explicit)
-        return routes, await engine.append_routed(batch, routes, self._quota)
+        return routes, await engine.append_routed(batch, routes, self._quota, leader_epoch=leader_epoch)
 
     def shard_for(self, key_or_topic: bytes | str) -> int:
         """The shard a record routes to: pass its key (``bytes``), or its topic (``str``) when
@@ -937,6 +951,11 @@ class TierShardStats:
 
 
 _ANY_SHARD: Final = -1
+
+
+def _check_epoch(leader_epoch: object) -> None:
+    if type(leader_epoch) is not int or not 0 <= leader_epoch <= MAX_LEADER_EPOCH:
+        raise InvalidArgument(f"leader_epoch must be an int in 0..{MAX_LEADER_EPOCH}, not {leader_epoch!r}")
 
 
 def _check_int(name: str, value: object, *, minimum: int = 0) -> None:

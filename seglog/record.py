@@ -62,6 +62,7 @@ __all__ = [
     "FRAME_HEADER_BYTES",
     "FRAME_SCHEMA",
     "HEADERS_TYPE",
+    "MAX_LEADER_EPOCH",
     "MAX_TOPIC_BYTES",
     "OFFSET_FIELD",
     "READ_SCHEMA",
@@ -114,6 +115,8 @@ _HEADER_OFFSETS: Final = {
 _CRC_START: Final = _HEADER_OFFSETS["version"]
 MAX_TOPIC_BYTES: Final = 65535
 DEFAULT_MAX_RECORD_BYTES: Final = 1 << 20
+# The frame header keeps the leader epoch as an int32; epochs are never negative.
+MAX_LEADER_EPOCH: Final = 2**31 - 1
 # A frame body is bounded so that a garbage length field read during recovery is rejected
 # instead of being trusted.
 MAX_FRAME_BODY_BYTES: Final = 256 << 20

@@ -14,10 +14,7 @@ import os
 import signal
 import sys
 
-import numpy as np
-
 import seglog
-import seglog.record
 
 
 async def truncate(data: str, offset: int) -> None:
@@ -42,11 +39,9 @@ async def journal(data: str, offset: int) -> None:
 async def epoch(data: str, leader_epoch: int) -> None:
     store = await seglog.open(data, buffer_ms=3_600_000)
     db = await store.open_db("r")
-    batch = seglog.record.records_to_batch(
-        [seglog.Record(topic="t", value=b"e%d" % i, key=b"k%d" % i, ts=1_700_000_000_000_000 + i) for i in range(400)]
-    )
-    routes = np.array([db.shard_for(b"k%d" % i) for i in range(400)], np.int32)
-    await db._engine.append_routed(batch, routes, leader_epoch=leader_epoch)
+    records = [seglog.Record(topic="t", value=b"e%d" % i, key=b"k%d" % i, ts=1_700_000_000_000_000 + i)
+               for i in range(400)]
+    await db.append(records, leader_epoch=leader_epoch)
     print("appended", flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
 

@@ -60,8 +60,7 @@ async def _all_frames(db: seglog.Database, shard: int) -> bytes:
 
 
 async def _append_epoch(db: seglog.Database, records: list[seglog.Record], epoch: int, shard: int = 0) -> None:
-    # The leader's stamp: the engine-level append (Database.append gains it with replication).
-    await db._engine.append_many([(shard, seglog.record.records_to_batch(records))], leader_epoch=epoch)
+    await db.append(records, shard=shard, leader_epoch=epoch)
 
 
 async def _ship(src: seglog.Database, dst: seglog.Database, shard: int, max_bytes: int = 5000) -> None:

@@ -261,8 +261,7 @@ def test_truncate_refuses_concurrent_truncation_and_bad_offsets(run, tmp_path: P
 
 
 async def _append_epoch(db: seglog.Database, records: list[seglog.Record], epoch: int, shard: int = 0) -> None:
-    # The leader's stamp: the engine-level append (Database.append gains it with replication).
-    await db._engine.append_many([(shard, seglog.record.records_to_batch(records))], leader_epoch=epoch)
+    await db.append(records, shard=shard, leader_epoch=epoch)
 
 
 def test_leader_epochs_travel_with_frames_and_answer_like_kafka(run, tmp_path: Path) -> None:

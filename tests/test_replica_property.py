@@ -85,7 +85,7 @@ async def _scenario(root: Path, steps: list[tuple[str, float]], engine: str = "s
                                       ts=TS0 + leader.end_offset(0) + i) for i in range(n)]
                 counter += n
                 batch = seglog.record.records_to_batch(recs)
-                await leader._engine.append_many([(0, batch)], leader_epoch=epoch)
+                await leader.append_arrow(batch, shard=0, leader_epoch=epoch)
             elif op in ("truncate_leader", "truncate_follower"):
                 db = leader if op == "truncate_leader" else follower
                 target = int(db.start_offset(0) + arg * (db.end_offset(0) - db.start_offset(0)))
