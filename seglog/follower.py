@@ -2,16 +2,18 @@
 
 A store is owned by one process (:class:`~seglog.errors.StoreLocked` for a second opener), so
 that process's ``db.tail`` cannot serve a consumer elsewhere. :func:`follow` reads the shard's
-segment files directly instead (see :mod:`seglog.segment.shard_reader`) and waits for new frames
-by checking the files every ``poll_interval_ms``: one ``pread`` and one directory listing per
-check, so an idle follower costs next to nothing.
+files directly instead, through the engine's cross-process reader
+(:class:`~seglog.engines.base.EngineReader`, opened by name from the engine registry; for
+``segment`` see :mod:`seglog.engines.segment_reader`), and waits for new frames by checking
+every ``poll_interval_ms``: for ``segment`` one ``pread`` and one directory listing per check,
+so an idle follower costs next to nothing.
 
 With ``group=...`` a follower also reads and commits that consumer group's position; that
 commit is its only write.
 
-Limits: only ``segment``-engine databases can be followed (``memory`` keeps its frames in the
-owner's RAM; ``lmdb`` is not supported yet); offsets below the local start (retention, tiering)
-are not read through to the tier; a follower sees a frame as soon as the owner has written it,
+Limits: only engines with a cross-process reader can be followed, ``segment`` today
+(``memory`` keeps its frames in the owner's RAM; ``lmdb`` is not supported yet); offsets
+below the local start (retention, tiering) are not read through to the tier; a follower sees a frame as soon as the owner has written it,
 which under ``fsync="interval"``/``"never"`` can be before it is durable against power loss.
 """
 
@@ -29,9 +31,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from seglog.db_config import validate_db_name
-from seglog.engines.base import READ_SCHEMA, empty_read_table
-from seglog.engines.frames import with_offsets
-from seglog.engines.segment import shard_dir_name
+from seglog.engines import get_engine
+from seglog.engines.base import READ_SCHEMA, EngineReader, ShardCursor, empty_read_table, with_offsets
 from seglog.errors import (
     BusyResourceError,
     ClosedResourceError,
@@ -42,7 +43,6 @@ from seglog.errors import (
 )
 from seglog.groups import GroupStore, validate_group_name
 from seglog.record import decode_body, timestamp_us
-from seglog.segment.shard_reader import ShardReader
 from seglog.store import STORE_FILE, db_directory, is_open_in_this_process, read_db_config
 
 __all__ = ["DEFAULT_POLL_INTERVAL_MS", "Follower", "follow"]
@@ -110,7 +110,8 @@ class Follower:
         self.group = group
         self._groups: GroupStore | None = None
         self._groups_dir = Path()
-        self._reader: ShardReader | None = None
+        self._engine_reader: EngineReader | None = None
+        self._reader: ShardCursor | None = None
         self._state = "new"
         self.position = -1  # the next offset to deliver, once open
 
@@ -146,14 +147,9 @@ class Follower:
             raise DatabaseNotFound(f"{self.path} is not a seglog data directory")
         db_dir = db_directory(self.path, self.db)
         config = read_db_config(self.path, self.db)
-        if config.engine != "segment":
-            raise InvalidArgument(
-                f"database {self.db!r} uses the {config.engine!r} engine; only 'segment' databases "
-                "can be followed from another process"
-            )
-        if self.shard >= config.shards:
-            raise InvalidArgument(f"shard {self.shard} out of range 0..{config.shards - 1}")
-        reader = self._reader = ShardReader(db_dir / shard_dir_name(self.shard))
+        # Raises InvalidArgument for an engine that cannot be followed, or a shard it lacks.
+        self._engine_reader = get_engine(config.engine).reader(db_dir, config.shards)
+        reader = self._reader = self._engine_reader.open_shard(self.shard)
         committed = None
         if self.group is not None:
             if is_open_in_this_process(self.path):
@@ -178,11 +174,14 @@ class Follower:
             self.position = start
 
     async def close(self) -> None:
-        """Release the open segment; idempotent."""
+        """Release the open files; idempotent."""
         self._state = "closed"
         if self._reader is not None:
             self._reader.close()
             self._reader = None
+        if self._engine_reader is not None:
+            self._engine_reader.close()
+            self._engine_reader = None
         if self._groups is not None:
             self._groups = None
             _release_groups(self._groups_dir)
@@ -203,7 +202,7 @@ class Follower:
             raise InvalidArgument("offset must be an int >= 0")
         await asyncio.to_thread(self._groups.commit, self.group, self.shard, offset)
 
-    def _check_open(self) -> ShardReader:
+    def _check_open(self) -> ShardCursor:
         if self._state != "open" or self._reader is None:
             raise ClosedResourceError(f"the follower of {self.db!r} shard {self.shard} is {self._state}")
         return self._reader

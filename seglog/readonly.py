@@ -7,37 +7,26 @@ owner last acknowledged it), the tier manifest and the consumer-group LMDB envir
 (opened read-only; LMDB's own lock file makes that safe beside the owner's writes).
 
 A ``memory`` database has nothing on disk (its shards show as empty); an ``lmdb`` database is
-read from its environment, opened read-only.
+read from its environment, opened read-only. The shard figures come from each engine's
+``shard_files`` in the engine registry, so this module never learns an engine's file layout.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
-import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
-
-import lmdb
 
 from seglog.db_config import DbConfig
-from seglog.engines.lmdb_engine import FRAMES_DIR
-from seglog.engines.segment import shard_dir_name
+from seglog.engines import get_engine
 from seglog.errors import StorageError, StoreNotFound
 from seglog.groups import GROUPS_DIR, GroupStore
-from seglog.record import FRAME_HEADER_BYTES, parse_header
-from seglog.segment.durable_end import read_durable_end
-from seglog.segment.log_segment import segment_name
-from seglog.segment.shard_reader import ShardReader, list_segment_bases
 from seglog.store import DB_CONFIG_FILE, DBS_DIR, STORE_FILE, db_directory, read_db_config
 from seglog.tiering.db_tier import LOCAL_MANIFEST_FILE, logical_start
 from seglog.tiering.manifest import Manifest
 from seglog.tiering.targets import TierTarget
 
 __all__ = ["GroupLag", "ShardView", "check_store", "db_view", "group_lags", "list_dbs"]
-
-_U64: Final = struct.Struct(">Q")
 
 
 @dataclass(frozen=True)
@@ -101,82 +90,6 @@ def list_dbs(path: str | os.PathLike[str]) -> list[str]:
         raise StorageError(f"cannot list {root}") from exc
 
 
-def _segment_end(directory: Path, base: int) -> int:
-    """The end offset of a segment from its frame headers (no marker: an older store)."""
-    path = directory / segment_name(base)
-    end = base
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return end
-    try:
-        size = os.fstat(fd).st_size
-        pos = 0
-        while pos + FRAME_HEADER_BYTES <= size:
-            try:
-                header = parse_header(os.pread(fd, FRAME_HEADER_BYTES, pos), 0)
-            except StorageError:
-                break  # a torn tail: the owner's recovery cuts it
-            if header.base_offset != end or pos + header.size > size:
-                break
-            pos += header.size
-            end = header.next_offset
-    finally:
-        os.close(fd)
-    return end
-
-
-def _segment_shard(db_dir: Path, shard: int) -> tuple[int, int, list[int]]:
-    """(start, end, segment sizes oldest first) of a ``segment``-engine shard."""
-    directory = db_dir / shard_dir_name(shard)
-    if not directory.is_dir():
-        return 0, 0, []
-    bases = list_segment_bases(directory)
-    sizes = []
-    for base in bases:
-        with contextlib.suppress(FileNotFoundError):  # retention removed it meanwhile
-            sizes.append((directory / segment_name(base)).stat().st_size)
-    start = ShardReader(directory).start_offset()
-    marker = read_durable_end(directory)
-    end = marker.next_offset if marker is not None else start
-    if marker is None and bases:  # a store written before the marker existed
-        end = _segment_end(directory, bases[-1])
-    return start, max(start, end), sizes
-
-
-def _lmdb_shards(db_dir: Path, shards: int) -> list[tuple[int, int]]:
-    """(start, end) per shard of an ``lmdb``-engine database, from its environment (read-only)."""
-    path = db_dir / FRAMES_DIR
-    if not path.is_dir():
-        return [(0, 0)] * shards
-    try:
-        env = lmdb.open(str(path), readonly=True, lock=True, max_dbs=2 * shards + 1, subdir=True)
-    except lmdb.Error as exc:
-        raise StorageError(f"cannot open LMDB environment {path} read-only") from exc
-    out = []
-    try:
-        with env.begin(buffers=True) as txn:
-            meta = env.open_db(b"meta", txn=txn, create=False)
-            for n in range(shards):
-                raw = txn.get(b"start:%d" % n, db=meta)
-                start = _U64.unpack(bytes(raw))[0] if raw is not None else 0
-                end = start
-                try:
-                    frames = env.open_db(b"f%d" % n, txn=txn, create=False)
-                except lmdb.NotFoundError:
-                    frames = None
-                if frames is not None:
-                    cursor = txn.cursor(db=frames)
-                    if cursor.last():
-                        end = max(end, parse_header(bytes(cursor.value()), 0).next_offset)
-                out.append((start, end))
-    except lmdb.Error as exc:
-        raise StorageError(f"cannot read LMDB environment {path}") from exc
-    finally:
-        env.close()
-    return out
-
-
 def db_view(
     path: str | os.PathLike[str], name: str, *, tier: TierTarget | None = None
 ) -> tuple[DbConfig, list[ShardView]]:
@@ -202,25 +115,19 @@ def db_view(
         manifest = Manifest.load(tier, name, local_path=local_manifest)
     elif local_manifest.is_file():
         manifest = Manifest.from_json(local_manifest.read_bytes(), db=name)
+    factory = get_engine(config.engine)
     views = []
-    if config.engine == "lmdb":
-        data_file = db_dir / FRAMES_DIR / "data.mdb"
-        env_bytes = data_file.stat().st_size if data_file.is_file() else 0
-        for n, (start, end) in enumerate(_lmdb_shards(db_dir, config.shards)):
-            views.append(ShardView(n, start, end, 0, 0, env_bytes if n == 0 else 0, 0, 0, 0))
-        return config, views
-    for n in range(config.shards):
-        if config.engine == "memory":
-            views.append(ShardView(n, 0, 0, 0, 0, 0, 0, 0, 0))
-            continue
-        local_start, end, sizes = _segment_shard(db_dir, n)
-        start, cold, objects = local_start, 0, 0
-        if manifest is not None:
+    for n, files in enumerate(factory.shard_files(db_dir, config.shards)):
+        sizes = files.segment_bytes
+        start, cold, objects = files.start_offset, 0, 0
+        # Only a tiering engine's shards have a tiered part (a manifest of another engine's
+        # database is ignored, as the store never tiers it).
+        if manifest is not None and factory.tiering:
             committed = manifest.committed(n)
             cold, objects = sum(e.bytes for e in committed), len(committed)
-            start = logical_start(manifest, n, local_start)
-        views.append(ShardView(n, start, end, len(sizes), sum(sizes), sizes[-1] if sizes else 0,
-                               sum(sizes[:-1]), cold, objects))
+            start = logical_start(manifest, n, files.start_offset)
+        hot = (sizes[-1] if sizes else 0) + files.other_bytes
+        views.append(ShardView(n, start, files.end_offset, len(sizes), sum(sizes), hot, sum(sizes[:-1]), cold, objects))
     return config, views
 
 

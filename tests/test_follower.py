@@ -122,13 +122,20 @@ def test_validation_and_out_of_range(data_dir: Path, run: Run[None]) -> None:
         async with seglog.open(data_dir) as store:
             db = await store.create_db("f", 2, segment_bytes=4096)
             await store.create_db("m", 1, engine="memory")
+            await store.create_db("l", 1, engine="lmdb")
             for start in range(0, 200, 20):  # ~2 frames per 4 KiB segment
                 await db.append(make_records(20, start=start), shard=0)
             with pytest.raises(DatabaseNotFound):
                 await seglog.follow(data_dir, "nope", 0).open()
-            with pytest.raises(InvalidArgument, match="memory"):
-                await seglog.follow(data_dir, "m", 0).open()
-            with pytest.raises(InvalidArgument, match="out of range"):
+            # Engines without a cross-process reader are refused by name (the registry says so).
+            for name, engine in (("m", "memory"), ("l", "lmdb")):
+                with pytest.raises(InvalidArgument) as refused:
+                    await seglog.follow(data_dir, name, 0).open()
+                assert str(refused.value) == (
+                    f"database {name!r} uses the {engine!r} engine; only 'segment' databases "
+                    "can be followed from another process"
+                )
+            with pytest.raises(InvalidArgument, match=r"^shard 2 out of range 0\.\.1$"):
                 await seglog.follow(data_dir, "f", 2).open()
             with pytest.raises(InvalidName):
                 seglog.follow(data_dir, "../f", 0)
@@ -280,3 +287,31 @@ def test_cli_follow_sees_another_process_appends(tmp_path: Path) -> None:
         for p in [*followers, owner]:
             p.kill()
             p.wait(timeout=WAIT_S)
+
+
+def test_engine_readers_in_the_registry(data_dir: Path, run: Run[None]) -> None:
+    from seglog.engines.registry import engine_names, followable_engines, get_engine
+
+    assert followable_engines() == "'segment'"
+    assert all(get_engine(n).shard_files is not None for n in engine_names())
+
+    async def main() -> None:
+        async with seglog.open(data_dir) as store:
+            db = await store.create_db("f", 2, segment_bytes=4096)
+            await db.append(make_records(20), shard=1)
+            db_dir = data_dir / "dbs" / "f"
+            reader = get_engine("segment").reader(db_dir, 2)
+            cursor = reader.open_shard(1)
+            try:
+                assert (cursor.start_offset(), cursor.durable_end()) == (0, 20)
+                cursor.seek(0)
+                frames = cursor.read(1 << 20)
+                assert [f.header.base_offset for f in frames] == [0] and cursor.next_offset == 20
+                assert list(cursor.read(1 << 20)) == []  # caught up: empty, never blocks
+            finally:
+                cursor.close()
+                reader.close()
+            files = get_engine("segment").shard_files(db_dir, 2)
+            assert [(f.start_offset, f.end_offset) for f in files] == [(0, 0), (0, 20)]
+
+    run(main())

@@ -147,6 +147,20 @@ def test_db_layer_reaches_engines_only_through_their_api() -> None:
     assert not stale, f"no longer needed, remove from ALLOWED_ENGINE_IMPORTS: {stale}"
 
 
+# Read-only views of a store another process owns: they read an engine's files only through
+# the registry (shard_files, open_reader) and the reader protocols in base, never its layout.
+OUT_OF_PROCESS_READERS: Final = ("seglog.follower", "seglog.readonly")
+
+
+@pytest.mark.parametrize("module", OUT_OF_PROCESS_READERS)
+def test_out_of_process_readers_reach_engines_only_through_their_api(module: str) -> None:
+    deps = set(_imports(module, MODULES[module]))
+    concrete = sorted(d for d in deps if d.startswith("seglog.engines") and d not in ENGINE_API)
+    assert not concrete, f"{module} imports a concrete engine module: {concrete}"
+    layout = sorted(d for d in deps if d == "seglog.segment" or d.startswith("seglog.segment."))
+    assert not layout, f"{module} reads segment files itself: {layout}"
+
+
 @pytest.mark.parametrize("module", ["seglog.db", "seglog.store"])
 @pytest.mark.parametrize("engine", ["segment", "memory", "lmdb_engine", "segment_writer"])
 def test_db_and_store_import_no_engine(module: str, engine: str) -> None:

@@ -17,7 +17,7 @@ from typing import Any, Final, Literal, Protocol, runtime_checkable
 import numpy as np
 import pyarrow as pa
 
-from seglog.record import DEFAULT_MAX_RECORD_BYTES, READ_SCHEMA
+from seglog.record import DEFAULT_MAX_RECORD_BYTES, READ_SCHEMA, FrameHeader
 
 __all__ = [
     "DEFAULT_SEGMENT_BYTES",
@@ -25,15 +25,20 @@ __all__ = [
     "READ_SCHEMA",
     "Engine",
     "EngineConfig",
+    "EngineReader",
     "Fsync",
     "FsyncPolicy",
     "Quota",
+    "ReadFrame",
     "ReadOnlyReason",
     "SegmentInfo",
     "SegmentedEngine",
+    "ShardCursor",
+    "ShardFiles",
     "ShardStats",
     "empty_read_table",
     "retention_start",
+    "with_offsets",
 ]
 
 FsyncPolicy = Literal["always", "interval", "never"]
@@ -65,6 +70,13 @@ DEFAULT_SEGMENT_MS: Final = 7 * 24 * 3600 * 1000
 def empty_read_table() -> pa.Table:
     """A table with :data:`READ_SCHEMA` and no rows."""
     return READ_SCHEMA.empty_table()
+
+
+def with_offsets(batch: pa.RecordBatch, base: int, start_row: int, stop_row: int) -> pa.RecordBatch:
+    """Rows ``start_row:stop_row`` of a frame batch with an ``offset`` column (:data:`READ_SCHEMA`)."""
+    part = batch.slice(start_row, stop_row - start_row)
+    offsets = pa.array(np.arange(base + start_row, base + stop_row, dtype=np.int64))
+    return pa.RecordBatch.from_arrays([offsets, *part.columns], schema=READ_SCHEMA)
 
 
 def retention_start(
@@ -314,3 +326,91 @@ class SegmentedEngine(Engine, Protocol):
 
     async def seal(self, shard: int) -> bool:
         """Seal the active segment of ``shard`` if it holds data; whether it did."""
+
+
+# --- reading a database another process owns ---------------------------------------------
+# A follower or ``seglog stats`` must not open the engine (the owner holds the store lock,
+# and opening would recover/modify files). They read through these instead, so they never
+# learn an engine's file layout.
+
+
+@dataclass(frozen=True)
+class ShardFiles:
+    """One shard as its files show it, read without opening the database.
+
+    Attributes:
+        start_offset: First local readable offset.
+        end_offset: The owner's acknowledged end (the next offset to be assigned).
+        segment_bytes: Sizes of the local segment files, oldest first (the last one is active).
+        other_bytes: Data bytes not in segments (``lmdb``: its environment file, on shard 0).
+    """
+
+    start_offset: int
+    end_offset: int
+    segment_bytes: tuple[int, ...] = ()
+    other_bytes: int = 0
+
+
+class ReadFrame(Protocol):
+    """A complete, CRC-checked stored frame: its header and its bytes (header first)."""
+
+    @property
+    def header(self) -> FrameHeader: ...
+
+    @property
+    def data(self) -> bytes: ...
+
+
+class ShardCursor(Protocol):
+    """A read-only position in one shard of a database another process may be appending to.
+
+    Only frames below the owner's acknowledged (durable) end are returned: bytes past it may
+    be a write the owner is about to roll back. Not thread-safe; one cursor per consumer.
+    """
+
+    @property
+    def next_offset(self) -> int:
+        """Base offset of the next frame :meth:`read` returns."""
+
+    def start_offset(self) -> int:
+        """The first local readable offset (re-read from the files on each call)."""
+
+    def durable_end(self) -> int | None:
+        """The owner's acknowledged end offset (``None``: the store does not record one)."""
+
+    def seek(self, offset: int) -> None:
+        """Position at the frame holding ``offset`` (or at the log end).
+
+        Raises:
+            OffsetOutOfRange: ``offset`` is below the local start or past the end.
+        """
+
+    def seek_time(self, ts_us: int) -> int:
+        """Position at the first frame whose records may have ``ts >= ts_us``; return its base.
+
+        The caller filters the rows of that frame.
+        """
+
+    def read(self, max_bytes: int) -> Sequence[ReadFrame]:
+        """The acknowledged frames from the position, up to about ``max_bytes``.
+
+        Empty when nothing new is readable yet: the log grows by calling again later (a
+        follower polls; nothing here blocks).
+
+        Raises:
+            CorruptFrame: A frame the owner can no longer be writing is bad.
+            OffsetOutOfRange: The next data was removed (retention) before it was read.
+        """
+
+    def close(self) -> None:
+        """Release open files; idempotent."""
+
+
+class EngineReader(Protocol):
+    """Cross-process, read-only access to one database directory: takes no lock, writes nothing."""
+
+    def open_shard(self, shard: int) -> ShardCursor:
+        """A cursor on ``shard``, not yet positioned (call :meth:`ShardCursor.seek` first)."""
+
+    def close(self) -> None:
+        """Release everything the reader holds (cursors close on their own); idempotent."""

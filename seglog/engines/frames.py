@@ -32,6 +32,7 @@ from seglog.engines.base import (
     ShardStats,
     empty_read_table,
     retention_start,
+    with_offsets,  # moved to base (readers outside the engines use it); re-exported here
 )
 from seglog.errors import (
     AppendFailed,
@@ -204,13 +205,6 @@ def frame_keys(batch: pa.RecordBatch, base: int) -> list[tuple[bytes, int]]:
     if keys.null_count == len(keys):
         return []
     return [(k, base + i) for i, k in enumerate(keys.to_pylist()) if k is not None]
-
-
-def with_offsets(batch: pa.RecordBatch, base: int, start_row: int, stop_row: int) -> pa.RecordBatch:
-    """Rows ``start_row:stop_row`` of a frame batch with an ``offset`` column (:data:`READ_SCHEMA`)."""
-    part = batch.slice(start_row, stop_row - start_row)
-    offsets = pa.array(np.arange(base + start_row, base + stop_row, dtype=np.int64))
-    return pa.RecordBatch.from_arrays([offsets, *part.columns], schema=READ_SCHEMA)
 
 
 def frame_bytes(frame: EncodedFrame) -> bytes:

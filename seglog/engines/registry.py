@@ -13,11 +13,22 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
 
-from seglog.engines.base import Engine, EngineConfig
+from seglog.engines.base import Engine, EngineConfig, EngineReader, ShardFiles
 from seglog.errors import InvalidArgument
 from seglog.io_pool import IoPool
 
-__all__ = ["EngineFactory", "MeasureBytes", "OpenBlocking", "engine_names", "get_engine", "register_engine", "tiering_engines"]
+__all__ = [
+    "EngineFactory",
+    "MeasureBytes",
+    "OpenBlocking",
+    "OpenReader",
+    "ReadShardFiles",
+    "engine_names",
+    "followable_engines",
+    "get_engine",
+    "register_engine",
+    "tiering_engines",
+]
 
 OpenBlocking = Callable[[EngineConfig, IoPool, Executor], Engine]
 """Open (or create) an engine's data for one database; blocking, run off the event loop.
@@ -34,6 +45,19 @@ blocking. Only files that shrink when data is freed may count: otherwise a store
 stay over quota after retention freed space.
 """
 
+OpenReader = Callable[[Path, int], EngineReader]
+"""Open a cross-process read-only reader of a database directory with this many shards.
+
+Takes no lock and writes nothing, so it works beside the owning process; blocking.
+"""
+
+ReadShardFiles = Callable[[Path, int], list[ShardFiles]]
+"""Every shard of a database directory with this many shards as its files show it.
+
+Read-only and lock-free like :data:`OpenReader`, but for every engine: a database whose
+data is not on disk (``memory``) shows empty shards. Blocking.
+"""
+
 
 @dataclass(frozen=True)
 class EngineFactory:
@@ -43,6 +67,9 @@ class EngineFactory:
         name: The name a database's config uses (``DbConfig.engine``).
         open_blocking: Opens the engine (see :data:`OpenBlocking`).
         measure_bytes: The quota measure of a closed database (see :data:`MeasureBytes`).
+        shard_files: Offsets and file sizes of a database's shards (see :data:`ReadShardFiles`).
+        open_reader: Opens a reader another process can follow the database with (see
+            :data:`OpenReader`); ``None``: its data cannot be read from outside the owner.
         tiering: Whether its databases can tier (the engine is a
             :class:`~seglog.engines.base.SegmentedEngine`); the store checks this before
             opening one, the database checks the engine itself.
@@ -51,7 +78,23 @@ class EngineFactory:
     name: str
     open_blocking: OpenBlocking
     measure_bytes: MeasureBytes
+    shard_files: ReadShardFiles
+    open_reader: OpenReader | None = None
     tiering: bool = False
+
+    def reader(self, directory: Path, shards: int) -> EngineReader:
+        """A cross-process read-only reader of the database in ``directory`` (blocking).
+
+        Raises:
+            InvalidArgument: This engine's databases cannot be followed from another process.
+        """
+        if self.open_reader is None:
+            # The directory is named after the database (the store's layout).
+            raise InvalidArgument(
+                f"database {directory.name!r} uses the {self.name!r} engine; only {followable_engines()} "
+                "databases can be followed from another process"
+            )
+        return self.open_reader(directory, shards)
 
 
 # Registration order is the order names are listed in (error messages name them all).
@@ -79,6 +122,11 @@ def engine_names() -> tuple[str, ...]:
 def tiering_engines() -> str:
     """The names of the engines that can tier, for messages: ``'segment'`` (or ``'a' or 'b'``)."""
     return " or ".join(repr(f.name) for f in _FACTORIES.values() if f.tiering)
+
+
+def followable_engines() -> str:
+    """The names of the engines another process can follow, for messages (like :func:`tiering_engines`)."""
+    return " or ".join(repr(f.name) for f in _FACTORIES.values() if f.open_reader is not None)
 
 
 def get_engine(name: object) -> EngineFactory:
