@@ -14,15 +14,8 @@ import pyarrow as pa
 
 from seglog._routing import routing_hashes, shard_for
 from seglog.db_config import DbConfig, validate_db_name
-from seglog.engines.base import (
-    READ_SCHEMA,
-    Engine,
-    Quota,
-    SegmentedEngine,
-    ShardStats,
-    retention_start,
-)
-from seglog.errors import ClosedResourceError, ConfigMismatch, InvalidArgument, OffsetOutOfRange
+from seglog.engines.base import Engine, Quota, SegmentedEngine, ShardStats
+from seglog.errors import ClosedResourceError, ConfigMismatch, InvalidArgument
 from seglog.groups import GroupStore, validate_group_name
 from seglog.record import (
     MAX_LEADER_EPOCH,
@@ -34,8 +27,7 @@ from seglog.record import (
     table_to_batch,
     timestamp_us,
 )
-from seglog.tiering.db_tier import DbTier
-from seglog.tiering.manifest import ManifestEntry
+from seglog.tiering.seam import ManifestEntry, TieredStorage
 
 if TYPE_CHECKING:
     from seglog.consumer import Consumer, StartFrom
@@ -113,7 +105,7 @@ class Database:
         clock_us: Callable[[], int] = now_us,
         persist_config: Callable[[DbConfig], None] | None = None,
         quota: Quota | None = None,
-        tier: DbTier | None = None,
+        tier: TieredStorage | None = None,
     ) -> None:
         self.name = name
         self.config = config
@@ -126,8 +118,8 @@ class Database:
         self._segmented: SegmentedEngine | None = engine if isinstance(engine, SegmentedEngine) else None
         if tier is not None and self._segmented is None:
             raise ConfigMismatch(f"database {name!r}: tiering needs the 'segment' engine, not {config.engine!r}")
+        # Tiering lives behind the seam: every tier-aware operation below delegates to it.
         self._tier = tier
-        self._tier_lock = asyncio.Lock()
         self._wakeups: dict[int, asyncio.Event] = {}
         self._active_tails = 0
         engine.listener = self._wake
@@ -305,22 +297,8 @@ class Database:
         self._check_shard(shard)
         _check_int("offset", offset)
         _check_int("max_records", max_records, minimum=1)
-        tier = self._tier
-        for _ in range(3):
-            local_start = engine.start_offset(shard)
-            if tier is not None and offset < local_start:
-                start = tier.logical_start(shard, local_start)
-                if offset < start:
-                    raise OffsetOutOfRange(offset, start, engine.end_offset(shard), shard=shard)
-                table = await asyncio.to_thread(tier.read, shard, offset, local_start, max_records)
-                if table is not None:
-                    return table.cast(READ_SCHEMA)
-            try:
-                return await engine.read_arrow(shard, offset, max_records)
-            except OffsetOutOfRange:
-                # Local retention moved the local start meanwhile: read through the tier.
-                if tier is None or offset >= engine.start_offset(shard):
-                    raise
+        if self._tier is not None:
+            return await self._tier.read_arrow(shard, offset, max_records)
         return await engine.read_arrow(shard, offset, max_records)
 
     async def offset_for_time(self, shard: int, ts: int | dt.datetime) -> int:
@@ -334,18 +312,9 @@ class Database:
         self._check_shard(shard)
         ts = timestamp_us(ts)
         _check_int("ts", ts, minimum=-(1 << 63))
-        tier = self._tier
-        if tier is None:
-            return await engine.offset_for_time(shard, ts)
-        while True:
-            local_start = engine.start_offset(shard)
-            start = tier.logical_start(shard, local_start)
-            found = await asyncio.to_thread(tier.offset_for_time, shard, ts, start, local_start)
-            if found is not None:
-                return found
-            offset = await engine.offset_for_time(shard, ts)
-            if engine.start_offset(shard) == local_start:
-                return offset
+        if self._tier is not None:
+            return await self._tier.offset_for_time(shard, ts)
+        return await engine.offset_for_time(shard, ts)
 
     def _key_shard(self, a: bytes | int, b: bytes | None, shard: int | None) -> tuple[int, bytes]:
         if type(a) is int:  # read_key(shard, key)
@@ -385,16 +354,9 @@ class Database:
         (``offset, ts, topic, key, value, headers, stream``)."""
         engine = self._check()
         shard, key = self._key_shard(a, b, shard)
-        tier = self._tier
-        if tier is None:
-            return await engine.read_key(shard, key)
-        while True:
-            local_start = engine.start_offset(shard)
-            start = tier.logical_start(shard, local_start)
-            cold = await asyncio.to_thread(tier.read_key, shard, key, start, local_start)
-            hot = await engine.read_key(shard, key)
-            if engine.start_offset(shard) == local_start:
-                return hot if cold is None else pa.concat_tables([cold.cast(READ_SCHEMA), hot])
+        if self._tier is not None:
+            return await self._tier.read_key(shard, key)
+        return await engine.read_key(shard, key)
 
     async def _to_records(self, table: pa.Table, shard: int) -> list[Record]:
         if table.num_rows <= _INLINE_RECORDS_MAX:
@@ -440,14 +402,13 @@ class Database:
         """Whether this database tiers (a ``segment`` DB in a store opened with ``tier=``)."""
         return self._tier is not None
 
-    def _tier_parts(self) -> tuple[SegmentedEngine, DbTier]:
+    def _tiered_storage(self) -> TieredStorage:
         self._check()
-        engine = self._segmented
-        if self._tier is None or engine is None:
+        if self._tier is None:
             raise InvalidArgument(
                 f"database {self.name!r} has no tier: open the store with tier=... (segment engine only)"
             )
-        return engine, self._tier
+        return self._tier
 
     async def tier_now(self) -> list[ManifestEntry]:
         """Upload every sealed, not yet committed local segment, then apply local retention.
@@ -463,55 +424,8 @@ class Database:
             InvalidArgument: The database does not tier.
             TierError: The tier failed (nothing local is lost; call again later).
         """
-        engine, tier = self._tier_parts()
-        async with self._tier_lock:
-            if not tier.recovered:
-                await asyncio.to_thread(tier.recover)
-            done: list[ManifestEntry] = []
-            for shard in range(self.config.shards):
-                for seg in engine.segment_ranges(shard):
-                    if not seg.sealed or seg.end <= seg.start:
-                        continue
-                    lo = tier.covered_end(shard, seg.start)
-                    if lo >= seg.end:
-                        continue
-                    try:
-                        table = await engine.read_arrow(shard, lo, seg.end - lo)
-                    except OffsetOutOfRange:
-                        continue  # retention removed it meanwhile
-                    if table.num_rows:
-                        done.append(await asyncio.to_thread(tier.upload, shard, table))
-            freed = 0
-            for shard in range(self.config.shards):
-                freed += await self._local_retention(engine, tier, shard)
-            self._after_delete(freed)
-            return done
-
-    async def _local_retention(self, engine: SegmentedEngine, tier: DbTier, shard: int) -> int:
-        """Delete committed local segments past local retention (oldest first); bytes freed."""
-        cfg = self.config
-        if cfg.local_retention_bytes is None and cfg.local_retention_ms is None:
-            return 0
-        with_ts = cfg.local_retention_ms is not None
-        segs = await asyncio.to_thread(engine.segment_ranges, shard, with_ts=with_ts)
-        total = sum(seg.size for seg in segs)
-        now = self._clock_us()
-        new_start: int | None = None
-        for seg in segs[:-1]:
-            if seg.end > seg.start and tier.covered_end(shard, seg.start) < seg.end:
-                break  # not committed: never deleted locally
-            by_bytes = cfg.local_retention_bytes is not None and total - seg.size >= cfg.local_retention_bytes
-            by_time = cfg.local_retention_ms is not None and (
-                seg.max_ts is None or now - seg.max_ts > cfg.local_retention_ms * 1000
-            )
-            if not (by_bytes or by_time):
-                break
-            total -= seg.size
-            new_start = seg.end
-        if new_start is None:
-            return 0
-        freed: int = await engine.truncate_before(shard, new_start)
-        return freed
+        tier = self._tiered_storage()
+        return await tier.tier_now(self.config, self._after_delete)
 
     async def seal(self, shard: int | None = None) -> int:
         """Seal the active segment of ``shard`` (or of every shard) so it can be tiered.
@@ -552,10 +466,12 @@ class Database:
             hot = segs[-1].size if segs else 0
             warm = sum(seg.size for seg in segs[:-1])
             tier = self._tier
-            cold = tier.cold_bytes(shard) if tier is not None else 0
-            objects = len(tier.manifest.committed(shard)) if tier is not None else 0
-            start = tier.logical_start(shard, local_start) if tier is not None else local_start
-            out.append(TierShardStats(shard, hot, warm, cold, start, local_start, end, objects))
+            if tier is None:
+                out.append(TierShardStats(shard, hot, warm, 0, local_start, local_start, end, 0))
+                continue
+            cold = tier.cold_stats(shard)
+            start = tier.logical_start(shard, local_start)
+            out.append(TierShardStats(shard, hot, warm, cold.bytes, start, local_start, end, cold.objects))
         return out
 
     # --- settings ----------------------------------------------------------------------
@@ -659,16 +575,9 @@ class Database:
         engine = self._replica_engine()
         self._check_shard(shard)
         _check_int("offset", offset)
-        tier = self._tier
-        if tier is None:
-            return await engine.truncate_to(shard, offset, force=force)
-        async with self._tier_lock:
-            tiered = tier.tiered_end(shard)
-            if offset < tiered:
-                raise InvalidArgument(
-                    f"shard {shard}: offsets below {tiered} are tiered; truncate_to({offset}) would cut them"
-                )
-            return await engine.truncate_to(shard, offset, force=force)
+        if self._tier is not None:
+            return await self._tier.truncate_to(shard, offset, force=force)
+        return await engine.truncate_to(shard, offset, force=force)
 
     def end_offset_for_epoch(self, shard: int, epoch: int) -> tuple[int, int]:
         """Kafka's OffsetsForLeaderEpoch: ``(largest known epoch <= epoch, the offset it ends at)``.
@@ -723,25 +632,10 @@ class Database:
         engine = self._check()
         self._check_shard(shard)
         _check_int("offset", offset)
-        tier = self._tier
-        if tier is None:
-            freed = await engine.truncate_before(shard, offset)
-            self._after_delete(freed)
-            return freed
-        async with self._tier_lock:
-            return await self._truncate_tiered(engine, tier, shard, offset)
-
-    async def _truncate_tiered(self, engine: Engine, tier: DbTier, shard: int, offset: int) -> int:
-        """Truncate local segments and tier objects below ``offset`` (hold the tier lock)."""
-        end = engine.end_offset(shard)
-        if offset > end:
-            raise OffsetOutOfRange(offset, self.start_offset(shard), end, shard=shard)
-        freed = 0
-        if offset > engine.start_offset(shard):
-            freed = await engine.truncate_before(shard, offset)
-            self._after_delete(freed)
-        # The floor also covers what tier_now uploaded since; the deletions are retried here.
-        await asyncio.to_thread(tier.truncate_before, shard, offset)
+        if self._tier is not None:
+            return await self._tier.truncate_before(shard, offset, self._after_delete)
+        freed = await engine.truncate_before(shard, offset)
+        self._after_delete(freed)
         return freed
 
     async def enforce_retention(self) -> int:
@@ -765,40 +659,11 @@ class Database:
         if not cfg.retention_overrides_groups and self._groups is not None:
             groups = self._groups
             floors = await asyncio.to_thread(lambda: [groups.min_committed(s) for s in range(cfg.shards)])
-        tier = self._tier
-        segmented = self._segmented
-        if tier is None or segmented is None:
-            freed = await engine.enforce_retention(cfg.retention_bytes, cfg.retention_ms, self._clock_us(), floors)
-            self._after_delete(freed)
-            return freed
-        freed = 0
-        async with self._tier_lock:
-            for shard in range(cfg.shards):
-                start = await asyncio.to_thread(
-                    self._whole_log_retention_start, segmented, tier, shard, floors[shard]
-                )
-                if start is not None:
-                    freed += await self._truncate_tiered(segmented, tier, shard, start)
+        if self._tier is not None:
+            return await self._tier.enforce_retention(cfg, floors, self._after_delete)
+        freed = await engine.enforce_retention(cfg.retention_bytes, cfg.retention_ms, self._clock_us(), floors)
+        self._after_delete(freed)
         return freed
-
-    def _whole_log_retention_start(
-        self, engine: SegmentedEngine, tier: DbTier, shard: int, floor: int | None
-    ) -> int | None:
-        """Retention over a tiered shard's whole log: cold objects, then local sealed segments.
-
-        Same rules as the local case (oldest first, whole units, never the active segment, not
-        past a group's committed offset). Cold objects count with their Parquet size.
-        """
-        cfg = self.config
-        local = engine.segment_ranges(shard, with_ts=cfg.retention_ms is not None)
-        cold = tier.cold_run(shard, local[0].start)
-        units: list[tuple[int, int, int | None]] = [(e.end_offset + 1, e.bytes, e.max_ts) for e in cold]
-        units += [(seg.end, seg.size, seg.max_ts) for seg in local[:-1]]
-        total = sum(size for _, size, _ in units) + local[-1].size
-        new_start = retention_start(units, total, cfg.retention_bytes, cfg.retention_ms, self._clock_us(), floor)
-        if new_start is None or new_start <= tier.logical_start(shard, local[0].start):
-            return None
-        return new_start
 
     def _after_delete(self, freed: int) -> None:
         """Tell the store's space accounting that ``freed`` bytes of files are gone."""
@@ -923,8 +788,7 @@ class Database:
             event.set()
         self._wakeups.clear()
         if self._tier is not None:
-            async with self._tier_lock:  # let a running upload or tier retention finish
-                pass
+            await self._tier.close()  # let a running upload or tier retention finish
         try:
             await self._engine.drain()
             await self._engine.close()

@@ -42,8 +42,8 @@ from seglog.store_config import (
     DEFAULT_RETENTION_INTERVAL_MS,
     StoreConfig,
 )
-from seglog.tiering.db_tier import DbTier
-from seglog.tiering.targets import TierTarget, open_target
+from seglog.tiering import open_tier_service
+from seglog.tiering.seam import TieredStorage, TierService
 
 __all__ = ["Store", "open"]
 
@@ -158,7 +158,7 @@ class Store:
         self.tier = config.tier
         self._s3 = (config.s3_endpoint, config.s3_access_key, config.s3_secret_key, config.s3_region)
         self.tier_interval_ms = config.tier_interval_ms
-        self._tier_target: TierTarget | None = None
+        self._tier_service: TierService | None = None
         self._tier_task: asyncio.Task[None] | None = None
 
     # --- lifecycle ---------------------------------------------------------------------
@@ -182,15 +182,8 @@ class Store:
             uri = self.tier
             try:
                 endpoint, access_key, secret_key, region = self._s3
-                self._tier_target = await asyncio.to_thread(
-                    functools.partial(
-                        open_target,
-                        uri,
-                        s3_endpoint=endpoint,
-                        access_key=access_key,
-                        secret_key=secret_key,
-                        region=region,
-                    )
+                self._tier_service = await open_tier_service(
+                    uri, s3_endpoint=endpoint, access_key=access_key, secret_key=secret_key, region=region
                 )
             except BaseException:
                 self._state = "closed"
@@ -351,8 +344,8 @@ class Store:
         finally:
             if self._executor is not None:
                 self._executor.shutdown(wait=True)
-            if self._tier_target is not None:
-                self._tier_target.close()
+            if self._tier_service is not None:
+                self._tier_service.close()
             await asyncio.to_thread(self._release)
             self._state = "closed"
 
@@ -467,7 +460,7 @@ class Store:
             return await self._open_db_locked(name, config)
 
     def _check_tier_engine(self, name: str, config: DbConfig) -> None:
-        if self._tier_target is not None and not get_engine(config.engine).tiering:
+        if self._tier_service is not None and not get_engine(config.engine).tiering:
             raise ConfigMismatch(
                 f"database {name!r} uses the {config.engine!r} engine: tiering (tier=...) needs {tiering_engines()}"
             )
@@ -494,12 +487,11 @@ class Store:
         )
         factory = get_engine(config.engine)
         engine: Engine = await asyncio.to_thread(factory.open_blocking, engine_config, self._io_pool, self._executor)
-        tier: DbTier | None = None
+        tier: TieredStorage | None = None
         try:
             groups = await asyncio.to_thread(GroupStore, self._db_dir(name))
-            target = self._tier_target
-            if target is not None:
-                tier = await asyncio.to_thread(DbTier.open_blocking, target, name, self._db_dir(name))
+            if self._tier_service is not None:
+                tier = await self._tier_service.open_db(name, self._db_dir(name), engine, self.clock_us)
         except BaseException:
             await engine.close()
             raise
@@ -536,21 +528,14 @@ class Store:
             db = self._dbs.pop(name, None)
             if db is not None:
                 await db.close()  # also waits out a running tier_now
-            if self._tier_target is not None:
+            if self._tier_service is not None:
                 # Tier first: a database created later under this name must not find these
                 # objects. If the tier is down this raises and nothing local is touched.
                 config = await asyncio.to_thread(self._read_config, name)
                 if get_engine(config.engine).tiering:
-                    await asyncio.to_thread(self._drop_tier_blocking, name)
+                    await self._tier_service.drop_db(name, self._db_dir(name))
             await asyncio.to_thread(self._drop_blocking, name)
         await self._remeasure()
-
-    def _drop_tier_blocking(self, name: str) -> None:
-        assert self._tier_target is not None
-        tier = DbTier(self._tier_target, name, self._db_dir(name))
-        tier.recover()  # the newest manifest; raises TierError when the tier is down
-        count = tier.drop_all()
-        log.info("dropped %d tier objects of database %r", count, name)
 
     def _drop_blocking(self, name: str) -> None:
         directory = self._db_dir(name)

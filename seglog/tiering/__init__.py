@@ -1,7 +1,9 @@
 """Tiering: sealed segments -> Parquet objects on S3/MinIO or a local directory.
 
-Building blocks (the DB layer wires them together, see :mod:`seglog.tiering.manifest` for
-the crash-safe protocol):
+The DB layer sees only the seam (:mod:`seglog.tiering.seam`): :class:`TierService` /
+:class:`TieredStorage`, built by :func:`open_tier_service`; behind it,
+:class:`~seglog.tiering.orchestrator.TierOrchestrator` wires these building blocks together
+(see :mod:`seglog.tiering.manifest` for the crash-safe protocol):
 
 * :func:`open_target` / :class:`TierTarget` -- where objects go;
 * :func:`segment_table_to_parquet` / :func:`parquet_to_segment_table` / :func:`object_key`
@@ -21,6 +23,7 @@ from seglog.tiering.manifest import (
     manifest_key,
 )
 from seglog.tiering.ops import delete_tiered, read_tiered, recover_manifest, upload_segment
+from seglog.tiering.orchestrator import TierOrchestrator
 from seglog.tiering.parquet import (
     SEGMENT_SCHEMA,
     TIER_SCHEMA,
@@ -31,6 +34,8 @@ from seglog.tiering.parquet import (
     segment_stats,
     segment_table_to_parquet,
 )
+from seglog.tiering.seam import ColdStats, TieredStorage, TierService
+from seglog.tiering.service import TargetTierService, open_tier_service
 from seglog.tiering.targets import (
     LocalTarget,
     ObjectInfo,
@@ -47,6 +52,7 @@ __all__ = [
     "MANIFEST_VERSION",
     "SEGMENT_SCHEMA",
     "TIER_SCHEMA",
+    "ColdStats",
     "EntryState",
     "LocalTarget",
     "Manifest",
@@ -57,11 +63,16 @@ __all__ = [
     "S3Target",
     "S3Tuning",
     "SegmentStats",
+    "TargetTierService",
+    "TierOrchestrator",
+    "TierService",
     "TierTarget",
+    "TieredStorage",
     "delete_tiered",
     "manifest_key",
     "object_key",
     "open_target",
+    "open_tier_service",
     "parquet_to_segment_table",
     "parse_object_key",
     "read_tiered",
