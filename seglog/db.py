@@ -14,8 +14,8 @@ import pyarrow as pa
 
 from seglog._routing import routing_hashes, shard_for
 from seglog.db_config import DbConfig, validate_db_name
-from seglog.engines.base import Engine, Quota, SegmentedEngine, ShardStats
-from seglog.errors import ClosedResourceError, ConfigMismatch, InvalidArgument
+from seglog.engines.base import Engine, Quota, SegmentedEngine, ShardStats, empty_read_table
+from seglog.errors import ClosedResourceError, ConfigMismatch, InvalidArgument, OffsetOutOfRange
 from seglog.groups import GroupStore, validate_group_name
 from seglog.record import (
     MAX_LEADER_EPOCH,
@@ -282,21 +282,37 @@ class Database:
 
     # --- reads -------------------------------------------------------------------------
 
-    async def read(self, shard: int, offset: int, max_records: int = 1000) -> list[Record]:
-        """Records from ``offset`` (at most ``max_records``); empty at the end.
+    async def read(
+        self, shard: int, offset: int, max_records: int = 1000, *, upper: int | None = None
+    ) -> list[Record]:
+        """Records from ``offset`` (at most ``max_records``, none at or past ``upper``); empty at the end.
 
         Raises:
             OffsetOutOfRange: ``offset`` is below the start or past the end.
         """
-        table = await self.read_arrow(shard, offset, max_records)
+        table = await self.read_arrow(shard, offset, max_records, upper=upper)
         return await self._to_records(table, shard)
 
-    async def read_arrow(self, shard: int, offset: int, max_records: int = 100_000) -> pa.Table:
-        """Records from ``offset`` as a table with an ``offset`` column (zero-copy bodies)."""
+    async def read_arrow(
+        self, shard: int, offset: int, max_records: int = 100_000, *, upper: int | None = None
+    ) -> pa.Table:
+        """Records from ``offset`` as a table with an ``offset`` column (zero-copy bodies).
+
+        ``upper`` caps the offsets returned (below it): a server passes the high watermark so
+        consumers never see what replication may still take back.
+        """
         engine = self._check()
         self._check_shard(shard)
         _check_int("offset", offset)
         _check_int("max_records", max_records, minimum=1)
+        if upper is not None:
+            _check_int("upper", upper)
+            if upper <= offset:
+                end = engine.end_offset(shard)
+                if not self.start_offset(shard) <= offset <= end:
+                    raise OffsetOutOfRange(offset, self.start_offset(shard), end, shard=shard)
+                return empty_read_table()
+            max_records = min(max_records, upper - offset)
         if self._tier is not None:
             return await self._tier.read_arrow(shard, offset, max_records)
         return await engine.read_arrow(shard, offset, max_records)

@@ -343,8 +343,12 @@ def test_high_watermark_moves_up_caps_reads_guards_truncation_and_persists(run, 
             assert db.update_high_watermark(0, 60) and not db.update_high_watermark(0, 50)
             with pytest.raises(seglog.OffsetOutOfRange):
                 db.update_high_watermark(0, 101)
-            capped = await db._engine.read_arrow(0, 40, 1000, upper=db.high_watermark(0))
+            capped = await db.read_arrow(0, 40, 1000, upper=db.high_watermark(0))
             assert capped.column("offset").to_pylist() == list(range(40, 60))
+            assert [r.offset for r in await db.read(0, 55, upper=60)] == list(range(55, 60))
+            assert await db.read(0, 70, upper=60) == []  # at or past the cap: nothing yet
+            with pytest.raises(seglog.OffsetOutOfRange):
+                await db.read(0, 101, upper=60)
             with pytest.raises(InvalidArgument, match="high watermark"):
                 await db.truncate_to(0, 50)
             assert await db.truncate_to(0, 70) == 70
