@@ -9,7 +9,11 @@ latest epoch ends (``end_offset_for_epoch``), truncates to that, then copies fra
 from __future__ import annotations
 
 import asyncio
+import random
 import shutil
+import signal
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -21,6 +25,7 @@ import seglog
 import seglog.record
 
 TS0 = 1_700_000_000_000_000
+ROOT = Path(__file__).resolve().parent.parent
 
 # One step: ("append", records), ("truncate_leader", fraction), ("truncate_follower", fraction),
 # ("sync",), ("reopen",).
@@ -116,3 +121,37 @@ def test_follower_holds_the_leaders_bytes_after_any_history(engine: str, steps: 
         asyncio.run(_scenario(root, steps, engine))
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+def test_follower_catches_up_after_both_stores_were_killed(tmp_path: Path, seed: int) -> None:
+    """The same history in a child process, SIGKILLed at a random step (no close, no
+    checkpoint): after reopening both stores, one catch-up makes them agree again."""
+    rng = random.Random(seed)
+    kill_after = rng.randint(5, 40)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.replica_property_child", str(tmp_path), str(seed), "60", "segment"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        for _ in range(kill_after):
+            line = proc.stdout.readline()
+            assert line, proc.stderr.read() if proc.stderr else "child died"
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+
+    async def verify() -> None:
+        a = await seglog.open(tmp_path / "a")
+        b = await seglog.open(tmp_path / "b")
+        try:
+            leader, follower = await a.open_db("r"), await b.open_db("r")
+            await _sync(leader, follower)
+            await _check_same(leader, follower)
+        finally:
+            await a.close()
+            await b.close()
+
+    asyncio.run(verify())

@@ -294,6 +294,7 @@ class WorkerLog:
         the next open rebuilds it from the frames.
         """
         floor = self._known_epoch_floor
+        assigned = False
         try:
             for item in items:
                 if isinstance(item, FrameRequest):
@@ -302,14 +303,17 @@ class WorkerLog:
                         h = frame.header
                         if h.leader_epoch > floor and h.leader_epoch > s.known_epoch:
                             s.assign_epoch(h.leader_epoch, h.base_offset)
+                            assigned = True
                 elif item.epoch > floor:
                     for s, _lo, _count, base in item.groups:
                         if item.epoch > s.known_epoch:
                             s.assign_epoch(item.epoch, base)
+                            assigned = True
         except (OSError, StorageError) as exc:
             self.make_read_only(exc, ReadOnlyReason.EPOCH_CACHE_FAILED)
             return
-        self.refresh_epoch_floor()
+        if assigned:  # O(shards): only when a cache changed, not per drain
+            self.refresh_epoch_floor()
 
     def refresh_epoch_floor(self) -> None:
         """(Worker) Recompute the epoch floor after a change that can lower a shard's latest epoch."""
