@@ -20,6 +20,7 @@ demo: venv
 
 lint: venv
 	$(BIN)/ruff check seglog tests bench examples
+	$(BIN)/ruff format --check seglog tests bench examples
 
 typecheck: venv
 	$(BIN)/mypy seglog

@@ -47,7 +47,9 @@ def _figures(data: dict[str, Any]) -> dict[str, float]:
     for group in ("append", "scaling"):
         for row in data[group]:
             if row.get("ratio_vs_raw") is not None:
-                out[f"{group} {row['value_bytes']} B {row['shape']} {row['system']} (÷ raw)"] = row["ratio_vs_raw"]
+                out[f"{group} {row['value_bytes']} B {row['shape']} {row['system']} (÷ raw)"] = row[
+                    "ratio_vs_raw"
+                ]
     for size, reads in data["reads"].items():
         for name, value in reads.items():
             out[f"reads {size} B {name} (records/s)"] = value
@@ -65,14 +67,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=2)
     p.add_argument("--out", type=Path, default=None, help="default: bench/results/before-after-<date>.md")
     args, core_args = p.parse_known_args(argv)
-    ref = subprocess.run(["git", "rev-parse", "--short", args.before], cwd=REPO, check=True,
-                         capture_output=True, text=True).stdout.strip()
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, check=True,
-                          capture_output=True, text=True).stdout.strip()
+    ref = subprocess.run(
+        ["git", "rev-parse", "--short", args.before], cwd=REPO, check=True, capture_output=True, text=True
+    ).stdout.strip()
+    head = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, check=True, capture_output=True, text=True
+    ).stdout.strip()
     with tempfile.TemporaryDirectory(prefix="seglog-before-") as tmp:
         tree = Path(tmp) / "tree"
-        subprocess.run(["git", "worktree", "add", "--detach", str(tree), ref], cwd=REPO, check=True,
-                       capture_output=True)
+        subprocess.run(
+            ["git", "worktree", "add", "--detach", str(tree), ref], cwd=REPO, check=True, capture_output=True
+        )
         try:
             runs: dict[str, list[dict[str, float]]] = {"before": [], "after": []}
             for k in range(args.runs):

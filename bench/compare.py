@@ -178,8 +178,7 @@ async def _timed_write(peer: Peer, workload: Workload, result: Result, deadline:
     """Pre-encode every batch (untimed), then time each durable ``write_batch``."""
     n = workload.n
     batches = [
-        peer.encode(workload, start, min(start + BATCH_RECORDS, n))
-        for start in range(0, n, BATCH_RECORDS)
+        peer.encode(workload, start, min(start + BATCH_RECORDS, n)) for start in range(0, n, BATCH_RECORDS)
     ]
     latencies_s: list[float] = []
     cpu_s = 0.0
@@ -225,7 +224,8 @@ async def _timed_read(peer: Peer, workload: Workload, result: Result, deadline: 
         if mismatch is None and rows != want:
             bad = pos + _first_mismatch(rows, want)
             mismatch = (
-                f"read back {pos + len(rows)} > {len(expected)} records" if bad >= len(expected)
+                f"read back {pos + len(rows)} > {len(expected)} records"
+                if bad >= len(expected)
                 else f"record {bad} differs after read-back"
             )
         pos += len(rows)
@@ -253,7 +253,9 @@ async def run_system(
     result = Result(system=system, value_bytes=workload.value_bytes, records=workload.n)
     work_dir = Path(tempfile.mkdtemp(prefix=f"{system}-{workload.value_bytes}-", dir=data_root))
     ctx = PeerContext(
-        work_dir=work_dir, cache_dir=cache_dir, expected_records=workload.n,
+        work_dir=work_dir,
+        cache_dir=cache_dir,
+        expected_records=workload.n,
         value_bytes=workload.value_bytes,
     )
     deadline = _Deadline(timeout_s)
@@ -365,7 +367,10 @@ def render_markdown(results: list[Result], meta: dict[str, Any]) -> str:
             "| "
             + " | ".join(
                 [
-                    r.system, str(r.value_bytes), _fmt_int(r.records), r.status,
+                    r.system,
+                    str(r.value_bytes),
+                    _fmt_int(r.records),
+                    r.status,
                     "yes" if r.verified else "no",
                     _fmt_int(r.write_records_per_s) if good else "-",
                     _fmt(r.write_mb_per_s, 1) if good else "-",
@@ -375,7 +380,8 @@ def render_markdown(results: list[Result], meta: dict[str, Any]) -> str:
                     _fmt(r.read_mb_per_s, 1) if good else "-",
                     _fmt(r.client_cpu_s, 2) if good else "-",
                     _fmt(r.server_cpu_s, 2) if good else "-",
-                    r.durability or "-", r.version or "-",
+                    r.durability or "-",
+                    r.version or "-",
                 ]
             )
             + " |"
@@ -402,15 +408,20 @@ def draw_chart(results: list[Result], png_path: Path, title: str) -> None:
     sizes = sorted({r.value_bytes for r in results})
     systems = list(dict.fromkeys(r.system for r in results))
     fig, axes = plt.subplots(
-        1, len(sizes), figsize=(1.2 + 0.9 * len(systems) * len(sizes) + 1.5 * len(sizes), 5.2),
-        squeeze=False, sharey=True,
+        1,
+        len(sizes),
+        figsize=(1.2 + 0.9 * len(systems) * len(sizes) + 1.5 * len(sizes), 5.2),
+        squeeze=False,
+        sharey=True,
     )
     rates = [v for r in results if r.ok for v in (r.write_records_per_s, r.read_records_per_s)]
     bottom = max(1.0, min(rates, default=1.0) / 3)
     top = max(rates, default=10.0) * 4
     bar_width = 0.4
-    series = (("write (durable)", "write_records_per_s", "#d95f02", -1),
-              ("read + decode", "read_records_per_s", "#1b9e77", 1))
+    series = (
+        ("write (durable)", "write_records_per_s", "#d95f02", -1),
+        ("read + decode", "read_records_per_s", "#1b9e77", 1),
+    )
     for ax, size in zip(axes[0], sizes, strict=True):
         rows = [r for r in results if r.value_bytes == size]
         xs = list(range(len(rows)))
@@ -418,12 +429,19 @@ def draw_chart(results: list[Result], png_path: Path, title: str) -> None:
             values = [getattr(r, attr) if r.ok else 0.0 for r in rows]
             offsets = [x + side * bar_width / 2 for x in xs]
             bars = ax.bar(offsets, values, bar_width, label=label, color=color)
-            ax.bar_label(bars, [_short(v) if v > 0 else "" for v in values], fontsize=7,
-                         padding=1)
+            ax.bar_label(bars, [_short(v) if v > 0 else "" for v in values], fontsize=7, padding=1)
         for x, r in zip(xs, rows, strict=True):
             if not r.ok:
-                ax.text(x, bottom * 1.5, "failed" if r.status.startswith("failed") else "n/a",
-                        ha="center", va="bottom", color="red", fontsize=8, rotation=90)
+                ax.text(
+                    x,
+                    bottom * 1.5,
+                    "failed" if r.status.startswith("failed") else "n/a",
+                    ha="center",
+                    va="bottom",
+                    color="red",
+                    fontsize=8,
+                    rotation=90,
+                )
         ax.set_yscale("log")
         ax.set_ylim(bottom, top)
         n_max = max(r.records for r in rows)
@@ -468,8 +486,9 @@ def parse_systems(spec: str) -> list[str]:
     return [s for s in SYSTEMS if s in chosen]
 
 
-def _notes(args: argparse.Namespace, sizes: Sequence[tuple[int, int]], caps: dict[str, int],
-           results: list[Result]) -> list[str]:
+def _notes(
+    args: argparse.Namespace, sizes: Sequence[tuple[int, int]], caps: dict[str, int], results: list[Result]
+) -> list[str]:
     notes = [
         "Timed write = only the per-batch durable write calls; data generated once and "
         "pre-encoded per system before timing (client-library serialisation and the network "
@@ -516,16 +535,24 @@ async def run(args: argparse.Namespace) -> tuple[list[Result], Path]:
             full = make_workload(records, value_bytes, args.seed)
             for system in systems:
                 cap = caps.get(system, records)
-                workload = full if cap >= records else Workload(
-                    full.topics[:cap], full.ts[:cap], full.values[:cap], value_bytes)
-                print(f"  {system:<13} S={value_bytes:<5} N={workload.n:<9,}", end=" ",
-                      file=sys.stderr, flush=True)
+                workload = (
+                    full
+                    if cap >= records
+                    else Workload(full.topics[:cap], full.ts[:cap], full.values[:cap], value_bytes)
+                )
+                print(
+                    f"  {system:<13} S={value_bytes:<5} N={workload.n:<9,}",
+                    end=" ",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 result = await run_system(system, workload, args.cache, data_root, args.timeout)
                 results.append(result)
                 print(
                     f"{result.status[:120]}  write {result.write_records_per_s:,.0f}/s "
                     f"read {result.read_records_per_s:,.0f}/s",
-                    file=sys.stderr, flush=True,
+                    file=sys.stderr,
+                    flush=True,
                 )
                 for note in result.notes:
                     print(note, file=sys.stderr)
@@ -541,32 +568,49 @@ async def run(args: argparse.Namespace) -> tuple[list[Result], Path]:
         "notes": _notes(args, sizes, caps, results),
     }
     md_path.write_text(render_markdown(results, meta))
-    json_path.write_text(
-        json.dumps({"meta": meta, "results": [asdict(r) for r in results]}, indent=1) + "\n"
-    )
+    json_path.write_text(json.dumps({"meta": meta, "results": [asdict(r) for r in results]}, indent=1) + "\n")
     draw_chart(results, png_path, f"seglog peer benchmark {date} ({meta['mode']})")
     return results, md_path
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The command-line interface."""
-    parser = argparse.ArgumentParser(prog="python -m bench.compare", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true",
-                        help=f"small N: {', '.join(f'S={s}: {n:,}' for s, n in QUICK_SIZES)}")
-    parser.add_argument("--systems", default="all",
-                        help=f"comma list of {', '.join(SYSTEMS)} or aliases "
-                             f"{', '.join(SYSTEM_ALIASES)} (default: all)")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="output directory, or a .md file path (default: bench/results)")
-    parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE_DIR,
-                        help="cache with bin/nats-server and kafka/libs (default: .cache)")
-    parser.add_argument("--data-dir", type=Path, default=None,
-                        help="parent of the temp data dirs (default: the system temp dir)")
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.compare",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help=f"small N: {', '.join(f'S={s}: {n:,}' for s, n in QUICK_SIZES)}"
+    )
+    parser.add_argument(
+        "--systems",
+        default="all",
+        help=f"comma list of {', '.join(SYSTEMS)} or aliases {', '.join(SYSTEM_ALIASES)} (default: all)",
+    )
+    parser.add_argument(
+        "--out", type=Path, default=None, help="output directory, or a .md file path (default: bench/results)"
+    )
+    parser.add_argument(
+        "--cache",
+        type=Path,
+        default=DEFAULT_CACHE_DIR,
+        help="cache with bin/nats-server and kafka/libs (default: .cache)",
+    )
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=None,
+        help="parent of the temp data dirs (default: the system temp dir)",
+    )
     parser.add_argument("--records", type=int, default=None, help="override N for every size")
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED)
-    parser.add_argument("--timeout", type=float, default=DEFAULT_RUN_TIMEOUT_S,
-                        help="hard limit per system and size in seconds")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_RUN_TIMEOUT_S,
+        help="hard limit per system and size in seconds",
+    )
     return parser
 
 
@@ -577,8 +621,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.data_dir.mkdir(parents=True, exist_ok=True)
     _, md_path = asyncio.run(run(args))
     print(md_path.read_text())
-    print(f"wrote {md_path}, {md_path.with_suffix('.png')}, {md_path.with_suffix('.json')}",
-          file=sys.stderr)
+    print(f"wrote {md_path}, {md_path.with_suffix('.png')}, {md_path.with_suffix('.json')}", file=sys.stderr)
     return 0
 
 

@@ -83,10 +83,20 @@ class Shape:
 
 SHAPES = (
     Shape("1p/1s", 1, 1, False, "1 writer, 1 file, 1 fdatasync per batch"),
-    Shape("4p/4s topics", PRODUCERS, SHARDS, False,
-          f"{PRODUCERS} writer threads, {SHARDS} files, 1 fdatasync per touched file per batch"),
-    Shape("4p/16s keys", PRODUCERS, KEYED_SHARDS, True,
-          f"{PRODUCERS} writer threads, {KEYED_SHARDS} files, 1 fdatasync per touched file per batch"),
+    Shape(
+        "4p/4s topics",
+        PRODUCERS,
+        SHARDS,
+        False,
+        f"{PRODUCERS} writer threads, {SHARDS} files, 1 fdatasync per touched file per batch",
+    ),
+    Shape(
+        "4p/16s keys",
+        PRODUCERS,
+        KEYED_SHARDS,
+        True,
+        f"{PRODUCERS} writer threads, {KEYED_SHARDS} files, 1 fdatasync per touched file per batch",
+    ),
 )
 
 
@@ -112,8 +122,12 @@ class AppendRow:
         return self.bytes / self.seconds / 1e6
 
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "records_s": self.records_s, "mb_s": self.mb_s,
-                "bytes_per_sync": self.bytes / self.syncs if self.syncs else None}
+        return {
+            **asdict(self),
+            "records_s": self.records_s,
+            "mb_s": self.mb_s,
+            "bytes_per_sync": self.bytes / self.syncs if self.syncs else None,
+        }
 
 
 class SyncCounter:
@@ -141,7 +155,9 @@ class SyncCounter:
             os.fdatasync, os.fsync = saved
 
 
-def make_batches(n: int, value_bytes: int, *, keyed: bool = False, seed: int = 1) -> list[list[seglog.Record]]:
+def make_batches(
+    n: int, value_bytes: int, *, keyed: bool = False, seed: int = 1
+) -> list[list[seglog.Record]]:
     """``n`` records of MQTT-style topics (and device keys when ``keyed``) in batches of 1000."""
     rng = random.Random(seed)
     payload = rng.randbytes(value_bytes * 64)
@@ -180,13 +196,13 @@ def encode_per_shard(batches: list[list[seglog.Record]], shards: int) -> list[li
             out.append([(0, _frame_bytes(batch))])
             continue
         routes = _routes(batch, shards)
-        out.append([
-            (int(s), _frame_bytes(batch.filter(pa.array(routes == s)))) for s in np.unique(routes)
-        ])
+        out.append([(int(s), _frame_bytes(batch.filter(pa.array(routes == s)))) for s in np.unique(routes)])
     return out
 
 
-def raw_loop(directory: Path, batches: list[list[seglog.Record]], shape: Shape, value_bytes: int) -> AppendRow:
+def raw_loop(
+    directory: Path, batches: list[list[seglog.Record]], shape: Shape, value_bytes: int
+) -> AppendRow:
     """The raw baseline of ``shape``: write + fdatasync of pre-encoded frames, no batching."""
     encoded = encode_per_shard(batches, shape.shards)
     directory.mkdir(parents=True, exist_ok=True)
@@ -218,13 +234,26 @@ def raw_loop(directory: Path, batches: list[list[seglog.Record]], shape: Shape, 
             os.close(fd)
     for p in paths:
         p.unlink()
-    return AppendRow(value_bytes, shape.label, f"raw write+fdatasync ({shape.raw_desc})",
-                     sum(len(b) for b in batches), elapsed, sum(len(d) for c in encoded for _, d in c),
-                     counter.calls)
+    return AppendRow(
+        value_bytes,
+        shape.label,
+        f"raw write+fdatasync ({shape.raw_desc})",
+        sum(len(b) for b in batches),
+        elapsed,
+        sum(len(d) for c in encoded for _, d in c),
+        counter.calls,
+    )
 
 
-async def seglog_append(directory: Path, batches: list[list[seglog.Record]], shape: Shape, value_bytes: int,
-                        *, arrow: bool, keep: bool = False) -> AppendRow:
+async def seglog_append(
+    directory: Path,
+    batches: list[list[seglog.Record]],
+    shape: Shape,
+    value_bytes: int,
+    *,
+    arrow: bool,
+    keep: bool = False,
+) -> AppendRow:
     """``shape.producers`` tasks appending their share of ``batches`` to ``shape.shards`` shards."""
     shutil.rmtree(directory, ignore_errors=True)
     tables = [records_to_batch(b) for b in batches] if arrow else []
@@ -249,8 +278,9 @@ async def seglog_append(directory: Path, batches: list[list[seglog.Record]], sha
     if not keep:
         shutil.rmtree(directory, ignore_errors=True)
     system = "seglog append_arrow" if arrow else "seglog append (Record)"
-    return AppendRow(value_bytes, shape.label, system, sum(len(b) for b in batches), elapsed, nbytes,
-                     counter.calls)
+    return AppendRow(
+        value_bytes, shape.label, system, sum(len(b) for b in batches), elapsed, nbytes, counter.calls
+    )
 
 
 async def seglog_reads(directory: Path) -> dict[str, float]:
@@ -287,11 +317,18 @@ async def lookups(directory: Path, n: int, samples: int = 2000) -> dict[str, flo
         db = await store.create_db("lookup", shards=1)
         for start in range(0, n, chunk):
             m = min(chunk, n - start)
-            await db.append_arrow(pa.table({
-                "ts": pa.array(range(LOOKUP_TS0 + start * 10, LOOKUP_TS0 + (start + m) * 10, 10), pa.int64()),
-                "topic": pa.array(["sensors/a/b/temp"] * m),
-                "value": pa.array([value] * m, pa.binary()),
-            }), shard=0)
+            await db.append_arrow(
+                pa.table(
+                    {
+                        "ts": pa.array(
+                            range(LOOKUP_TS0 + start * 10, LOOKUP_TS0 + (start + m) * 10, 10), pa.int64()
+                        ),
+                        "topic": pa.array(["sensors/a/b/temp"] * m),
+                        "value": pa.array([value] * m, pa.binary()),
+                    }
+                ),
+                shard=0,
+            )
     rng = random.Random(3)
     async with seglog.open(directory) as store:
         db = await store.open_db("lookup")
@@ -308,10 +345,17 @@ async def lookups(directory: Path, n: int, samples: int = 2000) -> dict[str, flo
             t_read.append(time.perf_counter() - t0)
             assert rec[0].offset == o
     q = lambda xs, p: statistics.quantiles(xs, n=100)[p - 1] * 1000  # noqa: E731
-    return {"time_p50_ms": q(t_time, 50), "time_p99_ms": q(t_time, 99), "read1_p50_ms": q(t_read, 50), "read1_p99_ms": q(t_read, 99)}
+    return {
+        "time_p50_ms": q(t_time, 50),
+        "time_p99_ms": q(t_time, 99),
+        "read1_p50_ms": q(t_read, 50),
+        "read1_p99_ms": q(t_read, 99),
+    }
 
 
-async def engine_figures(directory: Path, engine: str, batches: list[list[seglog.Record]]) -> dict[str, float]:
+async def engine_figures(
+    directory: Path, engine: str, batches: list[list[seglog.Record]]
+) -> dict[str, float]:
     """Durable append (Records, 4 producers) and read_arrow throughput on one engine."""
     shutil.rmtree(directory, ignore_errors=True)
     n = sum(len(b) for b in batches)
@@ -391,10 +435,16 @@ def _log(msg: str) -> None:
 def _git_state() -> str:
     """HEAD and whether the working tree had uncommitted changes when the bench ran."""
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
-                              text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
-                               capture_output=True, text=True, check=True).stdout.strip()
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return f"{head} (uncommitted changes in {len(dirty.splitlines())} tracked files)" if dirty else head
@@ -416,8 +466,10 @@ async def append_rows(base: Path, value_bytes: int, n: int) -> tuple[list[Append
             if keep:
                 reads = await seglog_reads(base / "db")
                 shutil.rmtree(base / "db", ignore_errors=True)
-        _log(f"  {value_bytes} B {shape.label}: " + ", ".join(f"{r.system.split(' (')[0]} {r.records_s:,.0f}/s"
-                                                            for r in rows[-3:]))
+        _log(
+            f"  {value_bytes} B {shape.label}: "
+            + ", ".join(f"{r.system.split(' (')[0]} {r.records_s:,.0f}/s" for r in rows[-3:])
+        )
     return rows, reads
 
 
@@ -433,7 +485,9 @@ async def scaling_rows(base: Path, n: int, shard_counts: tuple[int, ...]) -> lis
             row = await seglog_append(base / "db", batches, shape, 100, arrow=arrow)
             row.ratio_vs_raw = row.records_s / raw.records_s
             rows.append(row)
-        _log(f"  scaling {shards} shards: " + ", ".join(f"{r.system} {r.records_s:,.0f}/s" for r in rows[-2:]))
+        _log(
+            f"  scaling {shards} shards: " + ", ".join(f"{r.system} {r.records_s:,.0f}/s" for r in rows[-2:])
+        )
     return rows
 
 
@@ -443,7 +497,7 @@ def render_scaling(rows: list[AppendRow]) -> list[str]:
     out = [
         "",
         f"Keyed appends by shard count (4 producers, {BATCH_RECORDS}-record batches of 100 B values, a key on "
-        f"every record from {DEVICES:,} devices, fsync=\"always\"); ratio against the raw single-file loop "
+        f'every record from {DEVICES:,} devices, fsync="always"); ratio against the raw single-file loop '
         f"(1 writer, os.write + os.fdatasync per {BATCH_RECORDS} records) of the same run: "
         f"{raw.records_s:,.0f} records/s.",
         "",
@@ -456,8 +510,14 @@ def render_scaling(rows: list[AppendRow]) -> list[str]:
     return out
 
 
-def render(meta: dict[str, Any], rows: list[AppendRow], reads: dict[int, dict[str, float]],
-           lk: dict[str, float], engines: list[dict[str, Any]], scaling: list[AppendRow]) -> str:
+def render(
+    meta: dict[str, Any],
+    rows: list[AppendRow],
+    reads: dict[int, dict[str, float]],
+    lk: dict[str, float],
+    engines: list[dict[str, Any]],
+    scaling: list[AppendRow],
+) -> str:
     """The Markdown report."""
     out = [
         f"# seglog core benchmark, {meta['date']} ({meta['mode']})",
@@ -465,7 +525,7 @@ def render(meta: dict[str, Any], rows: list[AppendRow], reads: dict[int, dict[st
         f"Machine: {meta['machine']}; data dir filesystem: {meta['filesystem']}; {meta['load']}; "
         f"code: {meta['git']}.",
         "",
-        f"Durable append: fsync=\"always\", producer batches of {BATCH_RECORDS} records, each awaited until "
+        f'Durable append: fsync="always", producer batches of {BATCH_RECORDS} records, each awaited until '
         "durable. Each seglog row's ratio is against the raw row of the same shape above it (same records, "
         "pre-encoded as seglog frames before timing; raw never merges batches). 1p/1s is like for like: the "
         "same bytes per fdatasync on both sides. syncs = os.fdatasync/os.fsync calls from Python in the timed "
@@ -477,8 +537,10 @@ def render(meta: dict[str, Any], rows: list[AppendRow], reads: dict[int, dict[st
     for r in rows:
         ratio = "" if r.ratio_vs_raw is None else f"{r.ratio_vs_raw:.2f}"
         per_sync = f"{r.bytes / r.syncs / 1000:,.1f}" if r.syncs else "-"
-        out.append(f"| {r.value_bytes} B | {r.shape} | {r.system} | {r.records_s:,.0f} | {r.mb_s:,.1f} | "
-                   f"{r.syncs:,} | {per_sync} | {ratio} |")
+        out.append(
+            f"| {r.value_bytes} B | {r.shape} | {r.system} | {r.records_s:,.0f} | {r.mb_s:,.1f} | "
+            f"{r.syncs:,} | {per_sync} | {ratio} |"
+        )
     out += [
         "",
         "Shapes: 1p/1s = 1 producer, 1 shard; 4p/4s topics = 4 producers, 4 shards, routed by topic; "
@@ -492,9 +554,16 @@ def render(meta: dict[str, Any], rows: list[AppendRow], reads: dict[int, dict[st
         "",
         "| value | reader | records/s |",
         "|---|---|---:|",
-        *(f"| {v} B | {name} | {r[key]:,.0f} |" for v, r in reads.items()
-          for name, key in (("seglog read_arrow", "read_arrow"), ("seglog read (Record)", "read"),
-                            ("seglog read (Record), 1,000 per call", "read_1000")) if key in r),
+        *(
+            f"| {v} B | {name} | {r[key]:,.0f} |"
+            for v, r in reads.items()
+            for name, key in (
+                ("seglog read_arrow", "read_arrow"),
+                ("seglog read (Record)", "read"),
+                ("seglog read (Record), 1,000 per call", "read_1000"),
+            )
+            if key in r
+        ),
         "",
         f"Lookups on a {meta['args']['lookup_records']:,}-record shard: offset_for_time p50 {lk['time_p50_ms']:.3f} ms, "
         f"p99 {lk['time_p99_ms']:.3f} ms; read(shard, offset, 1) p50 {lk['read1_p50_ms']:.3f} ms, "
@@ -506,8 +575,11 @@ def render(meta: dict[str, Any], rows: list[AppendRow], reads: dict[int, dict[st
         "",
         "| engine | append records/s | read_arrow records/s | tail p50 ms | tail p99 ms |",
         "|---|---:|---:|---:|---:|",
-        *(f"| {e['engine']} | {e['append']:,.0f} | {e['read_arrow']:,.0f} | {e['tail_p50_ms']:.2f} | "
-          f"{e['tail_p99_ms']:.2f} |" for e in engines),
+        *(
+            f"| {e['engine']} | {e['append']:,.0f} | {e['read_arrow']:,.0f} | {e['tail_p50_ms']:.2f} | "
+            f"{e['tail_p99_ms']:.2f} |"
+            for e in engines
+        ),
         "",
         "One run per row without warm-up; fsync-bound rates vary between runs on a shared VM, so compare "
         "rows within one report.",
@@ -563,17 +635,27 @@ async def run(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="small sizes (for tests); writes no file without --out")
+    p.add_argument(
+        "--quick", action="store_true", help="small sizes (for tests); writes no file without --out"
+    )
     p.add_argument("--records-100", type=int, default=500_000)
     p.add_argument("--records-1k", type=int, default=100_000)
     p.add_argument("--lookup-records", type=int, default=5_000_000)
     p.add_argument("--records-engines", type=int, default=200_000)
     p.add_argument("--tail-seconds", type=float, default=3.0)
     p.add_argument("--records-scaling", type=int, default=200_000)
-    p.add_argument("--scaling-shards", type=lambda v: tuple(int(x) for x in v.split(",")), default=SCALING_SHARDS,
-                   help="comma-separated shard counts of the keyed table")
-    p.add_argument("--out", type=Path, default=None,
-                   help="Markdown file; JSON goes next to it (default: bench/results/core-<date>.md)")
+    p.add_argument(
+        "--scaling-shards",
+        type=lambda v: tuple(int(x) for x in v.split(",")),
+        default=SCALING_SHARDS,
+        help="comma-separated shard counts of the keyed table",
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="Markdown file; JSON goes next to it (default: bench/results/core-<date>.md)",
+    )
     p.add_argument("--dir", default=None, help="where to put temporary data (default: system temp)")
     args = p.parse_args(argv)
     if args.quick:

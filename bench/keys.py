@@ -119,12 +119,14 @@ def _lookup_batch(start: int, n: int, keys: pa.Array, rare_every: int) -> pa.Tab
     i = np.arange(start, start + n, dtype=np.int64)
     idx = (i * 7919) % (len(keys) - 1)
     idx[i % rare_every == rare_every // 2] = len(keys) - 1
-    return pa.table({
-        "ts": pa.array(1_700_000_000_000_000 + i),
-        "topic": pa.array(["sensors/a/b/temp"] * n),
-        "key": keys.take(pa.array(idx)),
-        "value": pa.array([b"x" * 100] * n, pa.binary()),
-    })
+    return pa.table(
+        {
+            "ts": pa.array(1_700_000_000_000_000 + i),
+            "topic": pa.array(["sensors/a/b/temp"] * n),
+            "key": keys.take(pa.array(idx)),
+            "value": pa.array([b"x" * 100] * n, pa.binary()),
+        }
+    )
 
 
 async def _read_key(base: Path, n: int, k: int, samples: int) -> dict[str, Any]:
@@ -171,12 +173,18 @@ async def _read_key(base: Path, n: int, k: int, samples: int) -> dict[str, Any]:
             table = await db.read_key_arrow(0, b"rare")
             rare.append(time.perf_counter() - t0)
             assert table.num_rows == want_rare, (table.num_rows, want_rare)
-        out.update({
-            "common_p50_ms": _q(common, 50), "common_p99_ms": _q(common, 99),
-            "index_p50_ms": _q(index_only, 50), "index_p99_ms": _q(index_only, 99),
-            "rare_p50_ms": _q(rare, 50), "rare_p99_ms": _q(rare, 99), "rare_records": want_rare,
-            "frames": len(list(shard.frames(0, db.end_offset(0)))),
-        })
+        out.update(
+            {
+                "common_p50_ms": _q(common, 50),
+                "common_p99_ms": _q(common, 99),
+                "index_p50_ms": _q(index_only, 50),
+                "index_p99_ms": _q(index_only, 99),
+                "rare_p50_ms": _q(rare, 50),
+                "rare_p99_ms": _q(rare, 99),
+                "rare_records": want_rare,
+                "frames": len(list(shard.frames(0, db.end_offset(0)))),
+            }
+        )
     index_dirs = [p for p in directory.rglob("index") if p.is_dir()]
     out["index_bytes"] = sum(_dir_bytes(p) for p in index_dirs)
     out["segment_bytes"] = sum(p.stat().st_size for p in directory.rglob("*.log"))
@@ -202,9 +210,12 @@ async def child(args: argparse.Namespace) -> dict[str, Any]:
 
 def _export(ref: str, into: Path) -> str:
     """The ``seglog`` package of ``ref`` under ``into``; returns the commit it resolved to."""
-    commit = subprocess.run(["git", "rev-parse", "--short", ref], cwd=REPO, check=True,
-                            capture_output=True, text=True).stdout.strip()
-    archive = subprocess.run(["git", "archive", ref, "seglog"], cwd=REPO, check=True, capture_output=True).stdout
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", ref], cwd=REPO, check=True, capture_output=True, text=True
+    ).stdout.strip()
+    archive = subprocess.run(
+        ["git", "archive", ref, "seglog"], cwd=REPO, check=True, capture_output=True
+    ).stdout
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
     return commit
 
@@ -214,9 +225,21 @@ def _run_side(root: Path | None, args: argparse.Namespace) -> dict[str, Any]:
     # The side's seglog first; bench (this file, bench.core) always from this tree.
     env["PYTHONPATH"] = os.pathsep.join(str(p) for p in (root, REPO) if p is not None)
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        cmd = [sys.executable, "-m", "bench.keys", "--child-json", f.name, "--records", str(args.records),
-               "--lookup-records", str(args.lookup_records), "--lookup-keys", str(args.lookup_keys),
-               "--samples", str(args.samples)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "bench.keys",
+            "--child-json",
+            f.name,
+            "--records",
+            str(args.records),
+            "--lookup-records",
+            str(args.lookup_records),
+            "--lookup-keys",
+            str(args.lookup_keys),
+            "--samples",
+            str(args.samples),
+        ]
         if args.dir:
             cmd += ["--dir", str(args.dir)]
         # ``-m`` puts the working directory first on sys.path: run where the side's seglog is.
@@ -286,7 +309,9 @@ def render(meta: dict[str, Any], sides: dict[str, list[dict[str, Any]]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--before", default=None, help="git ref whose seglog package is the 'before' side")
-    p.add_argument("--quick", action="store_true", help="small sizes (for tests); writes no file without --out")
+    p.add_argument(
+        "--quick", action="store_true", help="small sizes (for tests); writes no file without --out"
+    )
     p.add_argument("--records", type=int, default=300_000, help="records per append row")
     p.add_argument("--lookup-records", type=int, default=2_000_000)
     p.add_argument("--lookup-keys", type=int, default=1000)
@@ -300,7 +325,13 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.child_json).write_text(json.dumps(asyncio.run(child(args))))
         return 0
     if args.quick:
-        args.records, args.lookup_records, args.lookup_keys, args.samples, args.repeats = 5_000, 20_000, 100, 5, 1
+        args.records, args.lookup_records, args.lookup_keys, args.samples, args.repeats = (
+            5_000,
+            20_000,
+            100,
+            5,
+            1,
+        )
     from bench.compare import _filesystem, _machine
     from bench.core import _git_state
 
@@ -315,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
             roots = {"before": Path(tmp), "after": None}
             described["before"] = f"seglog of {args.before} ({commit})"
         for r in range(args.repeats):
-            for side in (roots if r % 2 == 0 else reversed(list(roots))):
+            for side in roots if r % 2 == 0 else reversed(list(roots)):
                 _log(f"run {r + 1}/{args.repeats}: {side}")
                 sides.setdefault(side, []).append(_run_side(roots[side], args))
     sides = {s: sides[s] for s in roots}

@@ -97,8 +97,12 @@ def run_minio(workdir: Path) -> Iterator[S3Server]:
         "MINIO_UPDATE": "off",
     }
     argv = [str(MINIO_BIN), "server", str(data), "--address", f"127.0.0.1:{port}"]
-    proc = ServerProcess("minio", [*argv, "--console-address", f"127.0.0.1:{console}", "--quiet"],
-                         workdir / "minio.log", env=env)
+    proc = ServerProcess(
+        "minio",
+        [*argv, "--console-address", f"127.0.0.1:{console}", "--quiet"],
+        workdir / "minio.log",
+        env=env,
+    )
     proc.start()
     try:
         asyncio.run(proc.wait_until(lambda: _healthy(server.endpoint), "MinIO health", MINIO_START_TIMEOUT_S))
@@ -115,14 +119,21 @@ def _columns(start: int, n: int, value_bytes: int, rng: np.random.Generator) -> 
     topics = [f"sensors/site{s}/dev{d}/temp" for s, d in zip(i % 100, i % 1000, strict=True)]
     payload = rng.bytes(value_bytes * n)
     values = pa.Array.from_buffers(
-        pa.binary(), n, [None, pa.py_buffer(np.arange(0, (n + 1) * value_bytes, value_bytes, dtype=np.int32)),
-                         pa.py_buffer(payload)]
+        pa.binary(),
+        n,
+        [
+            None,
+            pa.py_buffer(np.arange(0, (n + 1) * value_bytes, value_bytes, dtype=np.int32)),
+            pa.py_buffer(payload),
+        ],
     )
-    return pa.table({
-        "ts": pa.array(1_700_000_000_000_000 + i * 1000, pa.int64()),
-        "topic": pa.array(topics, pa.string()),
-        "value": values,
-    })
+    return pa.table(
+        {
+            "ts": pa.array(1_700_000_000_000_000 + i * 1000, pa.int64()),
+            "topic": pa.array(topics, pa.string()),
+            "value": values,
+        }
+    )
 
 
 async def build_store(data: Path, records: int, value_bytes: int) -> int:
@@ -215,15 +226,23 @@ def spark_scans(
     def source() -> Any:
         reader = spark.read.format("seglog").option("root", root).option("db", DB)
         if s3 is not None:
-            reader = (reader.option("endpoint", s3.endpoint).option("access_key", s3.access_key)
-                      .option("secret_key", s3.secret_key))
+            reader = (
+                reader.option("endpoint", s3.endpoint)
+                .option("access_key", s3.access_key)
+                .option("secret_key", s3.secret_key)
+            )
         return reader.load()
 
     # A fresh DataFrame per run: re-collecting one would reuse its finished shuffle stages.
-    frames: dict[str, Callable[[], Any]] = {"source": source, "parquet": lambda: spark.read.parquet(parquet_path)}
+    frames: dict[str, Callable[[], Any]] = {
+        "source": source,
+        "parquet": lambda: spark.read.parquet(parquet_path),
+    }
     out: dict[str, float] = {}
     for name, make in frames.items():
-        out[f"{name} full"] = best_of(repeats, lambda make=make: make().write.format("noop").mode("overwrite").save())
+        out[f"{name} full"] = best_of(
+            repeats, lambda make=make: make().write.format("noop").mode("overwrite").save()
+        )
 
         def aggregate(make: Callable[[], Any] = make, name: str = name) -> None:
             agg = make().agg(F.count("*").alias("n"), F.sum(F.length("value")), F.max("ts"))
@@ -238,7 +257,9 @@ def spark_scans(
 # --- the run -------------------------------------------------------------------------
 
 
-def run(workdir: Path, records: int, value_bytes: int, repeats: int, s3: S3Server, spark: Any) -> dict[str, Any]:
+def run(
+    workdir: Path, records: int, value_bytes: int, repeats: int, s3: S3Server, spark: Any
+) -> dict[str, Any]:
     """Measure everything with a running MinIO and Spark session; return the figures."""
     data_file, data_s3 = workdir / "data-file", workdir / "data-s3"
     seg_bytes = asyncio.run(build_store(data_file, records, value_bytes))
@@ -246,8 +267,12 @@ def run(workdir: Path, records: int, value_bytes: int, repeats: int, s3: S3Serve
     paths = segment_paths(data_file)
     s3.client().create_bucket(Bucket=BUCKET)
     tier_dir = workdir / "tier"
-    results: dict[str, Any] = {"records": records, "value_bytes": value_bytes, "segment_bytes": seg_bytes,
-                               "segments": len(paths)}
+    results: dict[str, Any] = {
+        "records": records,
+        "value_bytes": value_bytes,
+        "segment_bytes": seg_bytes,
+        "segments": len(paths),
+    }
     t_file, objects, pq_bytes = asyncio.run(time_tiering(data_file, tier_dir.as_uri(), None))
     t_copy = copy_files(paths, workdir / "copy")
     t_s3, _, _ = asyncio.run(time_tiering(data_s3, f"s3://{BUCKET}/tier", s3))
@@ -291,7 +316,10 @@ def markdown(r: dict[str, Any]) -> str:
     ]
     for target, label in (("file", "local dir"), ("s3", "MinIO (s3a for parquet)")):
         s = r["spark"][target]
-        for kind, desc in (("full", "all columns (noop sink)"), ("agg", "count, sum(length(value)), max(ts)")):
+        for kind, desc in (
+            ("full", "all columns (noop sink)"),
+            ("agg", "count, sum(length(value)), max(ts)"),
+        ):
             src, pq = s[f"source {kind}"], s[f"parquet {kind}"]
             lines.append(f"| {label} | {desc} | {n / src:,.0f} | {n / pq:,.0f} | {pq / src:.2f} |")
     return "\n".join(lines) + "\n"
@@ -302,14 +330,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--records", type=int, default=2_000_000)
     ap.add_argument("--value-bytes", type=int, default=100)
     ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--out", type=Path, default=None, help="Markdown file (default bench/results/tier-<date>.md)")
+    ap.add_argument(
+        "--out", type=Path, default=None, help="Markdown file (default bench/results/tier-<date>.md)"
+    )
     args = ap.parse_args(argv)
     from seglog.spark.session import build_spark_session
 
     out = args.out or REPO / "bench" / "results" / f"tier-{dt.date.today().isoformat()}.md"
     with tempfile.TemporaryDirectory(prefix="seglog-tier-bench-") as tmp, run_minio(Path(tmp)) as s3:
         spark = build_spark_session(
-            app_name="seglog-tier-bench", s3_endpoint=s3.endpoint, access_key=s3.access_key,
+            app_name="seglog-tier-bench",
+            s3_endpoint=s3.endpoint,
+            access_key=s3.access_key,
             secret_key=s3.secret_key,
         )
         try:

@@ -13,11 +13,15 @@ async def main(path: str) -> None:
     async with seglog.open(path) as store:  # fsync="always": acknowledged means on disk
         db = await store.create_db("telemetry", shards=4, exist_ok=True)
         t0 = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
-        metas = await db.append([  # ts: µs since 1970 or a datetime; omitted = now
-            seglog.Record(topic="sensors/s1/d7/temp", value=b"21.5", key=b"d7", ts=t0),
-            seglog.Record(topic="sensors/s1/d7/temp", value=b"21.7", key=b"d7", ts=t0 + dt.timedelta(minutes=1)),
-            seglog.Record(topic="sensors/s1/d4/temp", value=b"19.0", key=b"d4", ts=t0),
-        ])
+        metas = await db.append(
+            [  # ts: µs since 1970 or a datetime; omitted = now
+                seglog.Record(topic="sensors/s1/d7/temp", value=b"21.5", key=b"d7", ts=t0),
+                seglog.Record(
+                    topic="sensors/s1/d7/temp", value=b"21.7", key=b"d7", ts=t0 + dt.timedelta(minutes=1)
+                ),
+                seglog.Record(topic="sensors/s1/d4/temp", value=b"19.0", key=b"d4", ts=t0),
+            ]
+        )
         print(metas[0])  # RecordMeta(shard=..., offset=..., ts=...); metas.offsets is numpy
         await db.append(seglog.Record(topic="sensors/s2/d9/co2", value=b"415"))  # one record
         await db.append_arrow(pa.table({"topic": ["sensors/s1/d7/temp"], "value": [b"21.9"], "key": [b"d7"]}))

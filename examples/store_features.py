@@ -8,8 +8,14 @@ import seglog
 
 async def main(path: str) -> None:
     async with seglog.open(path, quota_bytes=10 << 30, retention_interval_ms=300_000) as store:
-        db = await store.create_db("t", shards=2, engine="segment",  # or "memory", "lmdb"
-                                   segment_bytes=4096, retention_bytes=1 << 30, retention_ms=7 * 86_400_000)
+        db = await store.create_db(
+            "t",
+            shards=2,
+            engine="segment",  # or "memory", "lmdb"
+            segment_bytes=4096,
+            retention_bytes=1 << 30,
+            retention_ms=7 * 86_400_000,
+        )
         await db.configure(retention_ms=86_400_000)  # mutable settings, durably
         for i in range(0, 1000, 50):
             await db.append([seglog.Record(topic=f"site/{n % 3}", value=b"%d" % n) for n in range(i, i + 50)])
@@ -34,7 +40,9 @@ async def main(path: str) -> None:
 
         freed = await db.truncate_before(0, 300)  # whole sealed segments below offset 300 go
         print(f"freed {freed} bytes; shard 0 now starts at {db.start_offset(0)}")
-        print("retention freed", await db.enforce_retention(), "bytes")  # also runs every retention_interval_ms
+        print(
+            "retention freed", await db.enforce_retention(), "bytes"
+        )  # also runs every retention_interval_ms
         await store.drop_db("t")
         print("databases:", store.list_dbs())
 

@@ -18,8 +18,10 @@ async def main(path: str) -> None:
         for e in entries:
             print(f"tiered {e.key}: offsets {e.base_offset}..{e.end_offset}, {e.rows} rows")
         for t in db.tier_stats():  # per shard: hot (active), warm (sealed, local), cold (tier) bytes
-            print(f"shard {t.shard}: hot {t.hot_bytes}, warm {t.warm_bytes}, cold {t.cold_bytes} bytes, "
-                  f"local start {t.local_start_offset}, start {t.start_offset}")
+            print(
+                f"shard {t.shard}: hot {t.hot_bytes}, warm {t.warm_bytes}, cold {t.cold_bytes} bytes, "
+                f"local start {t.local_start_offset}, start {t.start_offset}"
+            )
         first = await db.read(0, 0, max_records=2)  # below the local start: read from the tier
         print("read through the tier:", [(r.offset, r.value) for r in first])
     print("tier:", tier)

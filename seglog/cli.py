@@ -132,8 +132,9 @@ async def _demo(args: argparse.Namespace) -> int:
     tier_uri = f"file://{tier_dir}"
     async with seglog.open(data, fsync="always", tier=tier_uri) as store:
         db = await store.create_db("telemetry", shards=args.shards, segment_bytes=16 << 20)
-        with tqdm(total=n, unit="rec", unit_scale=True, desc="ingest (fsync=always)",
-                  disable=not _progress(args)) as bar:
+        with tqdm(
+            total=n, unit="rec", unit_scale=True, desc="ingest (fsync=always)", disable=not _progress(args)
+        ) as bar:
 
             async def produce(k: int) -> None:
                 for b in batches[k::DEMO_PRODUCERS]:
@@ -171,17 +172,29 @@ async def _demo(args: argparse.Namespace) -> int:
         expected_key = len([r for r in records if r.key == device])
         stats = db.stats()
     print()
-    print(f"{'ingested':<22}{n:>14,} records in {ingest_s:6.2f} s  = {n / ingest_s:>12,.0f} records/s (durable)")
-    print(f"{'read back (arrow)':<22}{total:>14,} records in {read_s:6.2f} s  = {total / read_s:>12,.0f} records/s")
-    print(f"{'offset_for_time':<22}shard 0 at {mid:%H:%M:%S}Z -> offset {shard0_mid:,} ({first.topic}, ts {first.ts})")
-    print(f"{'read_key':<22}{device.decode()} -> {len(by_key):,} records on shard {db.shard_for(device)} "
-          f"(expected {expected_key:,})")
+    print(
+        f"{'ingested':<22}{n:>14,} records in {ingest_s:6.2f} s  = {n / ingest_s:>12,.0f} records/s (durable)"
+    )
+    print(
+        f"{'read back (arrow)':<22}{total:>14,} records in {read_s:6.2f} s  = {total / read_s:>12,.0f} records/s"
+    )
+    print(
+        f"{'offset_for_time':<22}shard 0 at {mid:%H:%M:%S}Z -> offset {shard0_mid:,} ({first.topic}, ts {first.ts})"
+    )
+    print(
+        f"{'read_key':<22}{device.decode()} -> {len(by_key):,} records on shard {db.shard_for(device)} "
+        f"(expected {expected_key:,})"
+    )
     for s in stats:
-        print(f"  shard {s.shard}: offsets {s.start_offset:,}..{s.end_offset:,}, {s.segments} segment(s), "
-              f"{s.bytes / 1e6:.1f} MB")
+        print(
+            f"  shard {s.shard}: offsets {s.start_offset:,}..{s.end_offset:,}, {s.segments} segment(s), "
+            f"{s.bytes / 1e6:.1f} MB"
+        )
     if len(by_key) != expected_key:
         raise SeglogError("key lookup mismatch")
-    print(f"{'tiered':<22}{len(entries)} Parquet objects, {tier_bytes / 1e6:.1f} MB in {tier_s:.2f} s -> {tier_uri}")
+    print(
+        f"{'tiered':<22}{len(entries)} Parquet objects, {tier_bytes / 1e6:.1f} MB in {tier_s:.2f} s -> {tier_uri}"
+    )
     if not args.no_spark:
         _demo_spark(tier_uri, chart)
     print(f"\ndata directory: {data}")
@@ -203,8 +216,10 @@ def _demo_spark(tier_uri: str, chart: Path) -> None:
     rows = table.to_pylist()
     print(f"{'site':<8}{'minute (UTC)':<18}{'messages':>10}{'avg':>10}{'max':>10}")
     for r in rows[:12]:
-        print(f"{r['site']:<8}{r['minute'].strftime('%Y-%m-%d %H:%M'):<18}{r['messages']:>10,}"
-              f"{r['avg_value']:>10.3f}{r['max_value']:>10.3f}")
+        print(
+            f"{r['site']:<8}{r['minute'].strftime('%Y-%m-%d %H:%M'):<18}{r['messages']:>10,}"
+            f"{r['avg_value']:>10.3f}{r['max_value']:>10.3f}"
+        )
     if len(rows) > 12:
         print(f"... {len(rows) - 12} more rows")
     write_site_minute_chart(table, chart)
@@ -237,7 +252,9 @@ def _format(rec: seglog.Record, fmt: str, value_format: str) -> bytes:
         "topic": rec.topic,
         "key": _bytes_json(rec.key, value_format),
         "value": _bytes_json(rec.value, value_format),
-        "headers": None if not rec.headers else {k: _bytes_json(v, value_format) for k, v in rec.headers.items()},
+        "headers": None
+        if not rec.headers
+        else {k: _bytes_json(v, value_format) for k, v in rec.headers.items()},
     }
     return json.dumps(doc, ensure_ascii=False).encode() + b"\n"
 
@@ -262,18 +279,29 @@ def _inspect(args: argparse.Namespace) -> int:
         frames += 1
         records += header.record_count
         if not args.quiet:
-            out.write(json.dumps({
-                "pos": pos, "base_offset": header.base_offset, "records": header.record_count,
-                "leader_epoch": header.leader_epoch, "min_ts": header.min_ts, "max_ts": header.max_ts,
-                "body_bytes": header.body_len, "compression": ["none", "zstd"][header.compression],
-                "crc": f"{header.crc:08x}",
-            }).encode() + b"\n")
+            out.write(
+                json.dumps(
+                    {
+                        "pos": pos,
+                        "base_offset": header.base_offset,
+                        "records": header.record_count,
+                        "leader_epoch": header.leader_epoch,
+                        "min_ts": header.min_ts,
+                        "max_ts": header.max_ts,
+                        "body_bytes": header.body_len,
+                        "compression": ["none", "zstd"][header.compression],
+                        "crc": f"{header.crc:08x}",
+                    }
+                ).encode()
+                + b"\n"
+            )
             if args.records:
                 batch = decode_body(data, pos, header)
                 table = pa.Table.from_batches([batch]).add_column(
                     0, OFFSET_FIELD, pa.array(range(header.base_offset, header.next_offset), pa.int64())
                 )
-                out.write(b"".join(_format(r, "json", args.value_format) for r in records_from_table(table, None)))  # type: ignore[arg-type]
+                rows = records_from_table(table, None)  # type: ignore[arg-type]
+                out.write(b"".join(_format(r, "json", args.value_format) for r in rows))
         pos += header.size
     out.write(f"{path.name}: {frames} frames, {records} records, {pos} valid bytes of {len(data)}\n".encode())
     out.flush()
@@ -300,9 +328,20 @@ def _stats(args: argparse.Namespace) -> int:
         for name in list_dbs(root):
             config, views = db_view(root, name, tier=target)
             for v in views:
-                rows.append({"db": name, "engine": config.engine, "shard": v.shard, "start": v.start_offset,
-                             "end": v.end_offset, "segments": v.segments, "bytes": v.bytes, "hot": v.hot_bytes,
-                             "warm": v.warm_bytes, "cold": v.cold_bytes})
+                rows.append(
+                    {
+                        "db": name,
+                        "engine": config.engine,
+                        "shard": v.shard,
+                        "start": v.start_offset,
+                        "end": v.end_offset,
+                        "segments": v.segments,
+                        "bytes": v.bytes,
+                        "hot": v.hot_bytes,
+                        "warm": v.warm_bytes,
+                        "cold": v.cold_bytes,
+                    }
+                )
     finally:
         if target is not None:
             target.close()
@@ -311,8 +350,10 @@ def _stats(args: argparse.Namespace) -> int:
         return 0
     print(f"{'db':<16}{'shard':>6}{'start':>12}{'end':>12}{'segments':>9}{'hot':>14}{'warm':>14}{'cold':>14}")
     for r in rows:
-        print(f"{r['db']:<16}{r['shard']:>6}{r['start']:>12,}{r['end']:>12,}{r['segments']:>9}"
-              f"{r['hot']:>14,}{r['warm']:>14,}{r['cold']:>14,}")
+        print(
+            f"{r['db']:<16}{r['shard']:>6}{r['start']:>12,}{r['end']:>12,}{r['segments']:>9}"
+            f"{r['hot']:>14,}{r['warm']:>14,}{r['cold']:>14,}"
+        )
     if not rows:
         print(f"no databases in {root}", file=sys.stderr)
     return 0
@@ -322,8 +363,20 @@ def _groups(args: argparse.Namespace) -> int:
     validate_db_name(args.db)
     lags = group_lags(args.data, args.db)
     if args.json:
-        print(json.dumps([{"group": g.group, "shard": g.shard, "committed": g.committed, "end": g.end_offset,
-                           "lag": g.lag} for g in lags]))
+        print(
+            json.dumps(
+                [
+                    {
+                        "group": g.group,
+                        "shard": g.shard,
+                        "committed": g.committed,
+                        "end": g.end_offset,
+                        "lag": g.lag,
+                    }
+                    for g in lags
+                ]
+            )
+        )
         return 0
     if not lags:
         print(f"no consumer groups in {args.db}", file=sys.stderr)
@@ -344,17 +397,22 @@ async def _tier(args: argparse.Namespace) -> int:
     if not args.tier:
         raise InvalidArgument("--tier is required (file:///abs/dir or s3://bucket/prefix)")
     check_store(args.data)
-    async with seglog.open(args.data, tier=args.tier, s3_endpoint=args.s3_endpoint,
-                           retention_interval_ms=None) as store:
+    async with seglog.open(
+        args.data, tier=args.tier, s3_endpoint=args.s3_endpoint, retention_interval_ms=None
+    ) as store:
         db = await store.open_db(args.db)
         if args.seal:
             await db.seal()
         entries = await db.tier_now()
         for e in entries:
-            print(f"committed {e.key}: offsets {e.base_offset}..{e.end_offset}, {e.rows:,} rows, {e.bytes:,} bytes")
+            print(
+                f"committed {e.key}: offsets {e.base_offset}..{e.end_offset}, {e.rows:,} rows, {e.bytes:,} bytes"
+            )
         for t in db.tier_stats():
-            print(f"shard {t.shard}: hot {t.hot_bytes:,} B, warm {t.warm_bytes:,} B, cold {t.cold_bytes:,} B "
-                  f"({t.tier_objects} objects)")
+            print(
+                f"shard {t.shard}: hot {t.hot_bytes:,} B, warm {t.warm_bytes:,} B, cold {t.cold_bytes:,} B "
+                f"({t.tier_objects} objects)"
+            )
     return 0
 
 
@@ -570,8 +628,12 @@ class _Producer:
         """Raise :class:`_BadLine` for the first record ``config`` would refuse."""
         for i in range(0, len(records), self.batch_size):
             try:
-                records_to_batch(records[i : i + self.batch_size], max_record_bytes=config.max_record_bytes,
-                                 min_ts_us=config.min_ts_us, max_ts_us=config.max_ts_us)
+                records_to_batch(
+                    records[i : i + self.batch_size],
+                    max_record_bytes=config.max_record_bytes,
+                    min_ts_us=config.min_ts_us,
+                    max_ts_us=config.max_ts_us,
+                )
             except InvalidRecord as exc:
                 if exc.index is None:
                     raise
@@ -616,8 +678,9 @@ def _writable_data_dir(path: str) -> Path:
         if not p.is_dir():
             raise InvalidArgument(f"{p} exists and is not a directory")
         if any(p.iterdir()):
-            raise InvalidArgument(f"{p} is not empty and is not a seglog data directory (no {STORE_FILE}); "
-                                  "not writing into it")
+            raise InvalidArgument(
+                f"{p} is not empty and is not a seglog data directory (no {STORE_FILE}); not writing into it"
+            )
         return p
     if not p.parent.is_dir():
         raise InvalidArgument(f"cannot create {p}: its parent directory {p.parent} does not exist")
@@ -668,8 +731,10 @@ async def _produce(args: argparse.Namespace) -> int:
         if args.atomic:
             after = "nothing was stored (--atomic)"
         elif producer.stored:
-            after = f"the {producer.stored} records before it were appended to {args.db} ({producer.where()}), " \
-                    "nothing after it"
+            after = (
+                f"the {producer.stored} records before it were appended to {args.db} ({producer.where()}), "
+                "nothing after it"
+            )
         else:
             after = "nothing was appended"
         raise InvalidRecord(f"line {bad.line}: {bad.message}; {after}") from None
@@ -715,8 +780,10 @@ async def _consume(args: argparse.Namespace) -> int:
         raise InvalidArgument(f"--shard {args.shard}: {args.db} has shards 0..{config.shards - 1}")
     if args.from_offset is not None and args.shard is None:
         if config.shards != 1:
-            raise InvalidArgument(f"--from OFFSET needs --shard N: {args.db} has {config.shards} shards, each with "
-                                  "its own offsets (--from-time works on every shard)")
+            raise InvalidArgument(
+                f"--from OFFSET needs --shard N: {args.db} has {config.shards} shards, each with "
+                "its own offsets (--from-time works on every shard)"
+            )
         args.shard = 0
     shards = [args.shard] if args.shard is not None else list(range(config.shards))
     from_time = None if args.from_time is None else _parse_time(args.from_time)
@@ -759,9 +826,16 @@ async def _consume_read_only(
     async with contextlib.AsyncExitStack() as stack:
         followers = {}
         for shard in shards:
-            followers[shard] = await stack.enter_async_context(seglog.follow(
-                root, args.db, shard, offset=args.from_offset, from_time_us=from_time, group=args.group,
-            ))
+            followers[shard] = await stack.enter_async_context(
+                seglog.follow(
+                    root,
+                    args.db,
+                    shard,
+                    offset=args.from_offset,
+                    from_time_us=from_time,
+                    group=args.group,
+                )
+            )
 
         async def commit(shard: int, offset: int) -> None:
             await followers[shard].commit(offset)
@@ -837,7 +911,9 @@ async def _print_merged(
             await source.aclose()
 
 
-async def _print_live(followers: dict[int, seglog.Follower], args: argparse.Namespace, commit: Commit | None) -> None:
+async def _print_live(
+    followers: dict[int, seglog.Follower], args: argparse.Namespace, commit: Commit | None
+) -> None:
     """Print new records of every shard as they arrive (each shard in offset order)."""
     remaining: int | None = args.max
     poll_s = min(f.poll_interval_ms for f in followers.values()) / 1000
@@ -893,23 +969,37 @@ def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
     bar = argparse.ArgumentParser(add_help=False)
-    bar.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                     help="progress bar on stderr (default: when stderr is a terminal)")
+    bar.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="progress bar on stderr (default: when stderr is a terminal)",
+    )
     values = argparse.ArgumentParser(add_help=False)
-    values.add_argument("--value-format", choices=("auto", "base64"), default="auto",
-                        help="JSON keys/values/headers: auto = UTF-8 text as a string, other bytes as "
-                        '{"base64": "..."}; base64 = always a base64 string')
+    values.add_argument(
+        "--value-format",
+        choices=("auto", "base64"),
+        default="auto",
+        help="JSON keys/values/headers: auto = UTF-8 text as a string, other bytes as "
+        '{"base64": "..."}; base64 = always a base64 string',
+    )
     sub = p.add_subparsers(dest="command", required=True)
 
-    d = sub.add_parser("demo", parents=[common, bar], help="ingest synthetic MQTT telemetry, read it back, tier it")
-    d.add_argument("data", help="new or empty data directory (a rerun reuses one made by the demo; "
-                   "DATA-tier and DATA-sites.png are made next to it)")
+    d = sub.add_parser(
+        "demo", parents=[common, bar], help="ingest synthetic MQTT telemetry, read it back, tier it"
+    )
+    d.add_argument(
+        "data",
+        help="new or empty data directory (a rerun reuses one made by the demo; "
+        "DATA-tier and DATA-sites.png are made next to it)",
+    )
     d.add_argument("--records", type=_int_at_least(1), default=DEMO_RECORDS)
     d.add_argument("--shards", type=_int_at_least(1), default=4)
     d.add_argument("--no-spark", action="store_true", help="skip the PySpark job over the tier")
 
-    i = sub.add_parser("inspect", parents=[common, values],
-                       help="dump frame headers of a segment file and verify every CRC")
+    i = sub.add_parser(
+        "inspect", parents=[common, values], help="dump frame headers of a segment file and verify every CRC"
+    )
     i.add_argument("segment")
     i.add_argument("--quiet", "-q", action="store_true", help="only the summary line")
     i.add_argument("--records", action="store_true", help="also print every record (JSON lines)")
@@ -922,23 +1012,43 @@ def _parser() -> argparse.ArgumentParser:
     keys = pr.add_mutually_exclusive_group()
     keys.add_argument("--key", help="record key for every line")
     keys.add_argument("--key-separator", metavar="SEP", help="each line is KEY<SEP>VALUE")
-    pr.add_argument("--header", action="append", metavar="NAME=VALUE", help="a header on every record (repeatable)")
-    pr.add_argument("--shard", type=_int_at_least(0), help="append to this shard (default: route by key/topic)")
-    pr.add_argument("--shards", type=_int_at_least(1), default=None, help="shards when the database is created")
-    pr.add_argument("--batch", type=_int_at_least(1), default=1000, help="most lines per append (default 1000)")
-    pr.add_argument("--linger-ms", type=_int_at_least(0), default=50,
-                    help="append a partial batch this long after its first line arrived (default 50)")
-    pr.add_argument("--atomic", action="store_true",
-                    help="read and validate the whole input before appending anything")
+    pr.add_argument(
+        "--header", action="append", metavar="NAME=VALUE", help="a header on every record (repeatable)"
+    )
+    pr.add_argument(
+        "--shard", type=_int_at_least(0), help="append to this shard (default: route by key/topic)"
+    )
+    pr.add_argument(
+        "--shards", type=_int_at_least(1), default=None, help="shards when the database is created"
+    )
+    pr.add_argument(
+        "--batch", type=_int_at_least(1), default=1000, help="most lines per append (default 1000)"
+    )
+    pr.add_argument(
+        "--linger-ms",
+        type=_int_at_least(0),
+        default=50,
+        help="append a partial batch this long after its first line arrived (default 50)",
+    )
+    pr.add_argument(
+        "--atomic", action="store_true", help="read and validate the whole input before appending anything"
+    )
 
-    co = sub.add_parser("consume", parents=[common, values],
-                        help="print records of every shard (merged by timestamp), or of one")
+    co = sub.add_parser(
+        "consume",
+        parents=[common, values],
+        help="print records of every shard (merged by timestamp), or of one",
+    )
     co.add_argument("data")
     co.add_argument("db")
     co.add_argument("--shard", type=_int_at_least(0), help="only this shard (default: every shard)")
     start = co.add_mutually_exclusive_group()
-    start.add_argument("--from", dest="from_offset", type=_int_at_least(0),
-                       help="first offset (needs --shard unless the database has one shard; default: the start)")
+    start.add_argument(
+        "--from",
+        dest="from_offset",
+        type=_int_at_least(0),
+        help="first offset (needs --shard unless the database has one shard; default: the start)",
+    )
     start.add_argument("--from-time", help="first record at or after this ISO 8601 time (UTC if naive)")
     co.add_argument("--max", type=_int_at_least(1), help="stop after this many records")
     co.add_argument("--group", help="consumer group: start at its committed offsets, commit as records print")
@@ -950,12 +1060,17 @@ def _parser() -> argparse.ArgumentParser:
         "(read-only; shards interleaved as records arrive; Ctrl-C to stop)",
     )
 
-    s = sub.add_parser("stats", parents=[common],
-                       help="databases, shards, offsets, segments and hot/warm/cold bytes (read-only)")
+    s = sub.add_parser(
+        "stats",
+        parents=[common],
+        help="databases, shards, offsets, segments and hot/warm/cold bytes (read-only)",
+    )
     s.add_argument("data")
     s.add_argument("--json", action="store_true")
 
-    g = sub.add_parser("groups", parents=[common], help="consumer groups of a database with their lag per shard")
+    g = sub.add_parser(
+        "groups", parents=[common], help="consumer groups of a database with their lag per shard"
+    )
     g.add_argument("data")
     g.add_argument("db")
     g.add_argument("--json", action="store_true")

@@ -54,11 +54,7 @@ class Consumer:
             validate_group_name(group)
         if type(batch_records) is not int or batch_records < 1:
             raise InvalidArgument("batch_records must be an int >= 1")
-        if not (
-            from_ is None
-            or from_ in ("earliest", "latest")
-            or isinstance(from_, dt.datetime | Mapping)
-        ):
+        if not (from_ is None or from_ in ("earliest", "latest") or isinstance(from_, dt.datetime | Mapping)):
             raise InvalidArgument(
                 f"from_ must be 'earliest', 'latest', a datetime or {{shard: offset}}, not {from_!r}"
             )
@@ -211,7 +207,9 @@ class Consumer:
             self._positions[r.shard] = r.offset + 1  # type: ignore[index,operator]
         return out
 
-    async def getmany(self, *, max_records: int = 10_000, timeout_ms: int | None = 0) -> dict[int, list[Record]]:
+    async def getmany(
+        self, *, max_records: int = 10_000, timeout_ms: int | None = 0
+    ) -> dict[int, list[Record]]:
         """The records available now (up to ``max_records``), by shard; positions move past them.
 
         Args:

@@ -50,7 +50,9 @@ class AppendResult(Sequence[RecordMeta]):
 
     __slots__ = ("offsets", "shards", "timestamps")
 
-    def __init__(self, shards: np.ndarray[Any, Any], offsets: np.ndarray[Any, Any], timestamps: np.ndarray[Any, Any]) -> None:
+    def __init__(
+        self, shards: np.ndarray[Any, Any], offsets: np.ndarray[Any, Any], timestamps: np.ndarray[Any, Any]
+    ) -> None:
         self.shards = shards
         self.offsets = offsets
         self.timestamps = timestamps
@@ -71,13 +73,23 @@ class AppendResult(Sequence[RecordMeta]):
 
     def __getitem__(self, index: int | slice) -> RecordMeta | list[RecordMeta]:
         if isinstance(index, slice):
-            return list(map(_META, zip(
-                self.shards[index].tolist(), self.offsets[index].tolist(), self.timestamps[index].tolist(), strict=True
-            )))
+            return list(
+                map(
+                    _META,
+                    zip(
+                        self.shards[index].tolist(),
+                        self.offsets[index].tolist(),
+                        self.timestamps[index].tolist(),
+                        strict=True,
+                    ),
+                )
+            )
         return RecordMeta(int(self.shards[index]), int(self.offsets[index]), int(self.timestamps[index]))
 
     def __iter__(self) -> Iterator[RecordMeta]:
-        return map(_META, zip(self.shards.tolist(), self.offsets.tolist(), self.timestamps.tolist(), strict=True))
+        return map(
+            _META, zip(self.shards.tolist(), self.offsets.tolist(), self.timestamps.tolist(), strict=True)
+        )
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, AppendResult | list | tuple):
@@ -117,7 +129,9 @@ class Database:
         # What the engine can do beyond Engine, asked once (a structural check is not free).
         self._segmented: SegmentedEngine | None = engine if isinstance(engine, SegmentedEngine) else None
         if tier is not None and self._segmented is None:
-            raise ConfigMismatch(f"database {name!r}: tiering needs the 'segment' engine, not {config.engine!r}")
+            raise ConfigMismatch(
+                f"database {name!r}: tiering needs the 'segment' engine, not {config.engine!r}"
+            )
         # Tiering lives behind the seam: every tier-aware operation below delegates to it.
         self._tier = tier
         self._wakeups: dict[int, asyncio.Event] = {}
@@ -260,10 +274,14 @@ class Database:
         elif isinstance(key_or_topic, bytes | bytearray | memoryview):
             data = bytes(key_or_topic)
         else:
-            raise InvalidArgument(f"shard_for takes a key (bytes) or a topic (str), not {type(key_or_topic).__name__}")
+            raise InvalidArgument(
+                f"shard_for takes a key (bytes) or a topic (str), not {type(key_or_topic).__name__}"
+            )
         return shard_for(data, self.config.shards)
 
-    def _routes(self, batch: pa.RecordBatch, explicit: list[int | None]) -> np.ndarray[Any, np.dtype[np.int32]]:
+    def _routes(
+        self, batch: pa.RecordBatch, explicit: list[int | None]
+    ) -> np.ndarray[Any, np.dtype[np.int32]]:
         """Shard of every row: explicit, else the routing hash of the key, else of the topic."""
         shards = np.uint64(self.config.shards)
         keys = batch.column("key")
@@ -352,7 +370,9 @@ class Database:
     @overload
     async def read_key(self, shard: int, key: bytes, /) -> list[Record]: ...
 
-    async def read_key(self, a: bytes | int, b: bytes | None = None, /, *, shard: int | None = None) -> list[Record]:
+    async def read_key(
+        self, a: bytes | int, b: bytes | None = None, /, *, shard: int | None = None
+    ) -> list[Record]:
         """Every record with a key, in offset order: ``read_key(key)`` looks in the shard the
         key routes to (:meth:`shard_for`); pass ``shard=`` (or ``read_key(shard, key)``) if
         the records were appended to a chosen shard."""
@@ -365,7 +385,9 @@ class Database:
     @overload
     async def read_key_arrow(self, shard: int, key: bytes, /) -> pa.Table: ...
 
-    async def read_key_arrow(self, a: bytes | int, b: bytes | None = None, /, *, shard: int | None = None) -> pa.Table:
+    async def read_key_arrow(
+        self, a: bytes | int, b: bytes | None = None, /, *, shard: int | None = None
+    ) -> pa.Table:
         """Like :meth:`read_key`, as a table with the columns of :meth:`read_arrow`
         (``offset, ts, topic, key, value, headers, stream``)."""
         engine = self._check()
@@ -514,7 +536,9 @@ class Database:
             raise InvalidArgument(f"unknown database settings: {sorted(unknown)}")
         for name, value in settings.items():
             if name not in DbConfig.MUTABLE and value != getattr(self.config, name):
-                raise ConfigMismatch(f"{name} cannot be changed after creation (it is {getattr(self.config, name)!r})")
+                raise ConfigMismatch(
+                    f"{name} cannot be changed after creation (it is {getattr(self.config, name)!r})"
+                )
         async with self._config_lock:
             new = replace(self.config, **settings).validate()
             if self._persist_config is not None:
@@ -548,7 +572,9 @@ class Database:
         _check_int("max_bytes", max_bytes, minimum=1)
         return await engine.read_frames(shard, offset, max_bytes)
 
-    async def append_frames(self, shard: int, frames: bytes | bytearray | memoryview, *, expected_base: int) -> int:
+    async def append_frames(
+        self, shard: int, frames: bytes | bytearray | memoryview, *, expected_base: int
+    ) -> int:
         """Store frames read from another log (:meth:`read_frames`) at the end of ``shard``, byte for byte.
 
         Every frame is checked (magic, lengths, CRC) and must continue the log exactly from
@@ -677,7 +703,9 @@ class Database:
             floors = await asyncio.to_thread(lambda: [groups.min_committed(s) for s in range(cfg.shards)])
         if self._tier is not None:
             return await self._tier.enforce_retention(cfg, floors, self._after_delete)
-        freed = await engine.enforce_retention(cfg.retention_bytes, cfg.retention_ms, self._clock_us(), floors)
+        freed = await engine.enforce_retention(
+            cfg.retention_bytes, cfg.retention_ms, self._clock_us(), floors
+        )
         self._after_delete(freed)
         return freed
 
@@ -733,7 +761,9 @@ class Database:
         finally:
             self._active_tails -= 1
 
-    async def tail(self, shard: int, offset: int, *, batch_records: int = 1000) -> AsyncGenerator[Record, None]:
+    async def tail(
+        self, shard: int, offset: int, *, batch_records: int = 1000
+    ) -> AsyncGenerator[Record, None]:
         """Records from ``offset`` on, then new ones as they become durable (see :meth:`tail_arrow`)."""
         tables = self.tail_arrow(shard, offset, max_records=batch_records)
         try:
@@ -841,5 +871,3 @@ def _check_epoch(leader_epoch: object) -> None:
 def _check_int(name: str, value: object, *, minimum: int = 0) -> None:
     if type(value) is not int or value < minimum:
         raise InvalidArgument(f"{name} must be an int >= {minimum}, not {value!r}")
-
-

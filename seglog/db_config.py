@@ -111,7 +111,9 @@ class DbConfig:
         if not get_engine(self.engine).tiering and (
             self.local_retention_bytes is not None or self.local_retention_ms is not None
         ):
-            raise InvalidArgument(f"local_retention_bytes/local_retention_ms need the {tiering_engines()} engine (tiering)")
+            raise InvalidArgument(
+                f"local_retention_bytes/local_retention_ms need the {tiering_engines()} engine (tiering)"
+            )
         if type(self.retention_overrides_groups) is not bool:
             raise InvalidArgument("retention_overrides_groups must be a bool")
         for name in ("min_ts_us", "max_ts_us"):

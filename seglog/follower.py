@@ -228,7 +228,9 @@ class Follower:
                     batches.append(with_offsets(batch, h.base_offset, first, h.record_count))
                 self.position = h.next_offset
         except CorruptFrame as exc:
-            raise StorageError(f"{self.db!r} shard {self.shard}: corrupt frame at offset {self.position}") from exc
+            raise StorageError(
+                f"{self.db!r} shard {self.shard}: corrupt frame at offset {self.position}"
+            ) from exc
         if not batches:
             return empty_read_table()
         return pa.Table.from_batches(batches, schema=READ_SCHEMA)

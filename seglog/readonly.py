@@ -127,7 +127,9 @@ def db_view(
             cold, objects = sum(e.bytes for e in committed), len(committed)
             start = logical_start(manifest, n, files.start_offset)
         hot = (sizes[-1] if sizes else 0) + files.other_bytes
-        views.append(ShardView(n, start, files.end_offset, len(sizes), sum(sizes), hot, sum(sizes[:-1]), cold, objects))
+        views.append(
+            ShardView(n, start, files.end_offset, len(sizes), sum(sizes), hot, sum(sizes[:-1]), cold, objects)
+        )
     return config, views
 
 

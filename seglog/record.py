@@ -354,7 +354,8 @@ def _check_topics(topics: pa.Array, first_bad: Any) -> None:
         raise InvalidTopic("topic must not be empty", index=int(np.argmin(lengths)))
     if lengths.max() > MAX_TOPIC_BYTES:
         raise InvalidTopic(
-            f"topic is longer than {MAX_TOPIC_BYTES} UTF-8 bytes", index=int(np.argmax(lengths > MAX_TOPIC_BYTES))
+            f"topic is longer than {MAX_TOPIC_BYTES} UTF-8 bytes",
+            index=int(np.argmax(lengths > MAX_TOPIC_BYTES)),
         )
     # memchr over the whole character buffer; only a hit pays for the exact per-row search.
     raw = memoryview(data_buf)[offsets[0] : offsets[-1]].tobytes()
@@ -512,8 +513,8 @@ def table_to_batch(
         ts = _stamps(now_us() if default_ts_us is None else default_ts_us, n)
     _check_ts_range(ts, min_ts_us, max_ts_us)
     keys = column("key", pa.binary(), InvalidKey) if "key" in names else pa.nulls(n, pa.binary())
-    headers = column("headers", HEADERS_TYPE, InvalidHeaders) if "headers" in names else pa.nulls(
-        n, HEADERS_TYPE
+    headers = (
+        column("headers", HEADERS_TYPE, InvalidHeaders) if "headers" in names else pa.nulls(n, HEADERS_TYPE)
     )
     if "stream" in names:
         streams = column("stream", pa.uint32(), InvalidRecord)
@@ -528,9 +529,7 @@ def _frame_batch(**columns: pa.Array) -> pa.RecordBatch:
 
 
 def _empty_like(table: pa.Table) -> pa.RecordBatch:
-    return pa.RecordBatch.from_arrays(
-        [pa.array([], type=f.type) for f in table.schema], schema=table.schema
-    )
+    return pa.RecordBatch.from_arrays([pa.array([], type=f.type) for f in table.schema], schema=table.schema)
 
 
 # --- frames ----------------------------------------------------------------------------
@@ -581,7 +580,18 @@ def encode_frame(
     packed = _HEADER.pack(FRAME_MAGIC, 0, *fields)
     crc = crc32c.crc32c(body, crc32c.crc32c(memoryview(packed)[_CRC_START:]))
     header_bytes = _HEADER.pack(FRAME_MAGIC, crc, *fields)
-    header = FrameHeader(crc, FORMAT_VERSION, compression, base_offset, batch.num_rows, leader_epoch, min_ts, max_ts, body_len, raw_len)
+    header = FrameHeader(
+        crc,
+        FORMAT_VERSION,
+        compression,
+        base_offset,
+        batch.num_rows,
+        leader_epoch,
+        min_ts,
+        max_ts,
+        body_len,
+        raw_len,
+    )
     pad = _PADDING[-body_len & 7]
     buffers: tuple[Any, ...] = (header_bytes, body, pad) if pad else (header_bytes, body)
     return EncodedFrame(header, buffers)
@@ -642,7 +652,9 @@ def decode_body(buf: Any, pos: int, header: FrameHeader) -> pa.RecordBatch:
     except (pa.ArrowInvalid, zstandard.ZstdError, OSError) as exc:
         raise CorruptFrame(f"undecodable frame body at position {pos}") from exc
     if batch.num_rows != header.record_count:
-        raise CorruptFrame(f"frame at position {pos} holds {batch.num_rows} rows, header says {header.record_count}")
+        raise CorruptFrame(
+            f"frame at position {pos} holds {batch.num_rows} rows, header says {header.record_count}"
+        )
     return batch
 
 
@@ -691,7 +703,9 @@ def records_from_table(table: pa.Table | pa.RecordBatch, shard: int) -> list[Rec
         headers = _headers_list(column("headers"))
         offsets = _py_list(column("offset"))
         out: list[Record] = list(map(_new_object, repeat(Record, n)))
-        for r, topic, value, t, key, h, offset in zip(out, topics, values, ts, keys, headers, offsets, strict=True):
+        for r, topic, value, t, key, h, offset in zip(
+            out, topics, values, ts, keys, headers, offsets, strict=True
+        ):
             r.topic = topic
             r.value = value
             r.ts = t

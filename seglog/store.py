@@ -196,7 +196,9 @@ class Store:
         self.used_bytes = await asyncio.to_thread(self._measure_blocking)
         self._state = "open"
         if self.retention_interval_ms is not None:
-            self._retention_task = asyncio.create_task(_every(self.retention_interval_ms / 1000, self.enforce_retention))
+            self._retention_task = asyncio.create_task(
+                _every(self.retention_interval_ms / 1000, self.enforce_retention)
+            )
         if self.tier_interval_ms is not None:
             self._tier_task = asyncio.create_task(_every(self.tier_interval_ms / 1000, self.tier_now))
         return self
@@ -296,7 +298,9 @@ class Store:
                 try:
                     meta = json.loads(store_file.read_text())
                 except (ValueError, UnicodeDecodeError) as exc:
-                    raise StorageError(f"{store_file} is corrupt; it should hold {{\"format\": {STORE_FORMAT}}}") from exc
+                    raise StorageError(
+                        f'{store_file} is corrupt; it should hold {{"format": {STORE_FORMAT}}}'
+                    ) from exc
                 if not isinstance(meta, dict) or meta.get("format") != STORE_FORMAT:
                     found = meta.get("format") if isinstance(meta, dict) else meta
                     raise StorageError(f"{self.path}: unknown store format {found!r}")
@@ -486,7 +490,9 @@ class Store:
             clock_us=self.clock_us,
         )
         factory = get_engine(config.engine)
-        engine: Engine = await asyncio.to_thread(factory.open_blocking, engine_config, self._io_pool, self._executor)
+        engine: Engine = await asyncio.to_thread(
+            factory.open_blocking, engine_config, self._io_pool, self._executor
+        )
         tier: TieredStorage | None = None
         try:
             groups = await asyncio.to_thread(GroupStore, self._db_dir(name))

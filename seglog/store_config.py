@@ -56,7 +56,9 @@ class StoreConfig:
             raise InvalidArgument("journal_bytes must be an int >= 1 MiB (1048576)")
         if self.tier is not None and not isinstance(self.tier, str):
             raise InvalidArgument("tier must be None or a 'file:///abs/dir' or 's3://bucket/prefix' URI")
-        if self.tier_interval_ms is not None and (type(self.tier_interval_ms) is not int or self.tier_interval_ms < 1):
+        if self.tier_interval_ms is not None and (
+            type(self.tier_interval_ms) is not int or self.tier_interval_ms < 1
+        ):
             raise InvalidArgument("tier_interval_ms must be None or an int >= 1")
         if self.tier is None and self.tier_interval_ms is not None:
             raise InvalidArgument("tier_interval_ms needs tier=...")

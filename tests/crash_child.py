@@ -28,8 +28,10 @@ async def producer(db: seglog.Database, p: int, out: asyncio.Queue[str], keyed: 
     seq = 0
     while True:
         n = 1 + (seq * 7 + p) % 40
-        recs = [seglog.Record(topic=f"crash/{p}", value=value_for(p, seq + i), key=key_for(p, seq + i, keyed))
-                for i in range(n)]
+        recs = [
+            seglog.Record(topic=f"crash/{p}", value=value_for(p, seq + i), key=key_for(p, seq + i, keyed))
+            for i in range(n)
+        ]
         metas = await db.append(recs)
         lines = "".join(f"{m.shard} {m.offset} {p} {seq + i}\n" for i, m in enumerate(metas))
         sys.stdout.write(lines)
@@ -52,8 +54,9 @@ async def main(data: str, mode: str, engine: str = "segment") -> None:
     keyed = mode == "keyed"
     # keyed: rows stay in memory (and the journal) until the store closes or a checkpoint.
     async with seglog.open(data, fsync="always", buffer_ms=3_600_000 if keyed else 1000) as store:
-        db = await store.create_db("crash", shards=16 if keyed else 3, segment_bytes=16 * 1024,
-                                   engine=engine, exist_ok=True)
+        db = await store.create_db(
+            "crash", shards=16 if keyed else 3, segment_bytes=16 * 1024, engine=engine, exist_ok=True
+        )
         tasks = [producer(db, p, asyncio.Queue(), keyed) for p in range(4)]
         if mode == "commits":
             tasks.append(commit_loop(db))

@@ -75,8 +75,10 @@ class Ext4:
 def _mount(image: Path, mount: Path) -> None:
     res = subprocess.run(["mount", "-o", "loop", str(image), str(mount)], capture_output=True, text=True)
     if res.returncode != 0:
-        pytest.skip(f"LOUD SKIP: cannot loop-mount an ext4 image here ({res.stderr.strip()}); "
-                    "fault-injection tests need root and loop devices")
+        pytest.skip(
+            f"LOUD SKIP: cannot loop-mount an ext4 image here ({res.stderr.strip()}); "
+            "fault-injection tests need root and loop devices"
+        )
 
 
 def _umount(mount: Path) -> None:

@@ -30,7 +30,9 @@ async def main(data: Path, shards: int, records: int) -> dict[str, object]:
         report["fds_after_create"] = _open_fds()
         t1 = time.perf_counter()
         for b in range(0, records, 1000):
-            recs = [seglog.Record(topic="t/x", value=b"v%d" % i, key=b"dev-%d" % i) for i in range(b, b + 1000)]
+            recs = [
+                seglog.Record(topic="t/x", value=b"v%d" % i, key=b"dev-%d" % i) for i in range(b, b + 1000)
+            ]
             for meta, rec in zip(await db.append(recs), recs, strict=True):
                 expected.setdefault(meta.shard, []).append(rec.value)
         report["append_s"] = time.perf_counter() - t1
@@ -46,7 +48,9 @@ async def main(data: Path, shards: int, records: int) -> dict[str, object]:
         for shard in range(shards):
             values = (await db.read_arrow(shard, 0, 10**6)).column("value").to_pylist()
             if values != expected.get(shard, []):
-                raise AssertionError(f"shard {shard}: read {values[:3]}..., expected {expected.get(shard, [])[:3]}...")
+                raise AssertionError(
+                    f"shard {shard}: read {values[:3]}..., expected {expected.get(shard, [])[:3]}..."
+                )
             read += len(values)
         report["read_s"] = time.perf_counter() - t4
         report["read_records"] = read

@@ -28,7 +28,9 @@ async def main(data: str, name: str) -> None:
             if cmd == "append":
                 end = db.end_offset(0)
                 recs = [
-                    seglog.Record(topic="follow/t", value=b"v%d" % (end + i), ts=1_700_000_000_000_000 + end + i)
+                    seglog.Record(
+                        topic="follow/t", value=b"v%d" % (end + i), ts=1_700_000_000_000_000 + end + i
+                    )
                     for i in range(int(arg))
                 ]
                 for i in range(0, len(recs), 25):  # several frames, so segments roll

@@ -29,8 +29,14 @@ async def journal(data: str, offset: int) -> None:
     store = await seglog.open(data, buffer_ms=3_600_000)
     db = await store.open_db("r")
     for b in range(4):
-        await db.append([seglog.Record(topic="t", value=b"j%d-%d" % (b, i), key=b"k%d" % i, ts=1_700_000_000_000_000 + i)
-                         for i in range(400)])
+        await db.append(
+            [
+                seglog.Record(
+                    topic="t", value=b"j%d-%d" % (b, i), key=b"k%d" % i, ts=1_700_000_000_000_000 + i
+                )
+                for i in range(400)
+            ]
+        )
     end = await db.truncate_to(0, offset)
     print("truncated", end, db.end_offset(0), flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
@@ -39,8 +45,10 @@ async def journal(data: str, offset: int) -> None:
 async def epoch(data: str, leader_epoch: int) -> None:
     store = await seglog.open(data, buffer_ms=3_600_000)
     db = await store.open_db("r")
-    records = [seglog.Record(topic="t", value=b"e%d" % i, key=b"k%d" % i, ts=1_700_000_000_000_000 + i)
-               for i in range(400)]
+    records = [
+        seglog.Record(topic="t", value=b"e%d" % i, key=b"k%d" % i, ts=1_700_000_000_000_000 + i)
+        for i in range(400)
+    ]
     await db.append(records, leader_epoch=leader_epoch)
     print("appended", flush=True)
     os.kill(os.getpid(), signal.SIGKILL)

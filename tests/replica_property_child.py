@@ -27,14 +27,23 @@ async def main(root: Path, seed: int, steps: int, engine: str) -> None:
         if op == "append":
             n = rng.randint(1, 120)
             end = leader.end_offset(0)
-            recs = [seglog.Record(topic=f"t/{i % 5}", value=b"s%d-%d" % (seed, end + i), key=b"k%d" % ((end + i) % 13),
-                                  ts=TS0 + end + i) for i in range(n)]
+            recs = [
+                seglog.Record(
+                    topic=f"t/{i % 5}",
+                    value=b"s%d-%d" % (seed, end + i),
+                    key=b"k%d" % ((end + i) % 13),
+                    ts=TS0 + end + i,
+                )
+                for i in range(n)
+            ]
             await leader.append(recs, shard=0, leader_epoch=epoch)
         elif op == "truncate_leader":
             await leader.truncate_to(0, rng.randint(leader.start_offset(0), leader.end_offset(0)), force=True)
             epoch += 1  # a leader that lost records comes back with a new epoch
         elif op == "truncate_follower":
-            await follower.truncate_to(0, rng.randint(follower.start_offset(0), follower.end_offset(0)), force=True)
+            await follower.truncate_to(
+                0, rng.randint(follower.start_offset(0), follower.end_offset(0)), force=True
+            )
         else:
             await _sync(leader, follower)
         print(step, op, flush=True)

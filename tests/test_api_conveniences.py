@@ -29,8 +29,10 @@ def test_shard_for_is_public_and_read_key_finds_the_shard(run, data_dir: Path) -
     async def main() -> None:
         async with seglog.open(data_dir) as store:
             db = await store.create_db("t", shards=8)
-            recs = [seglog.Record(topic=f"s/{i % 5}", value=b"%d" % i, key=b"dev%d" % (i % 9) if i % 2 else None)
-                    for i in range(200)]
+            recs = [
+                seglog.Record(topic=f"s/{i % 5}", value=b"%d" % i, key=b"dev%d" % (i % 9) if i % 2 else None)
+                for i in range(200)
+            ]
             metas = await db.append(recs)
             for rec, meta in zip(recs, metas, strict=True):
                 expect = db.shard_for(rec.key) if rec.key is not None else db.shard_for(rec.topic)

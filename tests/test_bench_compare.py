@@ -19,9 +19,22 @@ def _run_compare(tmp_path: Path, *args: str, env: dict[str, str] | None = None) 
     out = tmp_path / "report.md"
     data_dir = tmp_path / "data"
     proc = subprocess.run(
-        [sys.executable, "-m", "bench.compare", "--quick", "--out", str(out),
-         "--data-dir", str(data_dir), *args],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=env,
+        [
+            sys.executable,
+            "-m",
+            "bench.compare",
+            "--quick",
+            "--out",
+            str(out),
+            "--data-dir",
+            str(data_dir),
+            *args,
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+        env=env,
         check=False,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -45,8 +58,16 @@ def test_quick_run_in_process_systems(tmp_path):
         assert r["status"] == "ok", f"{label}: {r['status']} {r['notes']}"
         assert r["verified"] is True, label
         assert r["records"] > 0, label
-        for key in ("write_records_per_s", "write_mb_per_s", "ack_p50_ms", "ack_p99_ms",
-                    "read_records_per_s", "read_mb_per_s", "write_s", "read_s"):
+        for key in (
+            "write_records_per_s",
+            "write_mb_per_s",
+            "ack_p50_ms",
+            "ack_p99_ms",
+            "read_records_per_s",
+            "read_mb_per_s",
+            "write_s",
+            "read_s",
+        ):
             assert r[key] > 0, f"{label}: {key}={r[key]}"
         assert r["ack_p99_ms"] >= r["ack_p50_ms"], label
         assert r["client_cpu_s"] >= 0, label
@@ -67,8 +88,14 @@ def test_quick_run_in_process_systems(tmp_path):
 def test_unavailable_systems_are_rows_not_gaps(tmp_path):
     env = {**os.environ, "PATH": str(tmp_path / "empty-bin")}  # no redis-server, java, nats-server
     report = _run_compare(
-        tmp_path, "--systems", "raw,redis,nats,kafka", "--records", "2000",
-        "--cache", str(tmp_path / "empty-cache"), env=env,
+        tmp_path,
+        "--systems",
+        "raw,redis,nats,kafka",
+        "--records",
+        "2000",
+        "--cache",
+        str(tmp_path / "empty-cache"),
+        env=env,
     )
     rows = {(r["system"], r["value_bytes"]): r for r in report["results"]}
     assert len(rows) == 4 * len(VALUE_SIZES)

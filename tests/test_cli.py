@@ -81,7 +81,16 @@ def test_demo_small_with_spark_pipeline(tmp_path: Path) -> None:
 def test_tier_command_and_stats(tmp_path: Path) -> None:
     data = str(tmp_path / "d")
     tier = f"file://{tmp_path / 'tier'}"
-    sh("produce", data, "db1", "--topic", "t/x", "--shard", "0", stdin=b"".join(b"%d\n" % i for i in range(500)))
+    sh(
+        "produce",
+        data,
+        "db1",
+        "--topic",
+        "t/x",
+        "--shard",
+        "0",
+        stdin=b"".join(b"%d\n" % i for i in range(500)),
+    )
     r = sh("tier", data, "db1", "--tier", tier, "--seal")
     assert r.returncode == 0, r.stderr
     assert b"committed db1/shard=0/" in r.stdout and b"500 rows" in r.stdout

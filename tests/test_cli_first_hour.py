@@ -46,7 +46,9 @@ def tree(root: Path) -> dict[str, tuple[int, int]]:
 
 
 def topic_on_shard(shard: int, shards: int, prefix: str = "t") -> str:
-    return next(f"{prefix}/{i}" for i in range(10_000) if shard_for(f"{prefix}/{i}".encode(), shards) == shard)
+    return next(
+        f"{prefix}/{i}" for i in range(10_000) if shard_for(f"{prefix}/{i}".encode(), shards) == shard
+    )
 
 
 # --- 1. demo -----------------------------------------------------------------------------
@@ -83,10 +85,16 @@ def test_demo_reruns_over_its_own_directory(tmp_path: Path) -> None:
 def test_produce_from_a_pipe_appends_within_the_linger_time(tmp_path: Path) -> None:
     data = str(tmp_path / "d")
     assert sh("produce", data, "live", "--topic", "t", stdin=b"first\n").returncode == 0
-    producer = subprocess.Popen([SEGLOG, "produce", data, "live", "--topic", "t", "--linger-ms", "50"],
-                                stdin=subprocess.PIPE, stderr=subprocess.PIPE)
-    follower = subprocess.Popen([SEGLOG, "consume", data, "live", "--follow", "--format", "raw"],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    producer = subprocess.Popen(
+        [SEGLOG, "produce", data, "live", "--topic", "t", "--linger-ms", "50"],
+        stdin=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    follower = subprocess.Popen(
+        [SEGLOG, "consume", data, "live", "--follow", "--format", "raw"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         assert producer.stdin is not None and follower.stdout is not None
         out = ChildLines(follower.stdout, timeout_s=WAIT_S)
@@ -97,7 +105,10 @@ def test_produce_from_a_pipe_appends_within_the_linger_time(tmp_path: Path) -> N
         assert out.take(2) == [b"second\n", b"third\n"]
         producer.stdin.close()
         assert producer.wait(timeout=WAIT_S) == 0
-        assert producer.stderr is not None and b"appended 2 records to live (shard 0: 2)" in producer.stderr.read()
+        assert (
+            producer.stderr is not None
+            and b"appended 2 records to live (shard 0: 2)" in producer.stderr.read()
+        )
     finally:
         for p in (producer, follower):
             p.kill()
@@ -107,8 +118,11 @@ def test_produce_from_a_pipe_appends_within_the_linger_time(tmp_path: Path) -> N
 def test_produce_sigint_appends_what_was_read_and_exits_130(tmp_path: Path) -> None:
     data = str(tmp_path / "d")
     # A linger of 10 minutes: the lines are read but not yet appended when the signal comes.
-    producer = subprocess.Popen([SEGLOG, "produce", data, "sig", "--topic", "t", "--linger-ms", "600000"],
-                                stdin=subprocess.PIPE, stderr=subprocess.PIPE)
+    producer = subprocess.Popen(
+        [SEGLOG, "produce", data, "sig", "--topic", "t", "--linger-ms", "600000"],
+        stdin=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         assert producer.stdin is not None
         producer.stdin.write(b"".join(b"line %d\n" % i for i in range(7)))
@@ -121,7 +135,9 @@ def test_produce_sigint_appends_what_was_read_and_exits_130(tmp_path: Path) -> N
         producer.wait(timeout=WAIT_S)
     assert producer.returncode == 130
     assert err.decode().strip() == "interrupted: appended 7 records to sig (shard 0: 7)"
-    assert sh("consume", data, "sig", "--format", "raw").stdout == b"".join(b"line %d\n" % i for i in range(7))
+    assert sh("consume", data, "sig", "--format", "raw").stdout == b"".join(
+        b"line %d\n" % i for i in range(7)
+    )
 
 
 def test_produce_bad_line_names_the_file_line_and_what_was_stored(tmp_path: Path) -> None:
@@ -199,14 +215,16 @@ def test_read_only_commands_and_failed_produces_create_nothing(tmp_path: Path) -
 def test_stats_groups_and_consume_beside_a_running_producer(tmp_path: Path) -> None:
     data = str(tmp_path / "d")
     assert sh("produce", data, "busy", "--topic", "t", "--shards", "2", stdin=b"zero\n").returncode == 0
-    producer = subprocess.Popen([SEGLOG, "produce", data, "busy", "--topic", "t"],
-                                stdin=subprocess.PIPE, stderr=subprocess.PIPE)
+    producer = subprocess.Popen(
+        [SEGLOG, "produce", data, "busy", "--topic", "t"], stdin=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     try:
         assert producer.stdin is not None
         producer.stdin.write(b"one\ntwo\n")
         producer.stdin.flush()
-        follower = sh_wait([SEGLOG, "consume", data, "busy", "--follow", "--max", "3", "--format", "raw",
-                            "--group", "g"])
+        follower = sh_wait(
+            [SEGLOG, "consume", data, "busy", "--follow", "--max", "3", "--format", "raw", "--group", "g"]
+        )
         assert follower == b"zero\none\ntwo\n"
         r = sh("stats", data, "--json")  # the producer holds the lock
         assert r.returncode == 0, r.stderr
@@ -234,7 +252,12 @@ def sh_wait(cmd: list[str]) -> bytes:
 
 def test_a_closed_stdout_ends_quietly(tmp_path: Path) -> None:
     data = str(tmp_path / "d")
-    assert sh("produce", data, "db", "--topic", "t", stdin=b"".join(b"%d\n" % i for i in range(20_000))).returncode == 0
+    assert (
+        sh(
+            "produce", data, "db", "--topic", "t", stdin=b"".join(b"%d\n" % i for i in range(20_000))
+        ).returncode
+        == 0
+    )
     seg = next((tmp_path / "d" / "dbs" / "db" / "shard-0000").glob("*.log"))
     for cmd in (["consume", data, "db"], ["inspect", "--records", str(seg)]):
         p = subprocess.Popen([SEGLOG, *cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -260,8 +283,12 @@ def test_flags_debug_version_and_bounds(tmp_path: Path) -> None:
     assert r.returncode != 0 and b"Traceback" in r.stderr
     r = sh("--version")
     assert r.returncode == 0 and r.stdout.decode().startswith("seglog 0.")
-    for bad in (["consume", "d", "db", "--max", "-1"], ["consume", "d", "db", "--max", "0"],
-                ["consume", "d", "db", "--shard", "-1"], ["produce", "d", "db", "--topic", "t", "--batch", "0"]):
+    for bad in (
+        ["consume", "d", "db", "--max", "-1"],
+        ["consume", "d", "db", "--max", "0"],
+        ["consume", "d", "db", "--shard", "-1"],
+        ["produce", "d", "db", "--topic", "t", "--batch", "0"],
+    ):
         r = sh(*bad)
         assert r.returncode == 2 and b"must be >=" in r.stderr, bad
 
@@ -272,7 +299,10 @@ def test_json_output_tells_text_from_bytes(tmp_path: Path) -> None:
     assert sh("produce", data, "db", "--topic", "t", stdin=b"\\xff\n\xff\nhello\n").returncode == 0
     values = [json.loads(x)["value"] for x in sh("consume", data, "db").stdout.splitlines()]
     assert values == ["\\xff", {"base64": base64.b64encode(b"\xff").decode()}, "hello"]
-    values = [json.loads(x)["value"] for x in sh("consume", data, "db", "--value-format", "base64").stdout.splitlines()]
+    values = [
+        json.loads(x)["value"]
+        for x in sh("consume", data, "db", "--value-format", "base64").stdout.splitlines()
+    ]
     assert [base64.b64decode(v) for v in values] == [b"\\xff", b"\xff", b"hello"]
 
 
@@ -281,14 +311,34 @@ def test_json_output_tells_text_from_bytes(tmp_path: Path) -> None:
 
 def test_produce_key_separator_and_headers(tmp_path: Path) -> None:
     data = str(tmp_path / "d")
-    r = sh("produce", data, "db", "--topic", "t", "--shards", "4", "--key-separator", ":",
-           "--header", "ct=text/plain", "--header", "src=cli", stdin=b"dev1:21.5\ndev2:a:b\n")
+    r = sh(
+        "produce",
+        data,
+        "db",
+        "--topic",
+        "t",
+        "--shards",
+        "4",
+        "--key-separator",
+        ":",
+        "--header",
+        "ct=text/plain",
+        "--header",
+        "src=cli",
+        stdin=b"dev1:21.5\ndev2:a:b\n",
+    )
     assert r.returncode == 0, r.stderr
-    docs = sorted((json.loads(x) for x in sh("consume", data, "db").stdout.splitlines()), key=lambda d: d["key"])
+    docs = sorted(
+        (json.loads(x) for x in sh("consume", data, "db").stdout.splitlines()), key=lambda d: d["key"]
+    )
     assert [(d["key"], d["value"], d["shard"]) for d in docs] == [
-        ("dev1", "21.5", shard_for(b"dev1", 4)), ("dev2", "a:b", shard_for(b"dev2", 4))]
+        ("dev1", "21.5", shard_for(b"dev1", 4)),
+        ("dev2", "a:b", shard_for(b"dev2", 4)),
+    ]
     assert all(d["headers"] == {"ct": "text/plain", "src": "cli"} for d in docs)
-    err = one_error_line(sh("produce", data, "db", "--topic", "t", "--key-separator", ":", stdin=b"k:v\nnokey\n"))
+    err = one_error_line(
+        sh("produce", data, "db", "--topic", "t", "--key-separator", ":", stdin=b"k:v\nnokey\n")
+    )
     assert "line 2: no key separator ':'" in err and "the 1 records before it were appended" in err
     assert sh("produce", data, "db", "--topic", "t", "--header", "novalue", stdin=b"x\n").returncode == 1
 
@@ -300,7 +350,10 @@ def test_inspect_records_prints_every_record(tmp_path: Path) -> None:
     lines = [json.loads(x) for x in sh("inspect", "--records", str(seg)).stdout.splitlines()[:-1]]
     assert lines[0]["base_offset"] == 0 and lines[0]["records"] == 3
     assert [(d["offset"], d["topic"], d["key"], d["value"]) for d in lines[1:]] == [
-        (0, "s/1", "k", "a"), (1, "s/1", "k", "b"), (2, "s/1", "k", "c")]
+        (0, "s/1", "k", "a"),
+        (1, "s/1", "k", "b"),
+        (2, "s/1", "k", "c"),
+    ]
 
 
 def test_groups_lists_lag_per_shard(tmp_path: Path) -> None:

@@ -25,7 +25,9 @@ from seglog.record import (
 )
 
 topic_level = st.text(
-    alphabet=st.characters(blacklist_characters="+#/\x00", blacklist_categories=("Cs",)), min_size=0, max_size=12
+    alphabet=st.characters(blacklist_characters="+#/\x00", blacklist_categories=("Cs",)),
+    min_size=0,
+    max_size=12,
 )
 topics = st.lists(topic_level, min_size=1, max_size=5).map("/".join).filter(lambda t: t != "")
 records = st.builds(
@@ -49,12 +51,18 @@ def _round_trip(recs: list[Record], compression: int, base: int) -> list[Record]
     assert header.min_ts == min(r.ts for r in recs) and header.max_ts == max(r.ts for r in recs)  # type: ignore[type-var]
     verify_frame(buf, 0, header)
     decoded = decode_body(buf, 0, header)
-    table = pa.Table.from_batches([decoded]).add_column(0, "offset", pa.array(range(base, base + len(recs)), pa.int64()))
+    table = pa.Table.from_batches([decoded]).add_column(
+        0, "offset", pa.array(range(base, base + len(recs)), pa.int64())
+    )
     return records_from_table(table, shard=3)
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(records, min_size=1, max_size=20), st.sampled_from([COMPRESSION_NONE, COMPRESSION_ZSTD]), st.integers(0, 1 << 40))
+@given(
+    st.lists(records, min_size=1, max_size=20),
+    st.sampled_from([COMPRESSION_NONE, COMPRESSION_ZSTD]),
+    st.integers(0, 1 << 40),
+)
 def test_frame_round_trip(recs: list[Record], compression: int, base: int) -> None:
     out = _round_trip(recs, compression, base)
     for i, (a, b) in enumerate(zip(recs, out, strict=True)):
@@ -88,7 +96,21 @@ def test_any_flipped_byte_is_detected(data: st.DataObject) -> None:
 def test_header_offsets_are_the_packed_layout() -> None:
     """The offsets derived with ``struct.calcsize`` are where ``_HEADER.pack`` puts each field."""
     fields = record._HEADER_FIELDS
-    values = [b"SGLF", 0x01020304, 5, 6, 0x0708, -(2**40) - 9, 0x0A0B0C0D, -14, 2**50 + 15, 2**51 + 16, 17, 18, 19]
+    values = [
+        b"SGLF",
+        0x01020304,
+        5,
+        6,
+        0x0708,
+        -(2**40) - 9,
+        0x0A0B0C0D,
+        -14,
+        2**50 + 15,
+        2**51 + 16,
+        17,
+        18,
+        19,
+    ]
     packed = record._HEADER.pack(*values)
     assert len(packed) == FRAME_HEADER_BYTES == 56
     offsets = record._HEADER_OFFSETS
@@ -96,10 +118,15 @@ def test_header_offsets_are_the_packed_layout() -> None:
     for (name, fmt), value in zip(fields, values, strict=True):
         assert struct.unpack_from("<" + fmt, packed, offsets[name]) == (value,), name
     ends = [*list(offsets.values())[1:], FRAME_HEADER_BYTES]
-    assert all(end - start == struct.calcsize("<" + fmt) for (_, fmt), start, end in zip(fields, offsets.values(), ends, strict=True))
+    assert all(
+        end - start == struct.calcsize("<" + fmt)
+        for (_, fmt), start, end in zip(fields, offsets.values(), ends, strict=True)
+    )
     assert record._CRC_START == offsets["crc"] + 4 == 8
     # The table in the module docstring shows the same offsets.
-    documented = [int(line.split()[0]) for line in (record.__doc__ or "").splitlines() if line[:5].strip().isdigit()]
+    documented = [
+        int(line.split()[0]) for line in (record.__doc__ or "").splitlines() if line[:5].strip().isdigit()
+    ]
     assert documented[: len(fields)] == list(offsets.values())
 
 
@@ -113,4 +140,6 @@ def test_frame_header_bytes_are_unchanged() -> None:
     assert header[8:44].hex() == "01000000cb04fb711f01000003000000fbffffff00401e18240a060002401e18240a0600"
     assert struct.unpack_from("<II", header, 44) == (len(bytes(frame.buffers[1])),) * 2
     assert header[52:] == b"\0" * 4
-    assert crc32c.crc32c(frame.buffers[1], crc32c.crc32c(header[8:])) == struct.unpack_from("<I", header, 4)[0]
+    assert (
+        crc32c.crc32c(frame.buffers[1], crc32c.crc32c(header[8:])) == struct.unpack_from("<I", header, 4)[0]
+    )

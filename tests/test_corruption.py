@@ -87,7 +87,9 @@ def test_damaged_tail_is_truncated(
     assert len(_frame_starts(active)) == n_frames_active - lost_frames + 1  # +1: the new append
 
 
-def test_corrupt_sealed_segment_cuts_it_and_everything_after(run, data_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_corrupt_sealed_segment_cuts_it_and_everything_after(
+    run, data_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     async def write() -> None:
         async with seglog.open(data_dir) as store:
             db = await store.create_db("t", segment_bytes=8 * 1024)

@@ -22,8 +22,16 @@ FRAME_RECORDS = 10
 def _frame(base: int, keys: list[bytes | None], *, segment: int = 0, pos: int | None = None) -> FrameEntry:
     """A frame of ``len(keys)`` records at ``base`` (position: 100 bytes per record so far)."""
     n = len(keys)
-    return FrameEntry(base, base + n, 1_000 + base + n, segment, base * 100 if pos is None else pos, n * 100,
-                      pa.array(keys, pa.binary()), [1])
+    return FrameEntry(
+        base,
+        base + n,
+        1_000 + base + n,
+        segment,
+        base * 100 if pos is None else pos,
+        n * 100,
+        pa.array(keys, pa.binary()),
+        [1],
+    )
 
 
 def _frames(first: int, count: int, key_of, *, segment: int = 0) -> list[FrameEntry]:
@@ -37,8 +45,11 @@ def _frames(first: int, count: int, key_of, *, segment: int = 0) -> list[FrameEn
 
 def _brute(frames: list[FrameEntry], key: bytes, *, start: int = 0, below: int | None = None) -> list[int]:
     """The frames holding ``key`` that reach past ``start`` (and start below ``below``)."""
-    return [f.base_offset for f in frames
-            if key in f.keys.to_pylist() and f.next_offset > start and (below is None or f.base_offset < below)]
+    return [
+        f.base_offset
+        for f in frames
+        if key in f.keys.to_pylist() and f.next_offset > start and (below is None or f.base_offset < below)
+    ]
 
 
 def _covers(got: list[int], want: list[int], start: int) -> bool:
@@ -207,7 +218,13 @@ def test_long_keys_are_found_and_filtered_by_digest(db_index: DbIndex) -> None:
     long_a = b"a" * (MAX_INLINE_KEY_BYTES + 1)
     long_b = b"a" * (MAX_INLINE_KEY_BYTES + 1) + b"b"  # same start, another digest
     huge = os.urandom(100_000)
-    keys: list[list[bytes | None]] = [[long_a, b"s"], [long_b, None], [huge, b""], [b"s", None], [long_a, long_b]]
+    keys: list[list[bytes | None]] = [
+        [long_a, b"s"],
+        [long_b, None],
+        [huge, b""],
+        [b"s", None],
+        [long_a, long_b],
+    ]
     frames = [_frame(i * 2, k) for i, k in enumerate(keys)]
     view.add(frames[:3])  # summaries
     view.add(frames[3:])  # 5 frames: the first 4 merge into postings
@@ -276,7 +293,9 @@ def test_legacy_per_shard_index_is_removed_and_the_shard_cleared(tmp_path: Path)
     assert idx.shard(0).indexed_end == 20
     b = idx.shard(1, legacy_dir=legacy)
     assert not legacy.exists()
-    assert b.indexed_end == 0 and b.key_frames(b"k") == [], "whatever wrote the old index may have moved the log"
+    assert b.indexed_end == 0 and b.key_frames(b"k") == [], (
+        "whatever wrote the old index may have moved the log"
+    )
     assert idx.shard(0).key_frames(b"k") == [0, 10]
     idx.close()
 

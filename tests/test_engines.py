@@ -38,7 +38,9 @@ def test_append_read_and_reopen(run, data_dir: Path, engine: str) -> None:
             for s in range(3):
                 got = await read_all(db, s)
                 want = [r for r, m in zip(recs, metas, strict=True) if m.shard == s]
-                assert [(g.topic, g.value, g.ts, g.key) for g in got] == [(w.topic, w.value, w.ts, w.key) for w in want]
+                assert [(g.topic, g.value, g.ts, g.key) for g in got] == [
+                    (w.topic, w.value, w.ts, w.key) for w in want
+                ]
                 assert [g.offset for g in got] == list(range(len(want)))
             return metas
 
@@ -88,10 +90,12 @@ def test_reads_by_offset_time_and_key(run, data_dir: Path, engine: str) -> None:
             assert [g.offset for g in got] == [i for i in range(2000) if i % 50 == 7]
             assert await db.read_key(0, b"nope") == []
             k1, k2 = b"k" * 1000, b"k" * 999 + b"j"  # long keys are hashed by lmdb: filtered
-            await db.append([
-                seglog.Record(topic="a", value=b"1", key=k1, headers={"h": b"v"}),
-                seglog.Record(topic="a", value=b"2", key=k2),
-            ])
+            await db.append(
+                [
+                    seglog.Record(topic="a", value=b"1", key=k1, headers={"h": b"v"}),
+                    seglog.Record(topic="a", value=b"2", key=k2),
+                ]
+            )
             got = await db.read_key(0, k1)
             assert [g.value for g in got] == [b"1"] and got[0].headers == {"h": b"v"}
             table = await db.read_arrow(0, 10, max_records=5)
@@ -122,12 +126,14 @@ def test_append_arrow_routes(run, data_dir: Path, engine: str) -> None:
         async with seglog.open(data_dir) as store:
             db = await store.create_db("t", shards=3, engine=engine, compression="zstd")
             n = 600
-            table = pa.table({
-                "ts": pa.array(range(T0, T0 + n), pa.int64()),
-                "topic": [f"s/{i % 13}" for i in range(n)],
-                "key": pa.array([None if i % 2 else f"k{i % 5}".encode() for i in range(n)], pa.binary()),
-                "value": [f"v{i}".encode() for i in range(n)],
-            })
+            table = pa.table(
+                {
+                    "ts": pa.array(range(T0, T0 + n), pa.int64()),
+                    "topic": [f"s/{i % 13}" for i in range(n)],
+                    "key": pa.array([None if i % 2 else f"k{i % 5}".encode() for i in range(n)], pa.binary()),
+                    "value": [f"v{i}".encode() for i in range(n)],
+                }
+            )
             pos = await db.append_arrow(table)
             for row in (0, 1, 300, 599):
                 s, o = pos.column("shard")[row].as_py(), pos.column("offset")[row].as_py()
@@ -146,8 +152,12 @@ def test_concurrent_producers_density(run, data_dir: Path, engine: str) -> None:
 
     async def produce(db: seglog.Database, p: int) -> None:
         for i in range(0, per_producer, 20):
-            await db.append([seglog.Record(topic=f"p/{p}", value=f"{p}:{j}".encode(), key=f"{p}".encode())
-                             for j in range(i, i + 20)])
+            await db.append(
+                [
+                    seglog.Record(topic=f"p/{p}", value=f"{p}:{j}".encode(), key=f"{p}".encode())
+                    for j in range(i, i + 20)
+                ]
+            )
 
     async def main() -> None:
         async with seglog.open(data_dir, io_workers=2) as store:
@@ -247,7 +257,9 @@ def test_truncate_before(run, data_dir: Path, engine: str) -> None:
                 await db.read(0, 249)
             got = await read_all(db, 0)
             assert got[0].offset == 250 and got[-1].offset == 399
-            assert [g.offset for g in await db.read_key(0, b"dev7")] == [i for i in range(250, 400) if i % 50 == 7]
+            assert [g.offset for g in await db.read_key(0, b"dev7")] == [
+                i for i in range(250, 400) if i % 50 == 7
+            ]
             assert await db.offset_for_time(0, 0) == 250
             with pytest.raises(errors.OffsetOutOfRange):
                 await db.truncate_before(0, 401)
@@ -259,7 +271,9 @@ def test_truncate_before(run, data_dir: Path, engine: str) -> None:
         async with seglog.open(data_dir) as store:
             db = await store.open_db("t")
             assert db.start_offset(0) == 250 and db.end_offset(0) == 405
-            assert [g.offset for g in await db.read_key(0, b"dev7")] == [i for i in range(250, 405) if i % 50 == 7]
+            assert [g.offset for g in await db.read_key(0, b"dev7")] == [
+                i for i in range(250, 405) if i % 50 == 7
+            ]
 
     run(main())
 
@@ -269,8 +283,9 @@ def test_retention_by_bytes_and_time(run, data_dir: Path, clock, engine: str) ->
         async with seglog.open(data_dir, clock_us=clock, retention_interval_ms=None) as store:
             db = await store.create_db("t", engine=engine, segment_bytes=4096)
             for _ in range(30):
-                await db.append([seglog.Record(topic="a", value=b"v" * 100, ts=clock(), key=b"k")
-                                 for _ in range(20)])
+                await db.append(
+                    [seglog.Record(topic="a", value=b"v" * 100, ts=clock(), key=b"k") for _ in range(20)]
+                )
             total = db.stats()[0].bytes
             await db.configure(retention_bytes=total // 2)
             freed = await db.enforce_retention()
@@ -310,8 +325,12 @@ def test_retention_respects_group_floor(run, data_dir: Path, engine: str) -> Non
 def test_lmdb_acknowledged_records_survive_sigkill(run, data_dir: Path) -> None:
     root = Path(__file__).resolve().parent.parent
     for round_ in range(2):  # kill, reopen, append more, kill again
-        proc = subprocess.Popen([sys.executable, "-m", "tests.crash_child", str(data_dir), "records", "lmdb"],
-                                cwd=root, stdout=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.crash_child", str(data_dir), "records", "lmdb"],
+            cwd=root,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         assert proc.stdout is not None
         lines: list[str] = []
         try:

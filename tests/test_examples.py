@@ -30,7 +30,13 @@ def run(*cmd: str, cwd: Path) -> str:
 
 def test_readme_shows_every_example_file_verbatim() -> None:
     files = {p.name: p.read_text() for p in sorted(EXAMPLES.iterdir()) if p.suffix in (".py", ".sh")}
-    assert set(files) == {"quickstart.py", "store_features.py", "tiering.py", "spark_read.py", "cli_quickstart.sh"}
+    assert set(files) == {
+        "quickstart.py",
+        "store_features.py",
+        "tiering.py",
+        "spark_read.py",
+        "cli_quickstart.sh",
+    }
     python_blocks = fenced("python")
     shell_scripts = [b for b in fenced("sh") if b.startswith("#!/bin/sh\n")]
     # Every Python snippet and shell script in the README is an example file, and the other way round.
@@ -42,8 +48,9 @@ def test_readme_shows_every_example_file_verbatim() -> None:
 def test_examples_are_tracked_so_a_fresh_clone_has_them() -> None:
     if not (ROOT / ".git").exists():
         pytest.skip("not a git checkout")
-    tracked = subprocess.run(["git", "ls-files", "examples", "README.md"], cwd=ROOT, capture_output=True,
-                             text=True, check=True).stdout.split()
+    tracked = subprocess.run(
+        ["git", "ls-files", "examples", "README.md"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
     assert {f"examples/{p.name}" for p in EXAMPLES.iterdir() if p.suffix in (".py", ".sh")} <= set(tracked)
 
 
@@ -60,10 +67,14 @@ def test_install_section_runs_as_written(tmp_path: Path) -> None:
 
 
 def test_quickstart(tmp_path: Path) -> None:
-    out = run(sys.executable, str(EXAMPLES / "quickstart.py"), str(tmp_path / "data"), cwd=tmp_path).splitlines()
+    out = run(
+        sys.executable, str(EXAMPLES / "quickstart.py"), str(tmp_path / "data"), cwd=tmp_path
+    ).splitlines()
     assert out[0] == "RecordMeta(shard=3, offset=0, ts=1767268800000000)"
-    assert out[1:3] == ["0 sensors/s1/d7/temp b'21.5' 1767268800000000",
-                        "1 sensors/s1/d7/temp b'21.7' 1767268860000000"]
+    assert out[1:3] == [
+        "0 sensors/s1/d7/temp b'21.5' 1767268800000000",
+        "1 sensors/s1/d7/temp b'21.7' 1767268860000000",
+    ]
     assert "['offset', 'ts', 'topic', 'key', 'value', 'headers', 'stream']" in out
     assert "from 12:00:30: [b'21.7', b'21.9']" in out
     assert "key d7: [b'21.5', b'21.7', b'21.9']" in out

@@ -17,7 +17,12 @@ from tests.helpers import read_all
 
 def _records(n: int, *, start: int = 0, value_bytes: int = 1000) -> list[seglog.Record]:
     return [
-        seglog.Record(topic=f"t/{i % 5}", value=(b"%09d" % i) * (value_bytes // 9), ts=1_700_000_000_000_000 + i, key=b"k%d" % (i % 20))
+        seglog.Record(
+            topic=f"t/{i % 5}",
+            value=(b"%09d" % i) * (value_bytes // 9),
+            ts=1_700_000_000_000_000 + i,
+            key=b"k%d" % (i % 20),
+        )
         for i in range(start, start + n)
     ]
 
@@ -162,6 +167,7 @@ def test_full_index_filesystem_loses_no_read_key_results(run, tmp_path: Path, ca
     with ext4_fs(tmp_path, size_mib=8) as fs:
         subprocess.run(["mount", "--bind", str(fs.mount), str(index_dir)], check=True)
         try:
+
             async def main() -> None:
                 async with seglog.open(data) as store:
                     db = await store.open_db("t")
@@ -170,8 +176,9 @@ def test_full_index_filesystem_loses_no_read_key_results(run, tmp_path: Path, ca
                     caplog.set_level(logging.WARNING)
                     for i in range(200, 20_200, 1000):
                         await db.append(_records(1000, start=i, value_bytes=20))
-                    assert any("index write failed" in r.getMessage() for r in caplog.records), \
+                    assert any("index write failed" in r.getMessage() for r in caplog.records), (
                         "the index filesystem did not fill up: the test proves nothing"
+                    )
                     want = [r.offset for r in await read_all(db, 0) if r.key == b"k7"]
                     got = [r.offset for r in await db.read_key(0, b"k7")]
                     assert got == want and len(want) == 1010

@@ -21,8 +21,20 @@ _WRITES = ("pwritev", "pwritev2", "pwrite64")
 
 def _trace(tmp_path: Path, mode: str, fsync: str = "always", extra: tuple[str, ...] = ()) -> list[Syscall]:
     log = tmp_path / "strace.log"
-    cmd = [*strace_command(), "-o", str(log), "-e", "trace=pwritev,pwritev2,pwrite64,fdatasync,fsync,write",
-           *extra, sys.executable, "-m", "tests.trace_child", str(tmp_path / "data"), mode, fsync]
+    cmd = [
+        *strace_command(),
+        "-o",
+        str(log),
+        "-e",
+        "trace=pwritev,pwritev2,pwrite64,fdatasync,fsync,write",
+        *extra,
+        sys.executable,
+        "-m",
+        "tests.trace_child",
+        str(tmp_path / "data"),
+        mode,
+        fsync,
+    ]
     subprocess.run(cmd, cwd=ROOT, check=True, timeout=120, stdout=subprocess.DEVNULL)
     return strace_events(log)
 
@@ -44,9 +56,14 @@ def test_every_ack_follows_the_fdatasync_of_its_bytes(tmp_path: Path) -> None:
         writes = [e for e in events[prev:i] if e.name in _WRITES and _is_segment(e)]
         assert writes, "each acknowledged append writes its frames first"
         last_write = max(events.index(w) for w in writes)
-        synced = [e for e in events[last_write:i] if e.name in ("fdatasync", "fsync") and _is_segment(e)
-                  and e.result.startswith("0")]
-        assert synced, f"acknowledgement {events[i].args[:40]!r} was not preceded by an fdatasync of its segment"
+        synced = [
+            e
+            for e in events[last_write:i]
+            if e.name in ("fdatasync", "fsync") and _is_segment(e) and e.result.startswith("0")
+        ]
+        assert synced, (
+            f"acknowledgement {events[i].args[:40]!r} was not preceded by an fdatasync of its segment"
+        )
         prev = i
 
 
@@ -64,24 +81,36 @@ def test_interval_policy_syncs_a_quiet_shard_on_a_busy_worker(tmp_path: Path) ->
     events = _trace(tmp_path, "interval", fsync="interval")
     ack = next(e for e in events if _is_ack(e) and "quiet" in e.args)
     quiet_fd = next(
-        e.args.split(",", 1)[0] for e in events
+        e.args.split(",", 1)[0]
+        for e in events
         if e.name in _WRITES and "shard-0001" in e.args.split(",", 1)[0] and ".log>" in e.args
     )
-    last_write = max(e.end_s for e in events if e.name in _WRITES and e.args.startswith(quiet_fd)
-                     and e.end_s <= ack.end_s)
+    last_write = max(
+        e.end_s for e in events if e.name in _WRITES and e.args.startswith(quiet_fd) and e.end_s <= ack.end_s
+    )
     # Its bytes are durable once its segment, or the worker's journal written after it, is synced.
-    journal_writes = [e for e in events if e.name in _WRITES and ".journal>" in e.args.split(",", 1)[0]
-                      and last_write <= e.end_s <= ack.end_s]
+    journal_writes = [
+        e
+        for e in events
+        if e.name in _WRITES and ".journal>" in e.args.split(",", 1)[0] and last_write <= e.end_s <= ack.end_s
+    ]
     durable_fds = {quiet_fd} | {e.args.split(",", 1)[0] for e in journal_writes}
     if journal_writes:
         last_write = max(e.end_s for e in journal_writes)
-    syncs = [e for e in events if e.name in ("fdatasync", "fsync") and e.args.split(",", 1)[0] in durable_fds
-             and e.end_s >= last_write]
+    syncs = [
+        e
+        for e in events
+        if e.name in ("fdatasync", "fsync")
+        and e.args.split(",", 1)[0] in durable_fds
+        and e.end_s >= last_write
+    ]
     assert syncs, "the quiet shard was never synced while the worker was busy"
     waited = syncs[0].end_s - last_write
     sync_time = syncs[0].end_s - syncs[0].start_s
     # The bound, plus one fsync's time, plus slack for strace's own overhead.
-    assert waited <= interval_s + sync_time + 0.15, f"unsynced for {waited:.3f}s with a {interval_s}s interval"
+    assert waited <= interval_s + sync_time + 0.15, (
+        f"unsynced for {waited:.3f}s with a {interval_s}s interval"
+    )
 
 
 def test_follower_never_sees_frames_before_they_are_durable(run, tmp_path: Path) -> None:
@@ -93,9 +122,21 @@ def test_follower_never_sees_frames_before_they_are_durable(run, tmp_path: Path)
     data = tmp_path / "data"
     fifo = tmp_path / "strace.fifo"
     os.mkfifo(fifo)
-    cmd = [*strace_command(), "-o", str(fifo), "-e", f"trace=fdatasync,{','.join(_WRITES)}",
-           "-e", "inject=fdatasync:delay_enter=1500000",
-           sys.executable, "-m", "tests.trace_child", str(data), "slow-sync", "always"]
+    cmd = [
+        *strace_command(),
+        "-o",
+        str(fifo),
+        "-e",
+        f"trace=fdatasync,{','.join(_WRITES)}",
+        "-e",
+        "inject=fdatasync:delay_enter=1500000",
+        sys.executable,
+        "-m",
+        "tests.trace_child",
+        str(data),
+        "slow-sync",
+        "always",
+    ]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     try:
@@ -137,11 +178,23 @@ def _acked_b(proc: subprocess.Popen[str]) -> bool:
 def test_new_directories_are_fsynced(tmp_path: Path) -> None:
     log = tmp_path / "strace.log"
     data = tmp_path / "data"
-    cmd = [*strace_command(), "-o", str(log), "-e", "trace=fsync,fdatasync",
-           sys.executable, "-m", "tests.trace_child", str(data), "layout", "always"]
+    cmd = [
+        *strace_command(),
+        "-o",
+        str(log),
+        "-e",
+        "trace=fsync,fdatasync",
+        sys.executable,
+        "-m",
+        "tests.trace_child",
+        str(data),
+        "layout",
+        "always",
+    ]
     subprocess.run(cmd, cwd=ROOT, check=True, timeout=120, stdout=subprocess.DEVNULL)
-    synced = {e.args.split("<", 1)[1].rstrip(">") for e in strace_events(log) if e.name == "fsync" and "<" in e.args}
+    synced = {
+        e.args.split("<", 1)[1].rstrip(">") for e in strace_events(log) if e.name == "fsync" and "<" in e.args
+    }
     db = data / "dbs" / "t"
     for d in (data, data / "dbs", db, db / "shard-0000", db / "shard-0001", db / "index", db / "groups"):
         assert str(d) in synced, f"directory {d} was never fsynced"
-

@@ -103,7 +103,10 @@ def test_followers_of_several_shards_share_the_group_store(data_dir: Path, run: 
             await db.append(make_records(10), shard=0)
             await db.append(make_records(10), shard=1)
         # LMDB allows one handle per environment per process: the followers share it.
-        async with seglog.follow(data_dir, "f", 0, group="g") as f0, seglog.follow(data_dir, "f", 1, group="g") as f1:
+        async with (
+            seglog.follow(data_dir, "f", 0, group="g") as f0,
+            seglog.follow(data_dir, "f", 1, group="g") as f1,
+        ):
             await f0.commit(4)
             await f1.commit(7)
         async with seglog.follow(data_dir, "f", 1, group="g") as f1:
@@ -280,7 +283,9 @@ def test_cli_follow_sees_another_process_appends(tmp_path: Path) -> None:
         assert _ask(owner, owner_out, "append 5") == "acked 355"
         assert out.take(5) == [b"v%d\n" % i for i in range(350, 355)]
         # Errors are one line and a non-zero exit.
-        bad = subprocess.run([SEGLOG, "consume", data, "nope", "--follow"], capture_output=True, timeout=WAIT_S)
+        bad = subprocess.run(
+            [SEGLOG, "consume", data, "nope", "--follow"], capture_output=True, timeout=WAIT_S
+        )
         assert bad.returncode == 1
         assert bad.stderr.decode().strip().startswith("seglog: error:") and b"Traceback" not in bad.stderr
     finally:

@@ -190,7 +190,9 @@ def test_db_layer_reaches_tiering_only_through_the_seam() -> None:
     assert not concrete, f"the DB layer imports concrete tiering modules: {concrete}"
     for module in DB_LAYER:
         names = _names_from(MODULES[module], TIER_PACKAGE)
-        assert names <= TIER_PACKAGE_API, f"{module} imports {sorted(names - TIER_PACKAGE_API)} from {TIER_PACKAGE}"
+        assert names <= TIER_PACKAGE_API, (
+            f"{module} imports {sorted(names - TIER_PACKAGE_API)} from {TIER_PACKAGE}"
+        )
 
 
 @pytest.mark.parametrize("module", ["seglog.db", "seglog.store"])

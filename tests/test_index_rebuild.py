@@ -15,9 +15,16 @@ from tests.helpers import T0, make_records
 
 
 async def _answers(db: seglog.Database) -> tuple[list[int], list[int], list[int]]:
-    times = [await db.offset_for_time(s, t) for s in range(db.shards) for t in (0, T0 + 5000, T0 + 19990, 10**17)]
+    times = [
+        await db.offset_for_time(s, t) for s in range(db.shards) for t in (0, T0 + 5000, T0 + 19990, 10**17)
+    ]
     keys = [r.offset for s in range(db.shards) for r in await db.read_key(s, b"dev3")]  # type: ignore[misc]
-    reads = [(await db.read(s, o, 1))[0].ts for s in range(db.shards) for o in (0, 333, 600) if o < db.end_offset(s)]  # type: ignore[misc]
+    reads = [
+        (await db.read(s, o, 1))[0].ts
+        for s in range(db.shards)
+        for o in (0, 333, 600)
+        if o < db.end_offset(s)
+    ]  # type: ignore[misc]
     return times, keys, reads  # type: ignore[return-value]
 
 
@@ -93,7 +100,9 @@ def _tear(index_dir: Path, *, boot: str = "another-boot-id") -> None:
     (index_dir / "OPEN").write_text(boot)
 
 
-def test_machine_restart_rebuilds_every_torn_index_including_later_opened_dbs(run, data_dir: Path, caplog) -> None:
+def test_machine_restart_rebuilds_every_torn_index_including_later_opened_dbs(
+    run, data_dir: Path, caplog
+) -> None:
     async def write() -> None:
         async with seglog.open(data_dir) as store:
             for name in ("a", "b"):
@@ -121,6 +130,7 @@ def test_machine_restart_rebuilds_every_torn_index_including_later_opened_dbs(ru
 
 def test_index_of_this_boot_is_not_rebuilt(run, data_dir: Path, caplog) -> None:
     """A process crash keeps LMDB's page cache: no rebuild (the boot check is not a blanket one)."""
+
     async def write() -> None:
         async with seglog.open(data_dir) as store:
             db = await store.create_db("t")

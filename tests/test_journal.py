@@ -24,8 +24,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _kill_after(data: Path, mode: str, acks: int) -> list[tuple[int, int, int, int]]:
-    proc = subprocess.Popen([sys.executable, "-m", "tests.crash_child", str(data), mode], cwd=ROOT,
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.crash_child", str(data), mode],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stdout is not None
     lines: list[str] = []
     try:
@@ -63,8 +67,9 @@ def _segment_ends(db_dir: Path, shards: int) -> list[int]:
     """Each shard's log end as its segment files say, without the journal."""
     ends = []
     for n in range(shards):
-        log_, _ = open_shard_log(db_dir / f"shard-{n:04d}", segment_bytes=1 << 30, segment_ms=1 << 40,
-                                clock_ms=lambda: 0)
+        log_, _ = open_shard_log(
+            db_dir / f"shard-{n:04d}", segment_bytes=1 << 30, segment_ms=1 << 40, clock_ms=lambda: 0
+        )
         ends.append(log_.next_offset)
         log_.close()
     return ends
@@ -113,9 +118,19 @@ def test_replay_killed_at_successive_writes_then_reopened_loses_nothing(run, dat
     ends = [_segment_ends(db_dir, 16)]
     kill_at = 8
     while True:
-        cmd = [*strace_command(), "-o", "/dev/null", "-e", "trace=pwrite64,pwritev,fdatasync,fsync,rename",
-               "-e", f"inject=pwrite64,pwritev,fdatasync,fsync,rename:signal=SIGKILL:when={kill_at}",
-               sys.executable, "-m", "tests.open_child", str(data_dir)]
+        cmd = [
+            *strace_command(),
+            "-o",
+            "/dev/null",
+            "-e",
+            "trace=pwrite64,pwritev,fdatasync,fsync,rename",
+            "-e",
+            f"inject=pwrite64,pwritev,fdatasync,fsync,rename:signal=SIGKILL:when={kill_at}",
+            sys.executable,
+            "-m",
+            "tests.open_child",
+            str(data_dir),
+        ]
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
         if "opened" in proc.stdout:
             break
@@ -129,6 +144,7 @@ def test_replay_killed_at_successive_writes_then_reopened_loses_nothing(run, dat
 
 def test_one_fdatasync_per_drain_for_many_shards(run, data_dir: Path) -> None:
     """A 1000-record keyed append over 64 shards costs each worker one journal sync, not 16."""
+
     async def main() -> tuple[int, int]:
         async with seglog.open(data_dir, io_workers=2) as store:
             db = await store.create_db("t", shards=64)
@@ -153,8 +169,10 @@ def test_power_loss_after_acknowledged_many_shard_appends(run, tmp_path: Path) -
             store = await seglog.open(data, buffer_ms=3_600_000)
             db = await store.create_db("t", shards=16)
             for b in range(20):
-                recs = [seglog.Record(topic="m", value=b"b%d-%d" % (b, i), key=b"dev-%d" % (i * 31 + b))
-                        for i in range(500)]
+                recs = [
+                    seglog.Record(topic="m", value=b"b%d-%d" % (b, i), key=b"dev-%d" % (i * 31 + b))
+                    for i in range(500)
+                ]
                 res = await db.append(recs)
                 for m, r in zip(res, recs, strict=True):
                     acked.setdefault(m.shard, set()).add(r.value)
@@ -229,13 +247,16 @@ def test_failed_drain_leaves_no_rows_and_offsets_continue(run, tmp_path: Path) -
 def test_buffered_rows_of_many_appends_become_one_frame_per_shard(run, data_dir: Path) -> None:
     """A flush writes each shard's rows of many appends as one run of frames, in offset order,
     also after a single-shard append wrote some shards' rows earlier."""
+
     async def main() -> None:
         async with seglog.open(data_dir, io_workers=1, buffer_ms=3_600_000) as store:
             db = await store.create_db("t", shards=8)
             expected: dict[int, list[bytes]] = {}
             for b in range(30):
-                recs = [seglog.Record(topic="m", value=b"%d-%d" % (b, i), key=b"dev-%d" % (i * 7 + b))
-                        for i in range(40)]
+                recs = [
+                    seglog.Record(topic="m", value=b"%d-%d" % (b, i), key=b"dev-%d" % (i * 7 + b))
+                    for i in range(40)
+                ]
                 res = await db.append(recs)
                 for m, r in zip(res, recs, strict=True):
                     assert m.offset == len(expected.setdefault(m.shard, []))
@@ -260,8 +281,9 @@ def test_buffered_rows_of_many_appends_become_one_frame_per_shard(run, data_dir:
 
 
 def _frames(db_dir: Path, shard: int) -> Iterator[object]:
-    log_, _ = open_shard_log(db_dir / f"shard-{shard:04d}", segment_bytes=1 << 30, segment_ms=1 << 40,
-                            clock_ms=lambda: 0)
+    log_, _ = open_shard_log(
+        db_dir / f"shard-{shard:04d}", segment_bytes=1 << 30, segment_ms=1 << 40, clock_ms=lambda: 0
+    )
     try:
         for seg in log_.segments_snapshot():
             yield from log_.frames_from(seg, 0, log_.next_offset)
@@ -271,12 +293,14 @@ def _frames(db_dir: Path, shard: int) -> Iterator[object]:
 
 def test_single_shard_flushes_release_the_buffered_requests(run, data_dir: Path) -> None:
     """Sealing shard by shard (one flush each) leaves no buffered request behind in the worker."""
+
     async def main() -> None:
         async with seglog.open(data_dir, io_workers=1, buffer_ms=3_600_000) as store:
             db = await store.create_db("t", shards=4)
             for b in range(5):
-                await db.append([seglog.Record(topic="m", value=b"%d-%d" % (b, i), key=b"k%d" % i)
-                                 for i in range(100)])
+                await db.append(
+                    [seglog.Record(topic="m", value=b"%d-%d" % (b, i), key=b"k%d" % i) for i in range(100)]
+                )
             writer = db._engine._writers[0]  # type: ignore[attr-defined]
             assert writer._pending_rows, "the appends never took the buffered path"
             await db.seal()  # each shard flushed on its own before its segment is sealed

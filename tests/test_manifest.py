@@ -36,11 +36,25 @@ TS0 = 1_700_000_000_000_000
 DB = "mydb"
 
 
-def entry(shard: int, base: int, end: int, *, state: EntryState = EntryState.COMMITTED,
-          min_ts: int = 0, max_ts: int = 10) -> ManifestEntry:
+def entry(
+    shard: int,
+    base: int,
+    end: int,
+    *,
+    state: EntryState = EntryState.COMMITTED,
+    min_ts: int = 0,
+    max_ts: int = 10,
+) -> ManifestEntry:
     return ManifestEntry(
-        key=object_key(DB, shard, base, end), shard=shard, base_offset=base, end_offset=end,
-        min_ts=min_ts, max_ts=max_ts, rows=end - base + 1, bytes=123, checksum="ab" * 32,
+        key=object_key(DB, shard, base, end),
+        shard=shard,
+        base_offset=base,
+        end_offset=end,
+        min_ts=min_ts,
+        max_ts=max_ts,
+        rows=end - base + 1,
+        bytes=123,
+        checksum="ab" * 32,
         state=state,
     )
 
@@ -106,8 +120,7 @@ def test_json_roundtrip_and_queries(target: LocalTarget, tmp_path: Path) -> None
 
     loaded = Manifest.load(target, DB)
     assert loaded.entries() == m.entries() and loaded.seq == 1
-    assert [e.key for e in loaded.committed(0)] == [object_key(DB, 0, 0, 99),
-                                                    object_key(DB, 0, 100, 199)]
+    assert [e.key for e in loaded.committed(0)] == [object_key(DB, 0, 0, 99), object_key(DB, 0, 100, 199)]
     assert [e.base_offset for e in loaded.committed(0, start_offset=99, end_offset=100)] == [0, 100]
     assert [e.base_offset for e in loaded.committed(0, start_offset=150)] == [100]
     assert [e.shard for e in loaded.committed(start_ts=160)] == [0]
@@ -245,8 +258,9 @@ def begin(target: LocalTarget, m: Manifest, base: int, rows: int) -> tuple[Manif
     stats = segment_stats(table)
     data = segment_table_to_parquet(table)
     key = object_key(DB, 0, stats.base_offset, stats.end_offset)
-    e = m.begin_upload(ManifestEntry.for_upload(
-        0, stats, ObjectInfo(key, len(data), hashlib.sha256(data).hexdigest())))
+    e = m.begin_upload(
+        ManifestEntry.for_upload(0, stats, ObjectInfo(key, len(data), hashlib.sha256(data).hexdigest()))
+    )
     m.save(target)
     return e, data
 
@@ -279,10 +293,15 @@ def test_recover_every_crash_point(target: LocalTarget) -> None:
     target.delete(dead.key)
 
     recovered, actions = recover_manifest(target, DB)
-    assert sorted(actions) == sorted([
-        f"dropped {no_object.key}", f"deleted {partial.key}", f"committed {uploaded.key}",
-        f"removed {dying.key}", f"removed {dead.key}",
-    ])
+    assert sorted(actions) == sorted(
+        [
+            f"dropped {no_object.key}",
+            f"deleted {partial.key}",
+            f"committed {uploaded.key}",
+            f"removed {dying.key}",
+            f"removed {dead.key}",
+        ]
+    )
     assert [e.key for e in recovered.entries()] == [uploaded.key, done.key]
     assert all(e.state is EntryState.COMMITTED for e in recovered.entries())
     assert target.head(partial.key) is None and target.head(dying.key) is None
@@ -304,8 +323,12 @@ def test_orphans(target: LocalTarget) -> None:
 
 
 def test_manifest_on_minio(minio: MinioServer, bucket: str, tmp_path: Path) -> None:
-    t = open_target(f"s3://{bucket}/tier", s3_endpoint=minio.endpoint,
-                    access_key=minio.access_key, secret_key=minio.secret_key)
+    t = open_target(
+        f"s3://{bucket}/tier",
+        s3_endpoint=minio.endpoint,
+        access_key=minio.access_key,
+        secret_key=minio.secret_key,
+    )
     local = tmp_path / "m.json"
     m = Manifest.load(t, DB, local_path=local)
     entry_ = upload_segment(t, m, 1, make_segment_table(0, 50, ts0_us=TS0), local_manifest=local)

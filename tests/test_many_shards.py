@@ -21,7 +21,10 @@ def test_ten_thousand_shards_open_append_and_read_under_ulimit_1024(tmp_path: Pa
     """The child sets RLIMIT_NOFILE to 1024 first; without the cache it dies with EMFILE."""
     proc = subprocess.run(
         [sys.executable, "-m", "tests.many_shards_child", str(tmp_path / "data"), "10000", "30000"],
-        cwd=ROOT, capture_output=True, text=True, timeout=600,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -18,7 +18,20 @@ from seglog.store import DBS_DIR
 from seglog.tiering.parquet import object_key
 
 NEWLINE_NAMES = ["evil\n", "a\nb", "\n", "evil\r\n", "\nevil", "evil\n\n"]
-BAD_NAMES = [*NEWLINE_NAMES, "", "evil\r", "evil\t", "a\x00b", "a b", ".hidden", "-x", "../x", "a/b", "x" * 129, "é"]
+BAD_NAMES = [
+    *NEWLINE_NAMES,
+    "",
+    "evil\r",
+    "evil\t",
+    "a\x00b",
+    "a b",
+    ".hidden",
+    "-x",
+    "../x",
+    "a/b",
+    "x" * 129,
+    "é",
+]
 GOOD_NAMES = ["a", "A-b_c.d", "0", "x" * 128]
 
 
@@ -47,7 +60,9 @@ def test_object_key_rejects_db_name(name: str) -> None:
 
 
 def test_object_key_accepts_valid_db_name() -> None:
-    assert object_key("a.b-c_d", 1, 2, 3) == "a.b-c_d/shard=1/00000000000000000002-00000000000000000003.parquet"
+    assert (
+        object_key("a.b-c_d", 1, 2, 3) == "a.b-c_d/shard=1/00000000000000000002-00000000000000000003.parquet"
+    )
 
 
 @pytest.mark.parametrize("name", ["evil\n", "a\nb", "", "\n"])

@@ -38,7 +38,8 @@ def test_all_is_exact_and_importable() -> None:
     for name in seglog.__all__:
         assert hasattr(seglog, name), name
     public = {
-        n for n in vars(seglog)
+        n
+        for n in vars(seglog)
         if not n.startswith("_") and n != "annotations" and not inspect.ismodule(getattr(seglog, n))
     }
     # Nothing public leaks in without being declared.

@@ -26,10 +26,16 @@ def test_quota_rejects_then_recovers_after_freeing(run, data_dir: Path) -> None:
             # Reads keep working.
             assert len(await read_all(db, 0)) == ends[0]
             with pytest.raises(errors.QuotaExceeded):
-                await db.append_arrow(pa.table({
-                    "ts": pa.array([T0] * 100, pa.int64()), "topic": ["a/b"] * 100,
-                    "key": pa.array([None] * 100, pa.binary()), "value": [b"v" * 1000] * 100,
-                }))
+                await db.append_arrow(
+                    pa.table(
+                        {
+                            "ts": pa.array([T0] * 100, pa.int64()),
+                            "topic": ["a/b"] * 100,
+                            "key": pa.array([None] * 100, pa.binary()),
+                            "value": [b"v" * 1000] * 100,
+                        }
+                    )
+                )
             assert [db.end_offset(s) for s in range(2)] == ends
             # Free space: truncate one shard, retention on the other; writes resume.
             await db.truncate_before(0, ends[0])

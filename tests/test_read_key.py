@@ -23,7 +23,10 @@ KEYS = [*COMMON, b"rare"]
 
 def _records(n: int, rng: random.Random, *, rare: bool = False) -> list[seglog.Record]:
     """``n`` records with common keys (in most frames), plus one ``rare`` one if asked."""
-    out = [seglog.Record(topic="t/a", value=b"v%d" % rng.randrange(10**6), key=rng.choice(COMMON)) for _ in range(n)]
+    out = [
+        seglog.Record(topic="t/a", value=b"v%d" % rng.randrange(10**6), key=rng.choice(COMMON))
+        for _ in range(n)
+    ]
     if rare:
         out.insert(rng.randrange(n + 1), seglog.Record(topic="t/a", value=b"rare", key=b"rare"))
     return out
@@ -48,7 +51,9 @@ def _key_entries(db: seglog.Database) -> tuple[int, int]:
         return txn.stat(t.key)["entries"], txn.stat(t.keyframe)["entries"]
 
 
-def test_read_key_is_exact_across_postings_summaries_reopen_retention_and_rebuild(run, data_dir: Path) -> None:
+def test_read_key_is_exact_across_postings_summaries_reopen_retention_and_rebuild(
+    run, data_dir: Path
+) -> None:
     rng = random.Random(7)
 
     async def write() -> None:
@@ -121,7 +126,9 @@ def _make_legacy_index(shard_dir: Path) -> None:
 
 
 @pytest.mark.parametrize("new_index", ["missing", "stale"])
-def test_database_of_the_old_layout_opens_and_reads_by_key(run, data_dir: Path, new_index: str, caplog) -> None:
+def test_database_of_the_old_layout_opens_and_reads_by_key(
+    run, data_dir: Path, new_index: str, caplog
+) -> None:
     async def write() -> list[int]:
         async with seglog.open(data_dir) as store:
             db = await store.create_db("t", shards=2, segment_bytes=16 * 1024)

@@ -73,7 +73,9 @@ def test_records_read_back_identical(run, data_dir: Path, engine: str) -> None:
 
     async def main() -> None:
         async with seglog.open(data_dir) as store:
-            db = await store.create_db("t", shards=2, engine=engine, compression="zstd", min_ts_us=None, max_ts_us=None)
+            db = await store.create_db(
+                "t", shards=2, engine=engine, compression="zstd", min_ts_us=None, max_ts_us=None
+            )
             recs = _mixed_records(n)
             metas: list[seglog.RecordMeta] = []
             for i in range(0, n, 1000):
@@ -148,7 +150,9 @@ def test_records_from_table_sliced_chunked_and_nullable() -> None:
 
 
 @pytest.mark.parametrize("initially_enabled", [True, False])
-def test_bulk_conversion_leaves_the_garbage_collector_as_it_was(run, data_dir: Path, initially_enabled: bool) -> None:
+def test_bulk_conversion_leaves_the_garbage_collector_as_it_was(
+    run, data_dir: Path, initially_enabled: bool
+) -> None:
     """Large conversions pause the cyclic GC; concurrent ones (on threads) restore it exactly."""
 
     async def main() -> None:

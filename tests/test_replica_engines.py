@@ -59,7 +59,9 @@ async def _all_frames(db: seglog.Database, shard: int) -> bytes:
     return b"".join(out)
 
 
-async def _append_epoch(db: seglog.Database, records: list[seglog.Record], epoch: int, shard: int = 0) -> None:
+async def _append_epoch(
+    db: seglog.Database, records: list[seglog.Record], epoch: int, shard: int = 0
+) -> None:
     await db.append(records, shard=shard, leader_epoch=epoch)
 
 
@@ -71,7 +73,9 @@ async def _ship(src: seglog.Database, dst: seglog.Database, shard: int, max_byte
 
 
 @pytest.mark.parametrize(("leader", "follower"), PAIRS)
-def test_frames_shipped_byte_for_byte_answer_every_read_alike(run, tmp_path: Path, leader: str, follower: str) -> None:
+def test_frames_shipped_byte_for_byte_answer_every_read_alike(
+    run, tmp_path: Path, leader: str, follower: str
+) -> None:
     async def main() -> None:
         async with seglog.open(tmp_path / "a") as a, seglog.open(tmp_path / "b") as b:
             da = await a.create_db("r", shards=4, engine=leader, segment_bytes=16384)
@@ -84,7 +88,9 @@ def test_frames_shipped_byte_for_byte_answer_every_read_alike(run, tmp_path: Pat
                 assert await _all_frames(dbb, shard) == await _all_frames(da, shard)
                 assert dbb.leader_epochs(shard) == da.leader_epochs(shard)
                 ra, rb = await read_all(da, shard), await read_all(dbb, shard)
-                assert [(r.offset, r.key, r.value, r.ts) for r in ra] == [(r.offset, r.key, r.value, r.ts) for r in rb]
+                assert [(r.offset, r.key, r.value, r.ts) for r in ra] == [
+                    (r.offset, r.key, r.value, r.ts) for r in rb
+                ]
                 for key in (b"k0", b"k7", b"k49", b"nope"):
                     ka = await da.read_key(key, shard=shard)
                     kb = await dbb.read_key(key, shard=shard)
@@ -103,7 +109,9 @@ def test_frames_shipped_byte_for_byte_answer_every_read_alike(run, tmp_path: Pat
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-def test_append_frames_rejects_gaps_overlaps_and_corruption_writing_nothing(run, tmp_path: Path, engine: str) -> None:
+def test_append_frames_rejects_gaps_overlaps_and_corruption_writing_nothing(
+    run, tmp_path: Path, engine: str
+) -> None:
     async def main() -> None:
         async with seglog.open(tmp_path / "a") as a, seglog.open(tmp_path / "b") as b:
             da = await a.create_db("r", shards=1, engine=engine)
@@ -112,9 +120,10 @@ def test_append_frames_rejects_gaps_overlaps_and_corruption_writing_nothing(run,
                 await da.append(_records(100, k * 100))
             data = await da.read_frames(0, 0, max_bytes=1 << 20)
             assert _frame_bounds(data) == [(0, 100), (100, 200), (200, 300)]
-            assert await da.read_frames(0, 150, max_bytes=1) == data[parse_header(data, 0).size :][
-                : parse_header(data, parse_header(data, 0).size).size
-            ]  # from the frame holding 150, at least one frame
+            assert (
+                await da.read_frames(0, 150, max_bytes=1)
+                == data[parse_header(data, 0).size :][: parse_header(data, parse_header(data, 0).size).size]
+            )  # from the frame holding 150, at least one frame
             assert await da.read_frames(0, 300, max_bytes=100) == b""
             with pytest.raises(seglog.OffsetOutOfRange):
                 await da.read_frames(0, 301, max_bytes=100)
@@ -181,6 +190,7 @@ def test_truncate_to_cuts_at_a_frame_boundary_and_appends_continue(run, tmp_path
     before = run(main())
 
     if engine in DURABLE:
+
         async def reopen() -> None:
             async with seglog.open(tmp_path / "a") as store:
                 db = await store.open_db("r")
@@ -191,7 +201,9 @@ def test_truncate_to_cuts_at_a_frame_boundary_and_appends_continue(run, tmp_path
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-def test_truncate_refuses_concurrent_truncation_appends_and_bad_offsets(run, tmp_path: Path, engine: str) -> None:
+def test_truncate_refuses_concurrent_truncation_appends_and_bad_offsets(
+    run, tmp_path: Path, engine: str
+) -> None:
     async def main() -> None:
         async with seglog.open(tmp_path / "a") as store:
             db = await store.create_db("r", shards=2, engine=engine)
@@ -202,7 +214,9 @@ def test_truncate_refuses_concurrent_truncation_appends_and_bad_offsets(run, tmp
             with pytest.raises(InvalidArgument):
                 await db.truncate_to(5, 0)
             # gather starts the first, which marks the shard before its first await.
-            first, second = await asyncio.gather(db.truncate_to(1, 50), db.truncate_to(1, 10), return_exceptions=True)
+            first, second = await asyncio.gather(
+                db.truncate_to(1, 50), db.truncate_to(1, 10), return_exceptions=True
+            )
             assert first == 50 and isinstance(second, BusyResourceError)
             cut, appended = await asyncio.gather(
                 db.truncate_to(1, 40), db.append(_records(1), shard=1), return_exceptions=True
@@ -243,8 +257,14 @@ def test_leader_epochs_answer_like_kafka_and_are_cut_with_the_log(run, tmp_path:
             assert _epochs_in(data) == [0, 3, 5, 4]
             await dbb.append_frames(0, data, expected_base=0)
             assert dbb.leader_epochs(0) == [(0, 0), (3, 100), (5, 200)]
-            for epoch, answer in ((0, (0, 100)), (1, (0, 100)), (3, (3, 200)), (4, (3, 200)), (5, (5, 260)),
-                                  (6, (-1, -1))):
+            for epoch, answer in (
+                (0, (0, 100)),
+                (1, (0, 100)),
+                (3, (3, 200)),
+                (4, (3, 200)),
+                (5, (5, 260)),
+                (6, (-1, -1)),
+            ):
                 assert dbb.end_offset_for_epoch(0, epoch) == answer, epoch
                 assert da.end_offset_for_epoch(0, epoch) == answer, epoch
             # Kafka's UNDEFINED_EPOCH, below what Database accepts: the engines answer alike.

@@ -65,7 +65,9 @@ def test_frames_shipped_byte_for_byte_answer_every_read_alike(run, tmp_path: Pat
                     shipped = await db_.append_frames(shard, chunk, expected_base=shipped)
                 assert await _all_frames(db_, shard) == await _all_frames(da, shard)
                 ra, rb = await read_all(da, shard), await read_all(db_, shard)
-                assert [(r.offset, r.key, r.value, r.ts) for r in ra] == [(r.offset, r.key, r.value, r.ts) for r in rb]
+                assert [(r.offset, r.key, r.value, r.ts) for r in ra] == [
+                    (r.offset, r.key, r.value, r.ts) for r in rb
+                ]
                 for key in (b"k0", b"k7", b"k49", b"nope"):
                     ka = await da.read_key(key, shard=shard)
                     kb = await db_.read_key(key, shard=shard)
@@ -117,7 +119,9 @@ def test_append_frames_rejects_gaps_overlaps_and_corruption_writing_nothing(run,
     run(main())
 
 
-def test_truncate_to_cuts_at_a_frame_boundary_across_segments_and_appends_continue(run, tmp_path: Path) -> None:
+def test_truncate_to_cuts_at_a_frame_boundary_across_segments_and_appends_continue(
+    run, tmp_path: Path
+) -> None:
     async def main() -> tuple[int, list[tuple[int, bytes]]]:
         async with seglog.open(tmp_path / "a") as store:
             db = await store.create_db("r", shards=1, segment_bytes=8192)
@@ -159,8 +163,13 @@ def test_truncated_rows_are_not_replayed_from_the_journal(run, tmp_path: Path) -
             await store.create_db("r", shards=4)
 
     run(create())
-    proc = subprocess.run([sys.executable, "-m", "tests.replica_child", "journal", str(data), "100"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.replica_child", "journal", str(data), "100"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == -9, proc.stderr
     words = proc.stdout.split()
     assert words[0] == "truncated" and int(words[1]) == int(words[2]) <= 100
@@ -206,9 +215,21 @@ def test_truncate_killed_at_every_step_reopens_consistent(tmp_path: Path) -> Non
         while True:
             data = tmp_path / f"{syscall}-{kill_at}"
             shutil.copytree(template, data)
-            cmd = [*strace_command(), "-o", "/dev/null", "-e", f"trace={syscall}",
-                   "-e", f"inject={syscall}:signal=SIGKILL:when={kill_at}",
-                   sys.executable, "-m", "tests.replica_child", "truncate", str(data), str(offset)]
+            cmd = [
+                *strace_command(),
+                "-o",
+                "/dev/null",
+                "-e",
+                f"trace={syscall}",
+                "-e",
+                f"inject={syscall}:signal=SIGKILL:when={kill_at}",
+                sys.executable,
+                "-m",
+                "tests.replica_child",
+                "truncate",
+                str(data),
+                str(offset),
+            ]
             proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
             done = "truncated" in proc.stdout
             end = asyncio_run(_verified_end(data, full))
@@ -246,7 +267,9 @@ def test_truncate_refuses_concurrent_truncation_and_bad_offsets(run, tmp_path: P
             with pytest.raises(seglog.InvalidArgument):
                 await db.truncate_to(5, 0)
             # gather starts the first, which marks the shard before its first await.
-            first, second = await asyncio.gather(db.truncate_to(1, 50), db.truncate_to(1, 10), return_exceptions=True)
+            first, second = await asyncio.gather(
+                db.truncate_to(1, 50), db.truncate_to(1, 10), return_exceptions=True
+            )
             assert first == 50 and isinstance(second, BusyResourceError)
             cut, appended = await asyncio.gather(
                 db.truncate_to(1, 40), db.append(_records(1), shard=1), return_exceptions=True
@@ -260,7 +283,9 @@ def test_truncate_refuses_concurrent_truncation_and_bad_offsets(run, tmp_path: P
     run(main())
 
 
-async def _append_epoch(db: seglog.Database, records: list[seglog.Record], epoch: int, shard: int = 0) -> None:
+async def _append_epoch(
+    db: seglog.Database, records: list[seglog.Record], epoch: int, shard: int = 0
+) -> None:
     await db.append(records, shard=shard, leader_epoch=epoch)
 
 
@@ -278,8 +303,14 @@ def test_leader_epochs_travel_with_frames_and_answer_like_kafka(run, tmp_path: P
             assert [parse_header(data, p).leader_epoch for p in _positions(data)] == [0, 3, 5]
             await dbb.append_frames(0, data, expected_base=0)
             assert dbb.leader_epochs(0) == [(0, 0), (3, 100), (5, 200)]
-            for epoch, answer in ((0, (0, 100)), (1, (0, 100)), (3, (3, 200)), (4, (3, 200)), (5, (5, 250)),
-                                  (6, (-1, -1))):
+            for epoch, answer in (
+                (0, (0, 100)),
+                (1, (0, 100)),
+                (3, (3, 200)),
+                (4, (3, 200)),
+                (5, (5, 250)),
+                (6, (-1, -1)),
+            ):
                 assert dbb.end_offset_for_epoch(0, epoch) == answer, epoch
             assert await dbb.truncate_to(0, 150) == 100  # frames of 100 and 50 records
             assert dbb.leader_epochs(0) == [(0, 0)]
@@ -309,8 +340,13 @@ def test_epoch_of_journalled_rows_survives_sigkill_and_a_lost_cache_is_rebuilt(r
             await db.append(_records(40))
 
     run(create())
-    proc = subprocess.run([sys.executable, "-m", "tests.replica_child", "epoch", str(data), "7"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.replica_child", "epoch", str(data), "7"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == -9 and "appended" in proc.stdout, proc.stderr
 
     async def verify() -> list[list[tuple[int, int]]]:
@@ -322,8 +358,11 @@ def test_epoch_of_journalled_rows_survives_sigkill_and_a_lost_cache_is_rebuilt(r
                 epochs = [parse_header(frames, p).leader_epoch for p in _positions(frames)]
                 assert epochs[-1] == 7 and set(epochs) <= {0, 7}  # the journal kept the epoch
                 caches.append(db.leader_epochs(shard))
-                first7 = next(parse_header(frames, p).base_offset for p in _positions(frames)
-                              if parse_header(frames, p).leader_epoch == 7)
+                first7 = next(
+                    parse_header(frames, p).base_offset
+                    for p in _positions(frames)
+                    if parse_header(frames, p).leader_epoch == 7
+                )
                 assert db.end_offset_for_epoch(shard, 6) == (0, first7)
             return caches
 

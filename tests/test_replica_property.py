@@ -86,8 +86,15 @@ async def _scenario(root: Path, steps: list[tuple[str, float]], engine: str = "s
                     epoch += 1
                     bump = False
                 n = int(arg)
-                recs = [seglog.Record(topic=f"t/{i % 5}", value=b"v%d" % (counter + i), key=b"k%d" % ((counter + i) % 13),
-                                      ts=TS0 + leader.end_offset(0) + i) for i in range(n)]
+                recs = [
+                    seglog.Record(
+                        topic=f"t/{i % 5}",
+                        value=b"v%d" % (counter + i),
+                        key=b"k%d" % ((counter + i) % 13),
+                        ts=TS0 + leader.end_offset(0) + i,
+                    )
+                    for i in range(n)
+                ]
                 counter += n
                 batch = seglog.record.records_to_batch(recs)
                 await leader.append_arrow(batch, shard=0, leader_epoch=epoch)
@@ -115,7 +122,9 @@ async def _scenario(root: Path, steps: list[tuple[str, float]], engine: str = "s
 @pytest.mark.parametrize("engine", ["segment", "lmdb", "memory"])
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(_step, min_size=1, max_size=25))
-def test_follower_holds_the_leaders_bytes_after_any_history(engine: str, steps: list[tuple[str, float]]) -> None:
+def test_follower_holds_the_leaders_bytes_after_any_history(
+    engine: str, steps: list[tuple[str, float]]
+) -> None:
     root = Path(tempfile.mkdtemp(prefix="seglog-replica-"))
     try:
         asyncio.run(_scenario(root, steps, engine))
@@ -131,7 +140,10 @@ def test_follower_catches_up_after_both_stores_were_killed(tmp_path: Path, seed:
     kill_after = rng.randint(5, 40)
     proc = subprocess.Popen(
         [sys.executable, "-m", "tests.replica_property_child", str(tmp_path), str(seed), "60", "segment"],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         assert proc.stdout is not None

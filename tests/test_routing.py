@@ -76,7 +76,13 @@ def _is_utf8(data: bytes) -> bool:
 
 
 def _topic_ok(data: bytes) -> bool:
-    return 0 < len(data) <= 65535 and _is_utf8(data) and b"\x00" not in data and b"+" not in data and b"#" not in data
+    return (
+        0 < len(data) <= 65535
+        and _is_utf8(data)
+        and b"\x00" not in data
+        and b"+" not in data
+        and b"#" not in data
+    )
 
 
 @pytest.mark.parametrize("shards", [7, 16])

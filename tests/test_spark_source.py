@@ -99,8 +99,10 @@ PUSHDOWN_CASES = [
     (f"ts = {ts_literal(250)}", {(sh, 1) for sh in range(SHARDS)}),
     ("offset IN (5, 405) AND shard <= 0", {(0, 0), (0, 2)}),
     ("topic LIKE 'sensors/so%' AND offset <= 100", {(sh, 0) for sh in range(SHARDS)}),
-    ("topic = 'sensors/north/dev1/temp' AND offset BETWEEN 199 AND 200",
-     {(sh, s) for sh in range(SHARDS) for s in (0, 1)}),
+    (
+        "topic = 'sensors/north/dev1/temp' AND offset BETWEEN 199 AND 200",
+        {(sh, s) for sh in range(SHARDS) for s in (0, 1)},
+    ),
     ("topic > 'sensors/s' AND shard = 0", {(0, s) for s in range(SEGMENTS)}),
     ("offset > 100000", set()),
 ]
@@ -137,9 +139,7 @@ def test_not_pushed_filters_still_apply(
     assert " Filter " in df._jdf.queryExecution().executedPlan().toString()
 
 
-def test_mqtt_filter(
-    spark: SparkSession, local_tier: tuple[LocalTarget, dict[Any, str]]
-) -> None:
+def test_mqtt_filter(spark: SparkSession, local_tier: tuple[LocalTarget, dict[Any, str]]) -> None:
     target, _ = local_tier
     all_rows = rows_of(spark.read.parquet(target.url(DB)))
     topic_i = 2
@@ -147,8 +147,7 @@ def test_mqtt_filter(
         got = rows_of(seglog_df(spark, target.uri, mqtt_filter=mqtt_filter))
         expected = [r for r in all_rows if topic_matches(mqtt_filter, r[topic_i])]
         assert got == expected, mqtt_filter
-    assert not any(r[topic_i].startswith("$") for r in rows_of(
-        seglog_df(spark, target.uri, mqtt_filter="#")))
+    assert not any(r[topic_i].startswith("$") for r in rows_of(seglog_df(spark, target.uri, mqtt_filter="#")))
     with pytest.raises(Exception, match="InvalidTopicFilter"):
         seglog_df(spark, target.uri, mqtt_filter="sensors/#/x").count()
 
@@ -157,8 +156,10 @@ def test_s3a_parquet_and_source_on_minio(
     spark: SparkSession, minio: MinioServer, bucket: str, tmp_path: Path
 ) -> None:
     target = open_target(
-        f"s3://{bucket}/tier", s3_endpoint=minio.endpoint,
-        access_key=minio.access_key, secret_key=minio.secret_key,
+        f"s3://{bucket}/tier",
+        s3_endpoint=minio.endpoint,
+        access_key=minio.access_key,
+        secret_key=minio.secret_key,
     )
     keys = fill_tier(target)
     assert target.url(DB) == f"s3a://{bucket}/tier/{DB}"
@@ -167,8 +168,12 @@ def test_s3a_parquet_and_source_on_minio(
     assert len(plain_rows) == SHARDS * SEGMENTS * ROWS
     log = tmp_path / "opened.log"
     ours = seglog_df(
-        spark, target.uri, endpoint=minio.endpoint, access_key=minio.access_key,
-        secret_key=minio.secret_key, open_log=str(log),
+        spark,
+        target.uri,
+        endpoint=minio.endpoint,
+        access_key=minio.access_key,
+        secret_key=minio.secret_key,
+        open_log=str(log),
     )
     assert rows_of(ours) == plain_rows
     assert sorted(log.read_text().split()) == sorted(keys.values())
@@ -186,7 +191,8 @@ def test_pipeline_and_chart(
     # The same numbers computed in plain Python from the parquet rows.
     table = pa.concat_tables(
         make_segment_table(seg * ROWS, ROWS, ts0_us=TS0 + seg * ROWS * 1_000_000)
-        for _ in range(SHARDS) for seg in range(SEGMENTS)
+        for _ in range(SHARDS)
+        for seg in range(SEGMENTS)
     )
     groups: dict[tuple[str, int], list[float]] = defaultdict(list)
     for r in table.to_pylist():
@@ -219,9 +225,7 @@ def test_source_honours_the_retention_floor(spark: SparkSession, tmp_path: Path)
     log = tmp_path / "opened.log"
     df = seglog_df(spark, target.uri, open_log=str(log))
     got = sorted((r["shard"], r["offset"]) for r in df.select("shard", "offset").collect())
-    want = sorted(
-        (s, o) for s in range(SHARDS) for o in range(SEGMENTS * ROWS) if s != 1 or o >= floor
-    )
+    want = sorted((s, o) for s in range(SHARDS) for o in range(SEGMENTS * ROWS) if s != 1 or o >= floor)
     assert got == want
     assert keys[1, 0] not in log.read_text().split()
 

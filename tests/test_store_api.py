@@ -39,7 +39,9 @@ def test_append_read_reopen_same_data_config_offsets(run, data_dir: Path) -> Non
                 assert db.end_offset(shard) == len(offs)
                 got = await read_all(db, shard)
                 want = [r for r, m in zip(recs, metas, strict=True) if m.shard == shard]
-                assert [(g.topic, g.value, g.ts, g.key) for g in got] == [(w.topic, w.value, w.ts, w.key) for w in want]
+                assert [(g.topic, g.value, g.ts, g.key) for g in got] == [
+                    (w.topic, w.value, w.ts, w.key) for w in want
+                ]
             assert len(segment_files(data_dir, "telemetry", 0)) > 1  # it rolled
             # Appends continue densely after reopen.
             m = await db.append([seglog.Record(topic="x/y", value=b"z")], shard=2)
@@ -99,11 +101,13 @@ def test_long_keys_and_headers(run, data_dir: Path) -> None:
         async with seglog.open(data_dir) as store:
             db = await store.create_db("t")
             k1, k2 = b"k" * 1000, b"k" * 999 + b"j"
-            await db.append([
-                seglog.Record(topic="a", value=b"1", key=k1, headers={"content-type": b"json"}),
-                seglog.Record(topic="a", value=b"2", key=k2),
-                seglog.Record(topic="a", value=b"3", key=k1),
-            ])
+            await db.append(
+                [
+                    seglog.Record(topic="a", value=b"1", key=k1, headers={"content-type": b"json"}),
+                    seglog.Record(topic="a", value=b"2", key=k2),
+                    seglog.Record(topic="a", value=b"3", key=k1),
+                ]
+            )
             got = await db.read_key(0, k1)
             assert [g.value for g in got] == [b"1", b"3"]
             assert got[0].headers == {"content-type": b"json"}
@@ -116,12 +120,14 @@ def test_append_arrow_routes_and_returns_positions(run, data_dir: Path) -> None:
         async with seglog.open(data_dir) as store:
             db = await store.create_db("t", shards=3, compression="zstd")
             n = 1000
-            table = pa.table({
-                "ts": pa.array(range(T0, T0 + n), pa.int64()),
-                "topic": [f"s/{i % 13}" for i in range(n)],
-                "key": pa.array([None if i % 2 else f"k{i % 5}".encode() for i in range(n)], pa.binary()),
-                "value": [f"v{i}".encode() for i in range(n)],
-            })
+            table = pa.table(
+                {
+                    "ts": pa.array(range(T0, T0 + n), pa.int64()),
+                    "topic": [f"s/{i % 13}" for i in range(n)],
+                    "key": pa.array([None if i % 2 else f"k{i % 5}".encode() for i in range(n)], pa.binary()),
+                    "value": [f"v{i}".encode() for i in range(n)],
+                }
+            )
             pos = await db.append_arrow(table)
             assert pos.num_rows == n
             for row in (0, 1, 500, 999):
@@ -161,8 +167,10 @@ def test_concurrent_producers_keep_order_and_density(run, data_dir: Path) -> Non
     async def produce(db: seglog.Database, p: int) -> list[seglog.RecordMeta]:
         metas = []
         for i in range(0, per_producer, 20):
-            recs = [seglog.Record(topic=f"p/{p}", value=f"{p}:{j}".encode(), key=f"{p}".encode())
-                    for j in range(i, i + 20)]
+            recs = [
+                seglog.Record(topic=f"p/{p}", value=f"{p}:{j}".encode(), key=f"{p}".encode())
+                for j in range(i, i + 20)
+            ]
             metas.extend(await db.append(recs))
         return metas
 

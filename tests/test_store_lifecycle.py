@@ -13,8 +13,9 @@ def test_configure_mutable_durable_and_immutable_rejected(run, data_dir: Path) -
     async def main() -> None:
         async with seglog.open(data_dir) as store:
             db = await store.create_db("c", shards=2, segment_bytes=1 << 20)
-            new = await db.configure(retention_bytes=10_000, retention_ms=5000, segment_bytes=4096,
-                                     max_record_bytes=100)
+            new = await db.configure(
+                retention_bytes=10_000, retention_ms=5000, segment_bytes=4096, max_record_bytes=100
+            )
             assert new.retention_bytes == 10_000 and db.config.segment_bytes == 4096
             with pytest.raises(errors.RecordTooLarge):
                 await db.append([seglog.Record(topic="a", value=b"x" * 101)])
@@ -33,7 +34,11 @@ def test_configure_mutable_durable_and_immutable_rejected(run, data_dir: Path) -
             await db.configure(shards=2)  # same value: fine
         async with seglog.open(data_dir) as store:
             db = await store.open_db("c")
-            assert (db.config.retention_bytes, db.config.retention_ms, db.config.segment_bytes) == (10_000, 5000, 4096)
+            assert (db.config.retention_bytes, db.config.retention_ms, db.config.segment_bytes) == (
+                10_000,
+                5000,
+                4096,
+            )
             assert db.config.max_record_bytes == 100
 
     run(main())
@@ -91,7 +96,9 @@ def test_drop_db_waits_for_inflight_appends(run, data_dir: Path) -> None:
 
 
 @pytest.mark.parametrize("content", [b"{not json", b"\xff\xfe", b"[1, 2]", b'{"format": 99}'])
-def test_corrupt_store_file_is_a_storage_error_and_releases_the_lock(run, data_dir: Path, content: bytes) -> None:
+def test_corrupt_store_file_is_a_storage_error_and_releases_the_lock(
+    run, data_dir: Path, content: bytes
+) -> None:
     async def create() -> None:
         async with seglog.open(data_dir):
             pass
@@ -120,7 +127,11 @@ def test_index_lookup_failures_are_storage_errors(tmp_path: Path) -> None:
     db_index = DbIndex(tmp_path / "index")
     index = db_index.shard(3)
     db_index.close()  # LMDB raises on a closed environment: it must come out as StorageError
-    for call in (lambda: index.floor(0), lambda: index.key_frames(b"k"), lambda: index.time_lower_bound(0),
-                 lambda: index.tag_frames(1)):
+    for call in (
+        lambda: index.floor(0),
+        lambda: index.key_frames(b"k"),
+        lambda: index.time_lower_bound(0),
+        lambda: index.tag_frames(1),
+    ):
         with pytest.raises(errors.StorageError):
             call()

@@ -95,14 +95,20 @@ def test_get_missing_raises_object_not_found(target: TierTarget) -> None:
 
 def test_list_is_a_string_prefix_and_sorted(target: TierTarget) -> None:
     keys = [
-        "db/shard=1/b.parquet", "db/shard=1/a.parquet", "db/shard=10/a.parquet",
-        "db/_manifest.json", "other/x", "db2/y",
+        "db/shard=1/b.parquet",
+        "db/shard=1/a.parquet",
+        "db/shard=10/a.parquet",
+        "db/_manifest.json",
+        "other/x",
+        "db2/y",
     ]
     for k in keys:
         target.put(k, k.encode())
     assert target.list("db/shard=1/") == ["db/shard=1/a.parquet", "db/shard=1/b.parquet"]
     assert target.list("db/shard=1") == [
-        "db/shard=1/a.parquet", "db/shard=1/b.parquet", "db/shard=10/a.parquet"
+        "db/shard=1/a.parquet",
+        "db/shard=1/b.parquet",
+        "db/shard=10/a.parquet",
     ]
     assert target.list("db") == sorted(k for k in keys if k.startswith("db"))
     assert target.list() == sorted(keys)
@@ -210,9 +216,7 @@ def test_s3_layout_metadata_and_url(minio: MinioServer, bucket: str) -> None:
 
 
 def test_s3_multipart_upload(minio: MinioServer, bucket: str, tmp_path: Path) -> None:
-    t = s3_target(
-        minio, bucket, multipart_threshold_bytes=5 * MiB, multipart_chunk_bytes=5 * MiB
-    )
+    t = s3_target(minio, bucket, multipart_threshold_bytes=5 * MiB, multipart_chunk_bytes=5 * MiB)
     data = os.urandom(11 * MiB + 123)  # > threshold: 3 parts
     info = t.put("big/obj", data)
     etag = minio.client().head_object(Bucket=bucket, Key="big/obj")["ETag"].strip('"')
@@ -326,12 +330,17 @@ def test_s3_verify_detects_stored_bytes_differing_from_sent(
         raw.put_object(Bucket=bucket, Key="db/shard=0/seg.parquet", Body=bytes(bad), Metadata=meta)
     elif overwrite == "sha256":
         raw.put_object(
-            Bucket=bucket, Key="db/shard=0/seg.parquet", Body=bytes(bad), Metadata=meta,
+            Bucket=bucket,
+            Key="db/shard=0/seg.parquet",
+            Body=bytes(bad),
+            Metadata=meta,
             ChecksumAlgorithm="SHA256",
         )
     else:
         raw.upload_fileobj(
-            io.BytesIO(bad), bucket, "db/shard=0/seg.parquet",
+            io.BytesIO(bad),
+            bucket,
+            "db/shard=0/seg.parquet",
             ExtraArgs={"Metadata": meta, "ChecksumAlgorithm": "SHA256"},
             Config=TransferConfig(multipart_threshold=1, multipart_chunksize=5 * MiB),
         )
@@ -347,17 +356,13 @@ def test_s3_verify_detects_stored_bytes_differing_from_sent(
         s3_target(minio, bucket).verify("db/shard=0/seg.parquet", info)
 
 
-def test_s3_stopped_server_retries_then_raises(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_s3_stopped_server_retries_then_raises(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     from botocore.exceptions import EndpointConnectionError
 
     (tmp_path / "data").mkdir()
     with run_minio(tmp_path / "data") as handle:
         handle.server.client().create_bucket(Bucket="bucket")
-        t = s3_target(
-            handle.server, "bucket", max_attempts=3, backoff_base_s=0.01, backoff_max_s=0.05
-        )
+        t = s3_target(handle.server, "bucket", max_attempts=3, backoff_base_s=0.01, backoff_max_s=0.05)
         info = t.put("x/y", b"data")
         handle.stop()
         caplog.set_level(logging.WARNING, logger="seglog.tiering")
@@ -376,9 +381,7 @@ def test_s3_stopped_server_retries_then_raises(
     assert time.monotonic() - start < 30
 
 
-def test_s3_permanent_error_is_not_retried(
-    minio: MinioServer, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_s3_permanent_error_is_not_retried(minio: MinioServer, caplog: pytest.LogCaptureFixture) -> None:
     t = s3_target(minio, "no-such-bucket-here", max_attempts=5)
     caplog.set_level(logging.WARNING, logger="seglog.tiering")
     with pytest.raises(TierError) as err:

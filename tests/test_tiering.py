@@ -113,8 +113,10 @@ def test_crash_during_upload_converges(kind: str, tmp_path: Path, request: pytes
     before, tables = asyncio.run(first())
     # Simulate a crashed tierer with the protocol functions.
     target = open_target(
-        kw["tier"], s3_endpoint=kw.get("s3_endpoint"),
-        access_key=kw.get("s3_access_key"), secret_key=kw.get("s3_secret_key"),
+        kw["tier"],
+        s3_endpoint=kw.get("s3_endpoint"),
+        access_key=kw.get("s3_access_key"),
+        secret_key=kw.get("s3_secret_key"),
     )
     local = data / "dbs" / DB / "tier-manifest.json"
     manifest, _ = recover_manifest(target, DB, local_manifest=local)
@@ -239,7 +241,9 @@ def test_minio_down_appends_continue_then_tiering_resumes(
     }
 
     async def main() -> None:
-        async with seglog.open(tmp_path / "data", retention_interval_ms=None, tier_interval_ms=100, **kw) as store:
+        async with seglog.open(
+            tmp_path / "data", retention_interval_ms=None, tier_interval_ms=100, **kw
+        ) as store:
             db = await store.create_db(DB, 1, segment_bytes=4096, local_retention_bytes=0)
             await fill(db, 600)
             await db.tier_now()
@@ -354,7 +358,9 @@ def test_retention_and_truncate_reach_the_tier(tmp_path: Path, clock: Any) -> No
         return sorted(p.name for p in tier_dir.rglob("*.parquet"))
 
     async def main() -> None:
-        async with seglog.open(data, retention_interval_ms=None, tier=tier_dir.as_uri(), clock_us=clock) as store:
+        async with seglog.open(
+            data, retention_interval_ms=None, tier=tier_dir.as_uri(), clock_us=clock
+        ) as store:
             db = await store.create_db(DB, 1, segment_bytes=4096, local_retention_bytes=0)
             await fill(db)
             entries = await db.tier_now()
@@ -377,7 +383,9 @@ def test_retention_and_truncate_reach_the_tier(tmp_path: Path, clock: Any) -> No
             assert objects() == []  # cold objects expired
             assert db.start_offset(0) == db.local_start_offset(0) > cut
         # The floor survives a reopen (it lives in the manifest).
-        async with seglog.open(data, retention_interval_ms=None, tier=tier_dir.as_uri(), clock_us=clock) as store:
+        async with seglog.open(
+            data, retention_interval_ms=None, tier=tier_dir.as_uri(), clock_us=clock
+        ) as store:
             db = await store.open_db(DB)
             start = db.start_offset(0)
             assert start > cut

@@ -25,7 +25,9 @@ NOW_US = 1_767_225_600_000_000
         (-5, "negative"),
     ],
 )
-def test_out_of_range_ts_names_the_likely_unit_and_writes_nothing(run, data_dir: Path, ts: int, unit: str) -> None:
+def test_out_of_range_ts_names_the_likely_unit_and_writes_nothing(
+    run, data_dir: Path, ts: int, unit: str
+) -> None:
     async def main() -> None:
         async with seglog.open(data_dir) as store:
             db = await store.create_db("t")
@@ -36,8 +38,11 @@ def test_out_of_range_ts_names_the_likely_unit_and_writes_nothing(run, data_dir:
             msg = str(ei.value)
             assert unit in msg and f"ts {ts} " in msg and "2000-01-01" in msg and "2200-01-01" in msg
             with pytest.raises(errors.InvalidTimestamp, match=unit):
-                await db.append_arrow(pa.table({"ts": pa.array([T0, ts], pa.int64()), "topic": ["a", "a"],
-                                                "value": [b"x", b"y"]}))
+                await db.append_arrow(
+                    pa.table(
+                        {"ts": pa.array([T0, ts], pa.int64()), "topic": ["a", "a"], "value": [b"x", b"y"]}
+                    )
+                )
             assert db.end_offset(0) == 0
             assert all(f.stat().st_size == 0 for f in segment_files(data_dir, "t", 0))
 
@@ -70,7 +75,9 @@ def test_datetimes_are_accepted_wherever_a_time_is_taken(run, data_dir: Path) ->
         async with seglog.open(data_dir) as store:
             db = await store.create_db("t", shards=1)
             moments = [NOW + dt.timedelta(seconds=i) for i in range(5)]
-            metas = await db.append([seglog.Record(topic="a", value=b"%d" % i, ts=m) for i, m in enumerate(moments)])
+            metas = await db.append(
+                [seglog.Record(topic="a", value=b"%d" % i, ts=m) for i, m in enumerate(moments)]
+            )
             assert metas.timestamps.tolist() == [NOW_US + i * 1_000_000 for i in range(5)]
             assert await db.offset_for_time(0, NOW + dt.timedelta(seconds=2)) == 2
             # Naive datetimes are UTC.
@@ -78,8 +85,13 @@ def test_datetimes_are_accepted_wherever_a_time_is_taken(run, data_dir: Path) ->
             with pytest.raises(errors.InvalidArgument, match="datetime"):
                 await db.offset_for_time(0, "2026-01-01")  # type: ignore[arg-type]
             # Arrow timestamps of any unit are converted to µs.
-            table = pa.table({"ts": pa.array([NOW_US // 1000 + 10_000], pa.timestamp("ms", tz="UTC")),
-                              "topic": ["a"], "value": [b"arrow"]})
+            table = pa.table(
+                {
+                    "ts": pa.array([NOW_US // 1000 + 10_000], pa.timestamp("ms", tz="UTC")),
+                    "topic": ["a"],
+                    "value": [b"arrow"],
+                }
+            )
             await db.append_arrow(table)
             rec = (await db.read(0, 5, 1))[0]
             assert rec.ts == NOW_US + 10_000_000 and rec.value == b"arrow"

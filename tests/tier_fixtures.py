@@ -111,9 +111,13 @@ def start_minio(
     log_path = data.parent / f"{data.name}.log"
     proc = subprocess.Popen(
         [
-            str(MINIO_BIN), "server", str(data),
-            "--address", f"127.0.0.1:{port}",
-            "--console-address", f"127.0.0.1:{console_port}",
+            str(MINIO_BIN),
+            "server",
+            str(data),
+            "--address",
+            f"127.0.0.1:{port}",
+            "--console-address",
+            f"127.0.0.1:{console_port}",
             "--quiet",
         ],
         env=env,

@@ -21,7 +21,10 @@ def say(line: str) -> None:
 
 
 def records(n: int, start: int = 0) -> list[seglog.Record]:
-    return [seglog.Record(topic="t/x", value=b"v%08d" % i * 10, ts=1_700_000_000_000_000 + i) for i in range(start, start + n)]
+    return [
+        seglog.Record(topic="t/x", value=b"v%08d" % i * 10, ts=1_700_000_000_000_000 + i)
+        for i in range(start, start + n)
+    ]
 
 
 async def acks(data: str, fsync: str) -> None:

@@ -75,9 +75,16 @@ class KafkaPeer:
         if not any(libs.glob("kafka_*.jar")):
             raise PeerUnavailable(f"Kafka jars missing in {libs} (run `make peers`)")
         return [
-            java, JVM_HEAP_START, JVM_HEAP, "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
-            "-XX:+ExitOnOutOfMemoryError", "-Djava.awt.headless=true",
-            f"-Dlog4j2.configurationFile={log4j_conf}", "-cp", f"{libs}/*",
+            java,
+            JVM_HEAP_START,
+            JVM_HEAP,
+            "-XX:+UseG1GC",
+            "-XX:MaxGCPauseMillis=20",
+            "-XX:+ExitOnOutOfMemoryError",
+            "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile={log4j_conf}",
+            "-cp",
+            f"{libs}/*",
         ]
 
     async def setup(self) -> None:
@@ -125,12 +132,18 @@ class KafkaPeer:
         kafka_version = version_file.read_text().strip() if version_file.is_file() else "?"
         fmt = subprocess.run(
             [*java, "kafka.tools.StorageTool", "format", "-t", _cluster_id(), "-c", str(props)],
-            capture_output=True, text=True, timeout=FORMAT_TIMEOUT_S, check=False,
+            capture_output=True,
+            text=True,
+            timeout=FORMAT_TIMEOUT_S,
+            check=False,
         )
         if fmt.returncode != 0:
             raise RuntimeError(f"kafka storage format failed: {(fmt.stderr or fmt.stdout)[-300:]}")
         self._server = ServerProcess(
-            "kafka", [*java, "kafka.Kafka", str(props)], work / "kafka.log", cwd=work,
+            "kafka",
+            [*java, "kafka.Kafka", str(props)],
+            work / "kafka.log",
+            cwd=work,
         )
         self._server.start()
         self.server_pid = self._server.pid
@@ -138,9 +151,13 @@ class KafkaPeer:
         self._bootstrap = f"{LOOPBACK_HOST}:{port}"
         await self._server.wait_until(self._create_topic, "topic creation", START_TIMEOUT_S)
         self._producer = AIOKafkaProducer(
-            bootstrap_servers=self._bootstrap, acks="all", linger_ms=0,
-            max_batch_size=MAX_BATCH_BYTES, max_request_size=MAX_MESSAGE_BYTES,
-            request_timeout_ms=REQUEST_TIMEOUT_MS, enable_idempotence=False,
+            bootstrap_servers=self._bootstrap,
+            acks="all",
+            linger_ms=0,
+            max_batch_size=MAX_BATCH_BYTES,
+            max_request_size=MAX_MESSAGE_BYTES,
+            request_timeout_ms=REQUEST_TIMEOUT_MS,
+            enable_idempotence=False,
         )
         await self._producer.start()
         # Waits until the new topic's leader is in the metadata.
@@ -150,13 +167,20 @@ class KafkaPeer:
     async def _create_topic(self) -> bool:
         """Create the one-partition topic through the admin API; True once it exists."""
         admin = AIOKafkaAdminClient(
-            bootstrap_servers=self._bootstrap, request_timeout_ms=REQUEST_TIMEOUT_MS,
+            bootstrap_servers=self._bootstrap,
+            request_timeout_ms=REQUEST_TIMEOUT_MS,
         )
         await admin.start()
         try:
             response = await admin.create_topics(
-                [NewTopic(TOPIC, num_partitions=1, replication_factor=1,
-                          topic_configs={"max.message.bytes": str(MAX_MESSAGE_BYTES)})]
+                [
+                    NewTopic(
+                        TOPIC,
+                        num_partitions=1,
+                        replication_factor=1,
+                        topic_configs={"max.message.bytes": str(MAX_MESSAGE_BYTES)},
+                    )
+                ]
             )
         finally:
             await admin.close()
@@ -170,7 +194,9 @@ class KafkaPeer:
         return [
             (topic.encode(), ts.to_bytes(TS_BYTES, "big", signed=True) + value)
             for topic, ts, value in zip(
-                workload.topics[start:stop], workload.ts[start:stop], workload.values[start:stop],
+                workload.topics[start:stop],
+                workload.ts[start:stop],
+                workload.values[start:stop],
                 strict=True,
             )
         ]
@@ -192,9 +218,13 @@ class KafkaPeer:
     async def read_all(self) -> AsyncIterator[Page]:
         """A group-less consumer assigned to the partition, from the beginning to the end offset."""
         consumer = AIOKafkaConsumer(
-            bootstrap_servers=self._bootstrap, group_id=None, enable_auto_commit=False,
-            auto_offset_reset="earliest", max_partition_fetch_bytes=MAX_MESSAGE_BYTES,
-            fetch_max_bytes=FETCH_MAX_BYTES, request_timeout_ms=REQUEST_TIMEOUT_MS,
+            bootstrap_servers=self._bootstrap,
+            group_id=None,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            max_partition_fetch_bytes=MAX_MESSAGE_BYTES,
+            fetch_max_bytes=FETCH_MAX_BYTES,
+            request_timeout_ms=REQUEST_TIMEOUT_MS,
         )
         await consumer.start()
         try:
@@ -205,7 +235,9 @@ class KafkaPeer:
             stalled = 0
             while await consumer.position(tp) < end:
                 batches = await consumer.getmany(
-                    tp, timeout_ms=FETCH_TIMEOUT_MS, max_records=READ_PAGE_RECORDS,
+                    tp,
+                    timeout_ms=FETCH_TIMEOUT_MS,
+                    max_records=READ_PAGE_RECORDS,
                 )
                 msgs = batches.get(tp, [])
                 if not msgs:

@@ -35,8 +35,13 @@ class LmdbPeer:
     async def setup(self) -> None:
         """Open a fresh environment."""
         self._env = lmdb.open(
-            str(self.path), map_size=MAP_SIZE_BYTES, sync=True, metasync=True, max_dbs=0,
-            readahead=True, writemap=False,
+            str(self.path),
+            map_size=MAP_SIZE_BYTES,
+            sync=True,
+            metasync=True,
+            max_dbs=0,
+            readahead=True,
+            writemap=False,
         )
 
     def encode(self, workload: Workload, start: int, stop: int) -> list[tuple[bytes, bytes]]:

@@ -70,8 +70,7 @@ class NatsJetStreamPeer:
             f"  max_memory_store: {MAX_MEMORY_STORE_BYTES}\n"
             "}\n"
         )
-        self._server = ServerProcess("nats-server", [exe, "-c", str(conf)],
-                                     self.ctx.work_dir / "nats.log")
+        self._server = ServerProcess("nats-server", [exe, "-c", str(conf)], self.ctx.work_dir / "nats.log")
         self._server.start()
         self.server_pid = self._server.pid
         health_url = f"http://{LOOPBACK_HOST}:{http_port}/healthz?js-enabled-only=true"
@@ -82,11 +81,16 @@ class NatsJetStreamPeer:
 
         await self._server.wait_until(healthy, "/healthz", START_TIMEOUT_S)
         self._nc = await nats.connect(
-            f"nats://{LOOPBACK_HOST}:{port}", allow_reconnect=False, connect_timeout=5,
+            f"nats://{LOOPBACK_HOST}:{port}",
+            allow_reconnect=False,
+            connect_timeout=5,
         )
         self._js = self._nc.jetstream(timeout=ACK_TIMEOUT_S)
         await self._js.add_stream(
-            name=STREAM, subjects=[SUBJECTS], storage=StorageType.FILE, num_replicas=1,
+            name=STREAM,
+            subjects=[SUBJECTS],
+            storage=StorageType.FILE,
+            num_replicas=1,
         )
         server = self._nc.connected_server_version
         self.version = (
@@ -99,7 +103,9 @@ class NatsJetStreamPeer:
         return [
             (topic.replace("/", "."), ts.to_bytes(TS_BYTES, "big", signed=True) + value)
             for topic, ts, value in zip(
-                workload.topics[start:stop], workload.ts[start:stop], workload.values[start:stop],
+                workload.topics[start:stop],
+                workload.ts[start:stop],
+                workload.values[start:stop],
                 strict=True,
             )
         ]
@@ -115,14 +121,17 @@ class NatsJetStreamPeer:
         info = await self._js.stream_info(STREAM)
         total = info.state.messages
         config = ConsumerConfig(
-            ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.ALL, inactive_threshold=60.0,
+            ack_policy=AckPolicy.NONE,
+            deliver_policy=DeliverPolicy.ALL,
+            inactive_threshold=60.0,
         )
         sub = await self._js.pull_subscribe(SUBJECTS, stream=STREAM, config=config)
         seen = 0
         try:
             while seen < total:
                 msgs = await sub.fetch(
-                    batch=min(READ_PAGE_RECORDS, total - seen), timeout=FETCH_TIMEOUT_S,
+                    batch=min(READ_PAGE_RECORDS, total - seen),
+                    timeout=FETCH_TIMEOUT_S,
                 )
                 page: list[Row] = [
                     (

@@ -44,7 +44,9 @@ class RawFilePeer:
         pack = _HEADER.pack
         parts: list[bytes] = []
         for topic, ts, value in zip(
-            workload.topics[start:stop], workload.ts[start:stop], workload.values[start:stop],
+            workload.topics[start:stop],
+            workload.ts[start:stop],
+            workload.values[start:stop],
             strict=True,
         ):
             topic_b = topic.encode()

@@ -44,15 +44,33 @@ class RedisStreamsPeer:
         data_dir = self.ctx.work_dir / "redis"
         data_dir.mkdir()
         argv = [
-            exe, "--bind", LOOPBACK_HOST, "--port", str(port), "--dir", str(data_dir),
-            "--appendonly", "yes", "--appendfsync", "always", "--save", "",
-            "--daemonize", "no", "--protected-mode", "yes", "--loglevel", "warning",
+            exe,
+            "--bind",
+            LOOPBACK_HOST,
+            "--port",
+            str(port),
+            "--dir",
+            str(data_dir),
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "always",
+            "--save",
+            "",
+            "--daemonize",
+            "no",
+            "--protected-mode",
+            "yes",
+            "--loglevel",
+            "warning",
         ]
         self._server = ServerProcess("redis-server", argv, self.ctx.work_dir / "redis.log")
         self._server.start()
         self.server_pid = self._server.pid
         client = redis.Redis(
-            host=LOOPBACK_HOST, port=port, socket_timeout=SOCKET_TIMEOUT_S,
+            host=LOOPBACK_HOST,
+            port=port,
+            socket_timeout=SOCKET_TIMEOUT_S,
             socket_connect_timeout=1.0,
         )
         self._client = client
@@ -62,8 +80,7 @@ class RedisStreamsPeer:
             raise RuntimeError(f"appendfsync is {aof}, expected always")
         info = client.info("server")
         parser = (
-            f"hiredis {importlib.metadata.version('hiredis')}" if HIREDIS_AVAILABLE
-            else "pure-Python parser"
+            f"hiredis {importlib.metadata.version('hiredis')}" if HIREDIS_AVAILABLE else "pure-Python parser"
         )
         self.version = f"Redis {info['redis_version']}, redis-py {redis.__version__} ({parser})"
 
@@ -72,7 +89,9 @@ class RedisStreamsPeer:
         return [
             {b"t": topic.encode(), b"s": str(ts).encode(), b"v": value}
             for topic, ts, value in zip(
-                workload.topics[start:stop], workload.ts[start:stop], workload.values[start:stop],
+                workload.topics[start:stop],
+                workload.ts[start:stop],
+                workload.values[start:stop],
                 strict=True,
             )
         ]

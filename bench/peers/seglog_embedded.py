@@ -49,7 +49,9 @@ class SeglogPeer:
         return [
             record(topic=topic, value=value, ts=ts, key=None)
             for topic, ts, value in zip(
-                workload.topics[start:stop], workload.ts[start:stop], workload.values[start:stop],
+                workload.topics[start:stop],
+                workload.ts[start:stop],
+                workload.values[start:stop],
                 strict=True,
             )
         ]

@@ -43,8 +43,11 @@ class SqlitePeer:
         """Parameter tuples for executemany."""
         return list(
             zip(
-                range(start, stop), workload.topics[start:stop], workload.ts[start:stop],
-                workload.values[start:stop], strict=True,
+                range(start, stop),
+                workload.topics[start:stop],
+                workload.ts[start:stop],
+                workload.values[start:stop],
+                strict=True,
             )
         )
 

@@ -16,8 +16,15 @@ from seglog.engines.registry import EngineFactory, engine_names, get_engine, reg
 from seglog.engines.segment import SegmentEngine
 from seglog.engines.segment_reader import open_segment_reader, segment_shard_files
 
-__all__ = ["Engine", "EngineConfig", "EngineFactory", "FsyncPolicy", "ShardStats", "engine_names", "get_engine"]
-
+__all__ = [
+    "Engine",
+    "EngineConfig",
+    "EngineFactory",
+    "FsyncPolicy",
+    "ShardStats",
+    "engine_names",
+    "get_engine",
+]
 
 
 def _memory_shard_files(directory: Path, shards: int) -> list[ShardFiles]:
@@ -39,5 +46,7 @@ register_engine(
         tiering=True,
     )
 )
-register_engine(EngineFactory("memory", MemoryEngine.open_blocking, MemoryEngine.measure_bytes, _memory_shard_files))
+register_engine(
+    EngineFactory("memory", MemoryEngine.open_blocking, MemoryEngine.measure_bytes, _memory_shard_files)
+)
 register_engine(EngineFactory("lmdb", LmdbEngine.open_blocking, LmdbEngine.measure_bytes, lmdb_shard_files))

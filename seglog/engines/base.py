@@ -63,6 +63,8 @@ class ReadOnlyReason(enum.StrEnum):
     DURABLE_END_FAILED = "publishing a durable end failed"
     TRUNCATION_FAILED = "a truncation it could not finish (the next open completes it)"
     EPOCH_CACHE_FAILED = "writing a leader-epoch cache or high watermark failed"
+
+
 DEFAULT_SEGMENT_BYTES: Final = 256 << 20
 DEFAULT_SEGMENT_MS: Final = 7 * 24 * 3600 * 1000
 
@@ -171,7 +173,11 @@ class Engine(Protocol):
         """Append a validated batch durably; return the offset of its first record."""
 
     async def append_many(
-        self, parts: Sequence[tuple[int, pa.RecordBatch]], quota: Quota | None = None, *, leader_epoch: int = 0
+        self,
+        parts: Sequence[tuple[int, pa.RecordBatch]],
+        quota: Quota | None = None,
+        *,
+        leader_epoch: int = 0,
     ) -> list[int]:
         """Append batches to distinct shards; return each one's base offset.
 
@@ -202,7 +208,9 @@ class Engine(Protocol):
     listener: Callable[[int], None] | None
     """Called on the event loop with a shard number after an append to it completed."""
 
-    async def read_arrow(self, shard: int, offset: int, max_records: int, upper: int | None = None) -> pa.Table:
+    async def read_arrow(
+        self, shard: int, offset: int, max_records: int, upper: int | None = None
+    ) -> pa.Table:
         """Up to ``max_records`` records from ``offset``, none at or past ``upper`` (:data:`READ_SCHEMA`)."""
 
     async def offset_for_time(self, shard: int, ts: int) -> int:

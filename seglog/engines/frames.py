@@ -82,7 +82,9 @@ __all__ = [
 log = logging.getLogger("seglog.engines")
 
 
-def parse_frames(data: Any, expected_base: int, *, shard: int) -> tuple[list[EncodedFrame], list[pa.RecordBatch]]:
+def parse_frames(
+    data: Any, expected_base: int, *, shard: int
+) -> tuple[list[EncodedFrame], list[pa.RecordBatch]]:
     """Check frames another node encoded and cut them for ``append_frames``, byte for byte.
 
     Every frame's magic, lengths and CRC are verified and its body decoded (zero-copy
@@ -104,13 +106,17 @@ def parse_frames(data: Any, expected_base: int, *, shard: int) -> tuple[list[Enc
     while pos < len(view):
         header = parse_header(view, pos)
         if pos + header.size > len(view):
-            raise CorruptFrame(f"shard {shard}: the data ends inside the frame at byte {pos} (offset {header.base_offset})")
+            raise CorruptFrame(
+                f"shard {shard}: the data ends inside the frame at byte {pos} (offset {header.base_offset})"
+            )
         verify_frame(view, pos, header)
         if header.base_offset != expected:
             what = "a gap" if header.base_offset > expected else "an overlap"
             raise OffsetMismatch(
                 f"shard {shard}: frame at byte {pos} starts at offset {header.base_offset}, {what} after {expected}",
-                expected=expected, actual=header.base_offset, shard=shard,
+                expected=expected,
+                actual=header.base_offset,
+                shard=shard,
             )
         body = view[pos : pos + header.size]
         frames.append(EncodedFrame(header, (body,)))
@@ -131,7 +137,9 @@ def check_leader_epoch(leader_epoch: int) -> None:
         raise InvalidArgument(f"leader_epoch must be in 0..{MAX_EPOCH}, not {leader_epoch!r}")
 
 
-def epochs_with_frames(entries: list[EpochEntry], headers: Sequence[FrameHeader], log_start: int) -> list[EpochEntry]:
+def epochs_with_frames(
+    entries: list[EpochEntry], headers: Sequence[FrameHeader], log_start: int
+) -> list[EpochEntry]:
     """``entries`` after frames ``headers`` were appended: each new epoch's first frame recorded.
 
     A frame whose epoch is not above the latest known one (0 for an empty list) records
@@ -185,7 +193,9 @@ def split_batch(batch: pa.RecordBatch, *, frame_bytes: int | None = None) -> lis
     n = batch.num_rows
     values = batch.column("value")
     # From the offsets, not the data buffer's size: a slice shares its parent's whole buffer.
-    offsets = np.frombuffer(values.buffers()[1], np.int32, count=n + 1, offset=values.offset * 4) if n else None
+    offsets = (
+        np.frombuffer(values.buffers()[1], np.int32, count=n + 1, offset=values.offset * 4) if n else None
+    )
     total = int(offsets[-1]) - int(offsets[0]) if offsets is not None else 0
     per_frame = MAX_FRAME_RECORDS
     if total > MAX_FRAME_VALUE_BYTES:
@@ -372,9 +382,11 @@ class WriteGenerations:
         live = []
         for i, item in enumerate(items):
             if item.gen < self._min_gen:
-                results[i] = ItemError(StorageError(
-                    "not written: an earlier write to this shard failed and was rolled back; retry"
-                ))
+                results[i] = ItemError(
+                    StorageError(
+                        "not written: an earlier write to this shard failed and was rolled back; retry"
+                    )
+                )
             else:
                 live.append(item)
         return live, results
@@ -576,7 +588,11 @@ class FrameTableEngine(abc.ABC):
 
     @abc.abstractmethod
     async def append_many(
-        self, parts: Sequence[tuple[int, pa.RecordBatch]], quota: Quota | None = None, *, leader_epoch: int = 0
+        self,
+        parts: Sequence[tuple[int, pa.RecordBatch]],
+        quota: Quota | None = None,
+        *,
+        leader_epoch: int = 0,
     ) -> list[int]:
         """Append batches to distinct shards, frames stamped with ``leader_epoch`` (the engine protocol's)."""
 
@@ -660,7 +676,9 @@ class FrameTableEngine(abc.ABC):
         except CorruptFrame as exc:
             raise StorageError(f"shard {shard}: corrupt frame at offset {h.base_offset}") from exc
 
-    def read_arrow_blocking(self, shard: int, offset: int, max_records: int, upper: int | None = None) -> pa.Table:
+    def read_arrow_blocking(
+        self, shard: int, offset: int, max_records: int, upper: int | None = None
+    ) -> pa.Table:
         t = self._table(shard)
         if max_records < 1:
             raise InvalidArgument("max_records must be >= 1")
@@ -682,7 +700,9 @@ class FrameTableEngine(abc.ABC):
             out.append(with_offsets(batch, h.base_offset, lo, hi))
         return pa.Table.from_batches(out, schema=READ_SCHEMA)
 
-    async def read_arrow(self, shard: int, offset: int, max_records: int, upper: int | None = None) -> pa.Table:
+    async def read_arrow(
+        self, shard: int, offset: int, max_records: int, upper: int | None = None
+    ) -> pa.Table:
         """Records ``[offset, min(end, offset + max_records, upper))`` (``upper``: e.g. the high
         watermark a server caps consumers at)."""
         return await self._run(self.read_arrow_blocking, shard, offset, max_records, upper)
@@ -737,7 +757,9 @@ class FrameTableEngine(abc.ABC):
             picked = batch.take(rows_arr)
             keep = pc.equal(picked.column("key"), pa.scalar(key, pa.binary()))
             offs_arr = pc.add(rows_arr, h.base_offset).filter(keep)
-            out.append(pa.RecordBatch.from_arrays([offs_arr, *picked.filter(keep).columns], schema=READ_SCHEMA))
+            out.append(
+                pa.RecordBatch.from_arrays([offs_arr, *picked.filter(keep).columns], schema=READ_SCHEMA)
+            )
         return pa.Table.from_batches(out, schema=READ_SCHEMA)
 
     async def read_key(self, shard: int, key: bytes) -> pa.Table:
@@ -784,7 +806,9 @@ class FrameTableEngine(abc.ABC):
         if expected_base != end:
             raise OffsetMismatch(
                 f"shard {shard}: frames start at {expected_base} but the log ends at {end}",
-                expected=end, actual=expected_base, shard=shard,
+                expected=end,
+                actual=expected_base,
+                shard=shard,
             )
 
     async def truncate_to(self, shard: int, offset: int, *, force: bool = False) -> int:

@@ -101,7 +101,9 @@ class _LmdbShard(WriteGenerations):
     (see :class:`WriteGenerations`); a failed ``interval`` sync makes it read-only until reopen.
     """
 
-    def __init__(self, number: int, env: lmdb.Environment, meta: Any, config: EngineConfig, table: FrameTable) -> None:
+    def __init__(
+        self, number: int, env: lmdb.Environment, meta: Any, config: EngineConfig, table: FrameTable
+    ) -> None:
         super().__init__(table.end)
         self.number = number
         self.env = env
@@ -215,7 +217,9 @@ class _LmdbShard(WriteGenerations):
                 _put_epochs(txn, self.meta, self.number, epochs)
                 txn.put(_hw_key(self.number), _U64.pack(hw), db=self.meta)
         except lmdb.Error as exc:
-            raise StorageError(f"shard {self.number}: truncation to {offset} failed; nothing was cut") from exc
+            raise StorageError(
+                f"shard {self.number}: truncation to {offset} failed; nothing was cut"
+            ) from exc
         # Committed: the table follows the environment before the sync, which may fail.
         with t.lock:
             t.cut_end(new_end)
@@ -235,7 +239,9 @@ class _LmdbShard(WriteGenerations):
                 for key, o in frame_keys(batch, h.base_offset):
                     txn.delete(_key_prefix(key) + _U64.pack(o), db=self.keys_db)
             except CorruptFrame:  # stale key entries are filtered by the start/end offsets
-                log.warning("shard %d: corrupt frame %d dropped with its key entries", self.number, h.base_offset)
+                log.warning(
+                    "shard %d: corrupt frame %d dropped with its key entries", self.number, h.base_offset
+                )
             txn.delete(k, db=self.frames_db)
 
     def drop_before(self, start: int) -> int:
@@ -368,7 +374,11 @@ class LmdbEngine(FrameTableEngine):
         return _Pending(gen, base, frames), offset
 
     async def append_many(
-        self, parts: Sequence[tuple[int, pa.RecordBatch]], quota: Quota | None = None, *, leader_epoch: int = 0
+        self,
+        parts: Sequence[tuple[int, pa.RecordBatch]],
+        quota: Quota | None = None,
+        *,
+        leader_epoch: int = 0,
     ) -> list[int]:
         """Append batches to distinct shards, frames stamped with ``leader_epoch``; ``quota`` may
         veto before anything is queued. A new epoch's first frame is recorded in the shard's
@@ -378,7 +388,8 @@ class LmdbEngine(FrameTableEngine):
         check_writable(shards)
         self._check_not_truncating([n for n, _ in parts])
         encoded = [
-            self._encode(s.gen, s.next_offset, batch, leader_epoch) for s, (_, batch) in zip(shards, parts, strict=True)
+            self._encode(s.gen, s.next_offset, batch, leader_epoch)
+            for s, (_, batch) in zip(shards, parts, strict=True)
         ]
         sizes = [sum(h.size for h, _d, _k in pending.frames) for pending, _ in encoded]
         return await queue_appends(self._io_pool, shards, encoded, sizes, quota, self.listener)
@@ -402,12 +413,18 @@ class LmdbEngine(FrameTableEngine):
         """
         s = self._shard(shard)
         s.check_writable()
-        encoded, batches = await self._run(functools.partial(parse_frames, frames, expected_base, shard=shard))
+        encoded, batches = await self._run(
+            functools.partial(parse_frames, frames, expected_base, shard=shard)
+        )
         self._check_append_frames(shard, expected_base)  # after the await: the end may have moved
-        pending = _Pending(s.gen, expected_base, [
-            (f.header, frame_bytes(f), frame_keys(b, f.header.base_offset))
-            for f, b in zip(encoded, batches, strict=True)
-        ])
+        pending = _Pending(
+            s.gen,
+            expected_base,
+            [
+                (f.header, frame_bytes(f), frame_keys(b, f.header.base_offset))
+                for f, b in zip(encoded, batches, strict=True)
+            ],
+        )
         new_end = int(encoded[-1].header.next_offset)
         await queue_appends(self._io_pool, [s], [(pending, new_end)], [0], None, self.listener)
         return new_end
@@ -543,4 +560,3 @@ def _guarded(s: _LmdbShard, start: int) -> int:
         return s.drop_before(start)
     except lmdb.Error as exc:
         raise StorageError(f"shard {s.number}: deleting frames below {start} failed") from exc
-

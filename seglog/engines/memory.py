@@ -106,7 +106,11 @@ class MemoryEngine(FrameTableEngine):
             t.epochs = epochs_with_frames(t.epochs, [f.header for f, _ in frames], t.start)
 
     async def append_many(
-        self, parts: Sequence[tuple[int, pa.RecordBatch]], quota: Quota | None = None, *, leader_epoch: int = 0
+        self,
+        parts: Sequence[tuple[int, pa.RecordBatch]],
+        quota: Quota | None = None,
+        *,
+        leader_epoch: int = 0,
     ) -> list[int]:
         """Append batches to distinct shards, frames stamped with ``leader_epoch``; ``quota`` may
         veto before anything changes; a new epoch's first frame is recorded in the shard's epochs."""
@@ -114,7 +118,9 @@ class MemoryEngine(FrameTableEngine):
         check_leader_epoch(leader_epoch)
         self._check_not_truncating([n for n, _ in parts])
         # No await between encoding and storing: offsets cannot interleave.
-        encoded = [self._encode(t.end, batch, leader_epoch) for t, (_, batch) in zip(tables, parts, strict=True)]
+        encoded = [
+            self._encode(t.end, batch, leader_epoch) for t, (_, batch) in zip(tables, parts, strict=True)
+        ]
         if quota is not None:
             quota.admit(sum(f.size for frames in encoded for f, _ in frames))
         bases: list[int] = []
@@ -144,9 +150,13 @@ class MemoryEngine(FrameTableEngine):
             BusyResourceError: The shard is being truncated.
         """
         self._table(shard)
-        encoded, batches = await self._run(functools.partial(parse_frames, frames, expected_base, shard=shard))
+        encoded, batches = await self._run(
+            functools.partial(parse_frames, frames, expected_base, shard=shard)
+        )
         self._check_append_frames(shard, expected_base)  # after the await: the end may have moved
-        self._store(shard, [(f, frame_keys(b, f.header.base_offset)) for f, b in zip(encoded, batches, strict=True)])
+        self._store(
+            shard, [(f, frame_keys(b, f.header.base_offset)) for f, b in zip(encoded, batches, strict=True)]
+        )
         if self.listener is not None:
             self.listener(shard)
         return self._tables[shard].end

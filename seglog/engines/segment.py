@@ -69,6 +69,7 @@ __all__ = ["SegmentEngine", "SegmentRange", "shard_dir_name"]
 
 log = logging.getLogger("seglog.engines.segment")
 
+
 def shard_dir_name(shard: int) -> str:
     """Directory name of a shard inside a database directory."""
     return f"shard-{shard:04d}"
@@ -93,7 +94,11 @@ class _Shard:
     """
 
     def __init__(
-        self, number: int, log_: ShardLog, index: ShardIndex, config: EngineConfig,
+        self,
+        number: int,
+        log_: ShardLog,
+        index: ShardIndex,
+        config: EngineConfig,
         next_offsets: np.ndarray[Any, np.dtype[np.int64]],
     ) -> None:
         self.number = number
@@ -195,8 +200,12 @@ class _Shard:
             # The data is durable and acknowledged; the index is derived and caught up later.
             # (No traceback kept: its frames would pin segment mappings.)
             self.index_lagging = True
-            log.error("shard %d: index write failed (%s: %s); it catches up on the next write",
-                      self.number, type(exc).__name__, exc)
+            log.error(
+                "shard %d: index write failed (%s: %s); it catches up on the next write",
+                self.number,
+                type(exc).__name__,
+                exc,
+            )
 
     @property
     def index_ready(self) -> bool:
@@ -292,8 +301,11 @@ class _Shard:
     def suspect(self, reason: str) -> None:
         """(Any thread) The index disagrees with the segments: stop trusting it, rebuild it."""
         if not self.index_suspect:
-            log.warning("shard %d: index is wrong (%s); reading from the segments and rebuilding it",
-                        self.number, reason)
+            log.warning(
+                "shard %d: index is wrong (%s); reading from the segments and rebuilding it",
+                self.number,
+                reason,
+            )
             self.index_suspect = True
 
     def rebuild_index(self) -> None:
@@ -316,7 +328,9 @@ class _Shard:
 
 def _entry(p: FramePosition, keys: pa.Array, tags: list[int]) -> FrameEntry:
     h = p.header
-    return FrameEntry(h.base_offset, h.next_offset, h.max_ts, p.segment.base_offset, p.pos, h.size, keys, tags)
+    return FrameEntry(
+        h.base_offset, h.next_offset, h.max_ts, p.segment.base_offset, p.pos, h.size, keys, tags
+    )
 
 
 # Frames whose rows read_key filters in one pyarrow call: per-call overhead exceeds a frame's
@@ -350,8 +364,14 @@ def _frames_holding(s: _Shard, offsets: Sequence[int], end: int) -> Iterator[Fra
     fp: FramePosition | None = None
     for offset in offsets:
         h = fp.header if fp is not None else None
-        if it is None or h is None or offset < h.base_offset or (
-            offset >= h.next_offset and offset - h.next_offset > _KEY_WALK_FRAMES * (h.next_offset - h.base_offset)
+        if (
+            it is None
+            or h is None
+            or offset < h.base_offset
+            or (
+                offset >= h.next_offset
+                and offset - h.next_offset > _KEY_WALK_FRAMES * (h.next_offset - h.base_offset)
+            )
         ):
             it = s.frames(offset, end)
             fp = next(it, None)
@@ -422,7 +442,10 @@ class SegmentEngine:
             for n in range(config.shards):
                 directory = config.directory / shard_dir_name(n)
                 log_, _report = open_shard_log(
-                    directory, segment_bytes=config.segment_bytes, segment_ms=config.segment_ms, clock_ms=clock_ms
+                    directory,
+                    segment_bytes=config.segment_bytes,
+                    segment_ms=config.segment_ms,
+                    clock_ms=clock_ms,
                 )
                 # A shard's own index (the layout before indexes were shared) is removed.
                 index = db_index.shard(n, legacy_dir=directory / INDEX_DIR)
@@ -476,7 +499,11 @@ class SegmentEngine:
         return (await self.append_many([(shard, batch)]))[0]
 
     async def append_many(
-        self, parts: Sequence[tuple[int, pa.RecordBatch]], quota: Quota | None = None, *, leader_epoch: int = 0
+        self,
+        parts: Sequence[tuple[int, pa.RecordBatch]],
+        quota: Quota | None = None,
+        *,
+        leader_epoch: int = 0,
     ) -> list[int]:
         """Append batches to distinct shards; ``quota`` may veto before anything is queued."""
         parts = [(n, b) for n, b in parts if b.num_rows]
@@ -566,9 +593,12 @@ class SegmentEngine:
                 size = sum(f.size for f in frames)
             else:
                 part = batch.slice(lo, hi - lo)
-                groups = list(zip(shards[i:j], [a - lo for a in starts_l[i:j]], counts_l[i:j], bases[i:j],
-                                  strict=True))
-                req = RowsRequest(writer.gen, part, groups, sorted_shards[lo:hi], sorted_offsets[lo:hi], leader_epoch)
+                groups = list(
+                    zip(shards[i:j], [a - lo for a in starts_l[i:j]], counts_l[i:j], bases[i:j], strict=True)
+                )
+                req = RowsRequest(
+                    writer.gen, part, groups, sorted_shards[lo:hi], sorted_offsets[lo:hi], leader_epoch
+                )
                 size = part.nbytes
             requests.append((writer, req, shards[i:j], size))
         if quota is not None:
@@ -628,23 +658,27 @@ class SegmentEngine:
         """
         s = self._shard(shard)
         s.check_writable()
-        encoded, batches = await self._run(functools.partial(parse_frames, frames, expected_base, shard=shard))
+        encoded, batches = await self._run(
+            functools.partial(parse_frames, frames, expected_base, shard=shard)
+        )
         if shard in self._truncating:
             raise BusyResourceError(f"shard {shard} is being truncated")
         end = s.next_offset
         if expected_base != end:
             raise OffsetMismatch(
                 f"shard {shard}: frames start at {expected_base} but the log ends at {end}",
-                expected=end, actual=expected_base, shard=shard,
+                expected=end,
+                actual=expected_base,
+                shard=shard,
             )
         writer = s.writer
         assert writer is not None
         new_end = int(encoded[-1].header.next_offset)
         s.next_offset = new_end
         writer.loop = asyncio.get_running_loop()
-        outcome = await await_outcomes([
-            self._io_pool.submit(writer.worker, writer, FrameRequest(writer.gen, s, encoded, batches))
-        ])
+        outcome = await await_outcomes(
+            [self._io_pool.submit(writer.worker, writer, FrameRequest(writer.gen, s, encoded, batches))]
+        )
         if isinstance(outcome[0], BaseException):
             raise outcome[0]
         if self.listener is not None:
@@ -788,7 +822,9 @@ class SegmentEngine:
         batches = split_batch(batch)
         offset = base
         for part in batches:
-            frames.append(encode_frame(part, offset, compression=self.config.compression, leader_epoch=leader_epoch))
+            frames.append(
+                encode_frame(part, offset, compression=self.config.compression, leader_epoch=leader_epoch)
+            )
             offset += part.num_rows
         return frames, batches
 
@@ -801,7 +837,9 @@ class SegmentEngine:
             raise OffsetOutOfRange(offset, start, end, shard=s.number)
         return end
 
-    def read_arrow_blocking(self, shard: int, offset: int, max_records: int, upper: int | None = None) -> pa.Table:
+    def read_arrow_blocking(
+        self, shard: int, offset: int, max_records: int, upper: int | None = None
+    ) -> pa.Table:
         """Blocking body of :meth:`read_arrow` (runs in the read executor)."""
         s = self._shard(shard)
         end = self._check_range(s, offset)
@@ -828,7 +866,9 @@ class SegmentEngine:
         out.extend(s.pending_tables(pending, max(offset, seg_stop), stop))
         return pa.Table.from_batches(out, schema=READ_SCHEMA)
 
-    async def read_arrow(self, shard: int, offset: int, max_records: int, upper: int | None = None) -> pa.Table:
+    async def read_arrow(
+        self, shard: int, offset: int, max_records: int, upper: int | None = None
+    ) -> pa.Table:
         """Records ``[offset, min(end, offset + max_records, upper))`` (``upper``: e.g. the high
         watermark a server caps consumers at)."""
         try:
@@ -908,7 +948,9 @@ class SegmentEngine:
                 out.append(_key_rows(parts, key))
                 parts.clear()
 
-        for base, fp in zip(bases, _frames_holding(s, [max(b, start) for b in bases], scan_from), strict=True):
+        for base, fp in zip(
+            bases, _frames_holding(s, [max(b, start) for b in bases], scan_from), strict=True
+        ):
             if fp is None or fp.header.base_offset != base:
                 if base < start:
                     continue  # wholly below the start: gone with retention (one reaching past it is read)
@@ -953,7 +995,9 @@ class SegmentEngine:
     def stats(self, shard: int) -> ShardStats:
         s = self._shard(shard)
         segments = s.log.segments_snapshot()
-        return ShardStats(shard, s.log.log_start_offset, s.durable_end, len(segments), sum(x.size for x in segments))
+        return ShardStats(
+            shard, s.log.log_start_offset, s.durable_end, len(segments), sum(x.size for x in segments)
+        )
 
     def segment_ranges(self, shard: int, *, with_ts: bool = False) -> list[SegmentRange]:
         """The local segments of ``shard``, oldest first (``max_ts`` only with ``with_ts``;
@@ -1034,11 +1078,17 @@ class SegmentEngine:
         """Drop whole sealed segments past retention, never at/above ``floors[shard]``; return bytes freed."""
         if retention_bytes is None and retention_ms is None:
             return 0
-        freed = await asyncio.gather(*(
-            self._on_worker(s, functools.partial(
-                s.enforce_retention, retention_bytes, retention_ms, now_us, floors[s.number]))
-            for s in self._shards
-        ))
+        freed = await asyncio.gather(
+            *(
+                self._on_worker(
+                    s,
+                    functools.partial(
+                        s.enforce_retention, retention_bytes, retention_ms, now_us, floors[s.number]
+                    ),
+                )
+                for s in self._shards
+            )
+        )
         return sum(freed)
 
     def reconfigure(self, *, segment_bytes: int, segment_ms: int) -> None:
@@ -1107,14 +1157,17 @@ class SegmentEngine:
         await self._run(self.close_blocking)
 
 
-
 def _catch_up_index(s: _Shard) -> None:
     """Cut index entries past the log end and index frames the index has not seen."""
     end = s.log.next_offset
     start = s.log.log_start_offset
     if s.index.indexed_end > end:
-        log.warning("shard %d: index ran ahead of the log (%d > %d); cutting it back",
-                    s.number, s.index.indexed_end, end)
+        log.warning(
+            "shard %d: index ran ahead of the log (%d > %d); cutting it back",
+            s.number,
+            s.index.indexed_end,
+            end,
+        )
         s.index.truncate_from(end)
     begin = max(s.index.indexed_end, start)
     if begin >= end:

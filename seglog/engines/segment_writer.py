@@ -70,7 +70,9 @@ DEFAULT_BUFFER_MS: Final = 1000
 # A worker flushes its pending buffers when they hold this many bytes.
 DEFAULT_BUFFER_BYTES: Final = 64 << 20
 _JOURNAL_DIR: Final = "journal"
-_ROWS_SCHEMA: Final = pa.schema([*FRAME_SCHEMA, pa.field("shard", pa.int32()), pa.field("offset", pa.int64())])
+_ROWS_SCHEMA: Final = pa.schema(
+    [*FRAME_SCHEMA, pa.field("shard", pa.int32()), pa.field("offset", pa.int64())]
+)
 
 
 class FrameRequest(NamedTuple):
@@ -158,8 +160,13 @@ class WorkerLog:
         """(Worker) Refuse every later write until reopen."""
         self.failed = exc
         self.read_only_reason = reason
-        log.error("I/O worker %d of %s: %s (%s); its shards are read-only until reopen",
-                  self.worker, self.journal.path.parent.parent, reason, exc)
+        log.error(
+            "I/O worker %d of %s: %s (%s); its shards are read-only until reopen",
+            self.worker,
+            self.journal.path.parent.parent,
+            reason,
+            exc,
+        )
 
     def check_writable(self, shard: int) -> None:
         """Raise :class:`StorageError` if the worker's shards are read-only."""
@@ -200,9 +207,11 @@ class WorkerLog:
         live: list[FrameRequest | RowsRequest] = []
         for i, item in enumerate(items):
             if item.gen < self._min_gen or self.failed is not None:
-                results[i] = ItemError(StorageError(
-                    "not written: an earlier write to this shard's I/O worker failed and was rolled back; retry"
-                ))
+                results[i] = ItemError(
+                    StorageError(
+                        "not written: an earlier write to this shard's I/O worker failed and was rolled back; retry"
+                    )
+                )
             else:
                 live.append(item)
         if not live:
@@ -225,8 +234,11 @@ class WorkerLog:
         need = sum(Journal.entry_bytes(sum(memoryview(b).nbytes for b in body)) for _, _, body in bodies)
         marks: dict[int, tuple[_Shard, AppendMark]] = {}
         frame_writes: list[tuple[FrameRequest, list[FramePosition]]] = []
-        direct = self.fsync is Fsync.ALWAYS and all(isinstance(i, FrameRequest) for i in items) and len(
-            {i.shard.number for i in items if isinstance(i, FrameRequest)}) == 1
+        direct = (
+            self.fsync is Fsync.ALWAYS
+            and all(isinstance(i, FrameRequest) for i in items)
+            and len({i.shard.number for i in items if isinstance(i, FrameRequest)}) == 1
+        )
         journal_start: int | None = None
         stage = "checkpoint"
         try:
@@ -265,7 +277,9 @@ class WorkerLog:
             self._undo(items, marks, journal_start, exc, stage)
             if isinstance(exc, StorageError):
                 raise
-            raise StorageError(f"{stage} failed on I/O worker {self.worker}; nothing of the batch was kept") from exc
+            raise StorageError(
+                f"{stage} failed on I/O worker {self.worker}; nothing of the batch was kept"
+            ) from exc
         # Durable (per the policy): epochs, publish, index, buffer.
         self._note_epochs(items)
         out: list[Any] = []
@@ -319,7 +333,9 @@ class WorkerLog:
         """(Worker) Recompute the epoch floor after a change that can lower a shard's latest epoch."""
         self._known_epoch_floor = min((s.known_epoch for s in self.shards), default=0)
 
-    def _index(self, written: Sequence[tuple[_Shard, Sequence[tuple[FramePosition, pa.RecordBatch]]]]) -> None:
+    def _index(
+        self, written: Sequence[tuple[_Shard, Sequence[tuple[FramePosition, pa.RecordBatch]]]]
+    ) -> None:
         """Index frames just written, of every shard in one LMDB transaction where it can."""
         ready = [(s, frames) for s, frames in written if s.index_ready]
         for s, frames in written:
@@ -335,8 +351,12 @@ class WorkerLog:
             # Durable and acknowledged; the index is derived and caught up on the next write.
             for s, _ in ready:
                 s.index_lagging = True
-            log.error("I/O worker %d: index write failed (%s: %s); its shards catch up on the next write",
-                      self.worker, type(exc).__name__, exc)
+            log.error(
+                "I/O worker %d: index write failed (%s: %s); its shards catch up on the next write",
+                self.worker,
+                type(exc).__name__,
+                exc,
+            )
 
     def _undo(
         self,
@@ -456,8 +476,9 @@ class WorkerLog:
             batches: list[pa.RecordBatch] = []
             offset = pending[0][0]
             for part in split_batch(rows, frame_bytes=s.log.segment_bytes // 2):
-                frames.append(encode_frame(part, offset, compression=self.compression,
-                                           leader_epoch=self._pending_epoch))
+                frames.append(
+                    encode_frame(part, offset, compression=self.compression, leader_epoch=self._pending_epoch)
+                )
                 batches.append(part)
                 offset += part.num_rows
             mark = s.log.mark()
@@ -511,7 +532,9 @@ class WorkerLog:
         expected = {s.number: sum(q[3] for q in p) for s, p in zip(shards, pendings, strict=True)}
         got = dict(zip(numbers.tolist(), counts.tolist(), strict=True))
         if got != expected:
-            raise StorageError(f"I/O worker {self.worker}: buffered rows do not match the shards' pending rows")
+            raise StorageError(
+                f"I/O worker {self.worker}: buffered rows do not match the shards' pending rows"
+            )
         out_shards = [by_number[n] for n in numbers.tolist()]
         return out_shards, [rows.slice(a, c) for a, c in zip(starts.tolist(), counts.tolist(), strict=True)]
 
@@ -523,8 +546,12 @@ class WorkerLog:
         """
         first = self._flush_shards(list(self._pending_shards.values()))
         if first is not None:
-            log.warning("I/O worker %d: writing buffered rows into a segment failed (%s); they are "
-                        "safe in the journal and retried", self.worker, first)
+            log.warning(
+                "I/O worker %d: writing buffered rows into a segment failed (%s); they are "
+                "safe in the journal and retried",
+                self.worker,
+                first,
+            )
         if first is not None:
             raise first
 
@@ -579,7 +606,8 @@ class WorkerLog:
         # and readable in-process already, and flushing on every lull (which a busy event
         # loop causes too) would cut each shard's rows into many small frames.
         due = self._pending_since is not None and (
-            time.monotonic() >= self._pending_since + self.buffer_s or self._pending_bytes >= self.buffer_bytes
+            time.monotonic() >= self._pending_since + self.buffer_s
+            or self._pending_bytes >= self.buffer_bytes
         )
         if due:
             with contextlib.suppress(OSError):  # logged; retried at the next deadline or checkpoint
@@ -660,7 +688,11 @@ def replay_journals(db_directory: Path, shards: Sequence[_Shard], *, compression
 
 
 def _replay_frame(
-    shards: Sequence[_Shard], shard: int, body: memoryview, touched: dict[int, _Shard], replayed: dict[int, int]
+    shards: Sequence[_Shard],
+    shard: int,
+    body: memoryview,
+    touched: dict[int, _Shard],
+    replayed: dict[int, int],
 ) -> None:
     if not 0 <= shard < len(shards):
         log.error("journal entry for shard %d, which this database does not have; skipped", shard)
@@ -676,8 +708,14 @@ def _replay_frame(
     if header.next_offset <= end:
         return
     if header.base_offset != end:
-        log.error("shard %d: the journal continues at %d but the log ends at %d; records %d..%d are lost",
-                  shard, header.base_offset, end, end, header.base_offset)
+        log.error(
+            "shard %d: the journal continues at %d but the log ends at %d; records %d..%d are lost",
+            shard,
+            header.base_offset,
+            end,
+            end,
+            header.base_offset,
+        )
         return
     s.log.append([EncodedFrame(header, (bytes(body[: header.size]),))])
     touched[shard] = s
@@ -711,8 +749,12 @@ def _replay_rows(
             continue
         skip = max(0, end - first)
         if first + skip != end:
-            log.error("shard %d: the journal continues at %d but the log ends at %d; records are lost",
-                      shard, first + skip, end)
+            log.error(
+                "shard %d: the journal continues at %d but the log ends at %d; records are lost",
+                shard,
+                first + skip,
+                end,
+            )
             continue
         part = rows.slice(lo + skip, hi - lo - skip)
         offset = end

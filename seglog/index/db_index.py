@@ -83,8 +83,11 @@ class DbIndex:
         #: Whether this open found the environment unusable and started it empty.
         self.rebuilt = False
         if _opened_by_other_boot(path):
-            log.warning("%s: open when the machine restarted (may be torn); rebuilding every shard's index "
-                        "from the segments", path)
+            log.warning(
+                "%s: open when the machine restarted (may be torn); rebuilding every shard's index "
+                "from the segments",
+                path,
+            )
             self._discard()
         try:
             self._tables = self._open_env()
@@ -116,8 +119,14 @@ class DbIndex:
         )
         try:
             tables = IndexTables(
-                path, env, env.open_db(b"offset"), env.open_db(b"time"), env.open_db(b"key"),
-                env.open_db(b"keyframe"), env.open_db(b"tag"), env.open_db(b"meta"),
+                path,
+                env,
+                env.open_db(b"offset"),
+                env.open_db(b"time"),
+                env.open_db(b"key"),
+                env.open_db(b"keyframe"),
+                env.open_db(b"tag"),
+                env.open_db(b"meta"),
             )
             with env.begin(write=True) as txn:
                 found = txn.get(_FORMAT_KEY, db=tables.meta)
@@ -154,14 +163,22 @@ class DbIndex:
         view = self._views.get(number)
         if view is None:
             view = ShardIndex(
-                self._tables, number, indexed_end=self._ends.get(number, 0), rebuilt=self.rebuilt,
-                index_interval_bytes=self.index_interval_bytes, merge_frames=self._merge_frames,
+                self._tables,
+                number,
+                indexed_end=self._ends.get(number, 0),
+                rebuilt=self.rebuilt,
+                index_interval_bytes=self.index_interval_bytes,
+                merge_frames=self._merge_frames,
                 merge_pairs=self._merge_pairs,
             )
             self._views[number] = view
         if legacy_dir is not None and legacy_dir.is_dir():
-            log.info("%s: removing the per-shard index of the old layout; shard %d is re-indexed in %s",
-                     legacy_dir, number, self.path)
+            log.info(
+                "%s: removing the per-shard index of the old layout; shard %d is re-indexed in %s",
+                legacy_dir,
+                number,
+                self.path,
+            )
             shutil.rmtree(legacy_dir, ignore_errors=True)
             try:
                 fsync_dir(legacy_dir.parent)

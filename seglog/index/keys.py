@@ -122,11 +122,13 @@ def _binary_parts(arr: pa.Array) -> tuple[np.ndarray[Any, np.dtype[np.int32]], b
 
 def encode_summary(segment_base: int, next_offset: int, keys: DistinctKeys) -> bytes:
     """The stored form of a frame's summary."""
-    return b"".join((
-        _SUMMARY_HEAD.pack(segment_base, next_offset, keys.size),
-        keys.offsets.astype("<i4", copy=False).tobytes(),
-        keys.data,
-    ))
+    return b"".join(
+        (
+            _SUMMARY_HEAD.pack(segment_base, next_offset, keys.size),
+            keys.offsets.astype("<i4", copy=False).tobytes(),
+            keys.data,
+        )
+    )
 
 
 def summary_head(blob: bytes | memoryview) -> tuple[int, int, int]:
@@ -216,7 +218,9 @@ def merge_postings(
     values[is_head] = run_end
     values[~is_head] = sorted_bases
     value_col = pa.Array.from_buffers(
-        pa.binary(), n_keys, [None, pa.py_buffer((slots * 8).astype(np.int32)), pa.py_buffer(values.tobytes())]
+        pa.binary(),
+        n_keys,
+        [None, pa.py_buffer((slots * 8).astype(np.int32)), pa.py_buffer(values.tobytes())],
     )
     # The values are already in LMDB order (laid out by rank); the keys are put in it.
     sorted_keys = lmdb_keys.take(pa.array(order)).to_pylist()

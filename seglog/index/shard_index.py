@@ -254,7 +254,9 @@ class ShardIndex:
         Raises:
             StorageError: The entries could not be cleared.
         """
-        log.warning("%s shard %d: clearing the index to rebuild it from the segments", self._t.path, self.number)
+        log.warning(
+            "%s shard %d: clearing the index to rebuild it from the segments", self._t.path, self.number
+        )
         t = self._t
         try:
             with t.env.begin(write=True) as txn:
@@ -314,8 +316,17 @@ class ShardIndex:
             indexed_end = f.next_offset
         if last_segment is None or indexed_end == self.indexed_end:
             return None
-        return _Plan(offset_items, time_items, tag_items, summaries, last_segment, indexed_end,
-                     since_offset, since_time, running_max)
+        return _Plan(
+            offset_items,
+            time_items,
+            tag_items,
+            summaries,
+            last_segment,
+            indexed_end,
+            since_offset,
+            since_time,
+            running_max,
+        )
 
     def _write(self, txn: Any, plan: _Plan) -> None:
         """Put ``plan`` into the write transaction ``txn``, merging summaries that are due."""
@@ -340,8 +351,11 @@ class ShardIndex:
             pairs += keys.size
         count = len(old) + len(appended)
         first = old[0] if old else appended[0] if appended else None
-        if first is None or (first.segment_base == plan.segment_base and count < self._merge_frames
-                             and pairs < self._merge_pairs):
+        if first is None or (
+            first.segment_base == plan.segment_base
+            and count < self._merge_frames
+            and pairs < self._merge_pairs
+        ):
             # Nothing to merge (all in the current segment, below the thresholds).
             if appended:
                 txn.cursor(t.keyframe).putmulti([(self._k(_U64.pack(p.base)), new[p.base]) for p in appended])
@@ -351,7 +365,9 @@ class ShardIndex:
             plan.pairs = sum(p.keys for p in plan.replaced)
         txn.put(self._k(INDEXED_END_KEY), _U64.pack(plan.indexed_end), db=t.meta)
 
-    def _merge_due(self, txn: Any, pending: list[_Pending], new: dict[int, bytes], segment_base: int) -> list[_Pending]:
+    def _merge_due(
+        self, txn: Any, pending: list[_Pending], new: dict[int, bytes], segment_base: int
+    ) -> list[_Pending]:
         """Merge the runs of ``pending`` that are due into postings; return the summaries kept.
 
         ``new`` holds the summaries of this transaction (not put yet: a merged one never is).
@@ -405,7 +421,9 @@ class ShardIndex:
             out.append(_Pending(_U64.unpack_from(k, 4)[0], seg, nxt, n))
         return out
 
-    def _due_runs(self, pending: list[_Pending], current_segment: int) -> tuple[list[_Pending], list[list[_Pending]]]:
+    def _due_runs(
+        self, pending: list[_Pending], current_segment: int
+    ) -> tuple[list[_Pending], list[list[_Pending]]]:
         """Split summaries into those kept and runs to merge now.
 
         A run never spans segments (a posting belongs to one segment, so retention and cuts
@@ -470,8 +488,12 @@ class ShardIndex:
                 _delete_range(txn.cursor(t.offset), prefix, prefix, below=self._k(_U64.pack(offset)))
                 _delete_where(txn.cursor(t.tag), prefix, lambda k: _U32_U64.unpack_from(k, 4)[1] < offset)
                 gone = _drop_summaries_below(txn.cursor(t.keyframe), prefix, offset)
-                _delete_where(txn.cursor(t.key), prefix, lambda k: False,
-                              value_doomed=lambda v: decode_postings(v)[0] <= offset)
+                _delete_where(
+                    txn.cursor(t.key),
+                    prefix,
+                    lambda k: False,
+                    value_doomed=lambda v: decode_postings(v)[0] <= offset,
+                )
         except lmdb.Error as exc:
             raise StorageError(f"index cleanup of shard {self.number} failed at {t.path}") from exc
         if self._pending is not None:
@@ -533,7 +555,7 @@ class ShardIndex:
         out = sorted(merged)
         # Only the frame holding ``start`` can reach past it: the greatest base below it.
         first = bisect.bisect_left(out, start)
-        return out[max(0, first - 1):]
+        return out[max(0, first - 1) :]
 
     @_lookup
     def tag_frames(self, tag: int, *, start: int = 0) -> list[tuple[int, IndexPosition]]:

@@ -137,7 +137,11 @@ class IoPool:
         while True:
             timeout = deadlines.wait_s(time.monotonic())
             if touched:
-                timeout = self.idle_flush_interval_s if timeout is None else min(timeout, self.idle_flush_interval_s)
+                timeout = (
+                    self.idle_flush_interval_s
+                    if timeout is None
+                    else min(timeout, self.idle_flush_interval_s)
+                )
             try:
                 first = q.get(timeout=timeout) if timeout is None or timeout > 0 else q.get_nowait()
             except queue.Empty:
@@ -186,7 +190,9 @@ class IoPool:
         groups: dict[BatchWriter, list[_Request]] = {}
         for req in batch:
             groups.setdefault(req[0], []).append(req)
-        completions: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], Any, BaseException | None]]] = {}
+        completions: dict[
+            asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], Any, BaseException | None]]
+        ] = {}
         for writer, reqs in groups.items():
             touched.add(writer)
             outcome: list[tuple[asyncio.Future[Any], Any, BaseException | None]]
@@ -258,5 +264,3 @@ def _complete(done: list[tuple[asyncio.Future[Any], Any, BaseException | None]])
             fut.set_exception(exc)
         else:
             fut.set_result(result)
-
-

@@ -118,7 +118,13 @@ class DurableEndMarker:
         self._file = CachedFile(path, os.O_RDWR, fd=fd)
 
     def publish(
-        self, next_offset: int, segment_base: int, segment_bytes: int, *, fenced: bool = False, sync: bool = False
+        self,
+        next_offset: int,
+        segment_base: int,
+        segment_bytes: int,
+        *,
+        fenced: bool = False,
+        sync: bool = False,
     ) -> None:
         """Record the acknowledged end; with ``fenced`` or ``sync`` also fsync it (the slow, rare path).
 

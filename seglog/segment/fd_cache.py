@@ -78,7 +78,12 @@ class CachedFile:
     """
 
     def __init__(
-        self, path: Path, flags: int, *, fd: int = -1, cache: DescriptorCache | None = None,
+        self,
+        path: Path,
+        flags: int,
+        *,
+        fd: int = -1,
+        cache: DescriptorCache | None = None,
         on_evict: Callable[[], None] | None = None,
     ) -> None:
         self.path = path
@@ -111,7 +116,11 @@ class CachedFile:
         with cache._lock:
             if self._closed:
                 raise ValueError(f"{self.path} is closed")
-            if self._fd >= 0 and self._pins == 0 and self._fd_flags & os.O_ACCMODE != self.flags & os.O_ACCMODE:
+            if (
+                self._fd >= 0
+                and self._pins == 0
+                and self._fd_flags & os.O_ACCMODE != self.flags & os.O_ACCMODE
+            ):
                 self._drop_locked()  # opened read-only before the file became writable again
             if self._fd < 0:
                 self._fd = os.open(self.path, self.flags)

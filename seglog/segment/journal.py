@@ -260,4 +260,3 @@ class Journal:
             with contextlib.suppress(OSError):
                 os.close(self._fd)
             self._fd = -1
-

@@ -157,9 +157,8 @@ def open_shard_log(
     shard.publish_durable_end()
     return shard, report
 
-def _cut_to_durable_end(
-    directory: Path, report: RecoveryReport, segments: list[LogSegment], end: int
-) -> int:
+
+def _cut_to_durable_end(directory: Path, report: RecoveryReport, segments: list[LogSegment], end: int) -> int:
     """Cut valid frames past a fenced durable-end marker (reported failed); return the new end."""
     marker = take_fence(directory)
     if marker is None:
@@ -167,7 +166,9 @@ def _cut_to_durable_end(
     if marker.next_offset > end:
         log.error(
             "%s: the log ends at %d but offsets up to %d were acknowledged; they were lost",
-            directory, end, marker.next_offset,
+            directory,
+            end,
+            marker.next_offset,
         )
         return end
     if marker.next_offset == end:
@@ -184,12 +185,22 @@ def _cut_to_durable_end(
             break
         if boundary != marker.next_offset:
             break
-        _cut(report, segments, index, segments[index], marker.segment_bytes, RecoveryCause.FENCED,
-                 f"offsets {marker.next_offset}..{end} were written but never acknowledged")
+        _cut(
+            report,
+            segments,
+            index,
+            segments[index],
+            marker.segment_bytes,
+            RecoveryCause.FENCED,
+            f"offsets {marker.next_offset}..{end} were written but never acknowledged",
+        )
         segments[index].next_offset = marker.next_offset
         return marker.next_offset
-    log.warning("%s: durable-end marker (%d) does not match the segments; ignored", directory, marker.next_offset)
+    log.warning(
+        "%s: durable-end marker (%d) does not match the segments; ignored", directory, marker.next_offset
+    )
     return end
+
 
 def _cut(
     report: RecoveryReport,
@@ -239,8 +250,10 @@ def _scan(
         except CorruptFrame as exc:
             return pos, next_offset, str(exc)
         if header.base_offset != next_offset:
-            return pos, next_offset, (
-                f"frame at position {pos} has base offset {header.base_offset}, expected {next_offset}"
+            return (
+                pos,
+                next_offset,
+                (f"frame at position {pos} has base offset {header.base_offset}, expected {next_offset}"),
             )
         if pos + header.size > seg.size:
             return pos, next_offset, f"frame padding at position {pos} is truncated"

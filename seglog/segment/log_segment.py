@@ -250,4 +250,3 @@ class LogSegment:
 
     def __repr__(self) -> str:
         return f"<LogSegment {self.path.name} {self.state} size={self.size}>"
-

@@ -43,7 +43,6 @@ class FramePosition(NamedTuple):
     header: FrameHeader
 
 
-
 class ShardLog:
     """The ordered segments of one shard directory.
 

@@ -60,10 +60,7 @@ def site_minute_stats(
     from pyspark.sql import functions as F
 
     reader = (
-        spark.read.format("seglog")
-        .option("root", root)
-        .option("db", db)
-        .option("mqtt_filter", mqtt_filter)
+        spark.read.format("seglog").option("root", root).option("db", db).option("mqtt_filter", mqtt_filter)
     )
     for key, value in (options or {}).items():
         reader = reader.option(key, value)

@@ -108,8 +108,7 @@ def build_spark_session(
             conf |= {
                 s3a + "access.key": access_key,
                 s3a + "secret.key": secret_key,
-                s3a + "aws.credentials.provider":
-                    "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider",
+                s3a + "aws.credentials.provider": "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider",
             }
     conf |= dict(extra_conf or {})
     builder = SparkSession.builder

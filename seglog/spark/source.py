@@ -254,7 +254,14 @@ def _row_expression(preds: Sequence[_Predicate]) -> pc.Expression | None:
 
 
 OPTIONS: tuple[str, ...] = (
-    "root", "db", "mqtt_filter", "endpoint", "access_key", "secret_key", "region", "open_log",
+    "root",
+    "db",
+    "mqtt_filter",
+    "endpoint",
+    "access_key",
+    "secret_key",
+    "region",
+    "open_log",
 )
 
 
@@ -420,9 +427,7 @@ class SeglogReader(DataSourceReader):
         finally:
             target.close()
         verify_bytes(partition.key, data, ObjectInfo(partition.key, partition.size, partition.checksum))
-        table = pq.read_table(
-            io.BytesIO(data), schema=TIER_SCHEMA, filters=_row_expression(self.predicates)
-        )
+        table = pq.read_table(io.BytesIO(data), schema=TIER_SCHEMA, filters=_row_expression(self.predicates))
         if partition.log_start > partition.base_offset:
             table = table.filter(pc.greater_equal(table.column("offset"), partition.log_start))
         mask = self._mqtt_mask(table.column("topic"))

@@ -129,8 +129,13 @@ class DbTier:
                     delete_tiered(self.target, self.manifest, e.key, local_manifest=self.local_manifest)
                     freed += e.bytes
         except TierError as exc:
-            log.warning("tier of %r: deleting objects of shard %d below %d failed (%s); retrying later",
-                        self.db, shard, floor, exc)
+            log.warning(
+                "tier of %r: deleting objects of shard %d below %d failed (%s); retrying later",
+                self.db,
+                shard,
+                floor,
+                exc,
+            )
         return freed
 
     def drop_all(self) -> int:

@@ -133,9 +133,7 @@ class ManifestEntry:
             raise InvalidArgument(f"invalid stats in manifest entry {self.key!r}")
 
     @classmethod
-    def for_upload(
-        cls, shard: int, stats: SegmentStats, info: ObjectInfo
-    ) -> ManifestEntry:
+    def for_upload(cls, shard: int, stats: SegmentStats, info: ObjectInfo) -> ManifestEntry:
         """Builds an ``uploading`` entry from segment stats and the object's size/sha256."""
         return cls(
             key=info.key,
@@ -157,15 +155,11 @@ class ManifestEntry:
 
     def overlaps_offsets(self, start: int | None, end: int | None) -> bool:
         """Whether ``[base_offset, end_offset]`` meets ``[start, end]`` (None = open)."""
-        return (start is None or self.end_offset >= start) and (
-            end is None or self.base_offset <= end
-        )
+        return (start is None or self.end_offset >= start) and (end is None or self.base_offset <= end)
 
     def overlaps_time(self, start_ts: int | None, end_ts: int | None) -> bool:
         """Whether ``[min_ts, max_ts]`` meets ``[start_ts, end_ts]`` (µs, None = open)."""
-        return (start_ts is None or self.max_ts >= start_ts) and (
-            end_ts is None or self.min_ts <= end_ts
-        )
+        return (start_ts is None or self.max_ts >= start_ts) and (end_ts is None or self.min_ts <= end_ts)
 
     def to_json(self) -> dict[str, Any]:
         """Returns the JSON-ready dict."""
@@ -496,11 +490,7 @@ class Manifest:
         """Returns object keys under ``<db>/shard=`` that no entry references."""
         with self._lock:
             known = set(self._entries)
-        return [
-            k
-            for k in target.list(f"{self._db}/shard=")
-            if k.endswith(".parquet") and k not in known
-        ]
+        return [k for k in target.list(f"{self._db}/shard=") if k.endswith(".parquet") and k not in known]
 
     def __repr__(self) -> str:
         with self._lock:

@@ -104,8 +104,7 @@ def read_tiered(
         table = parquet_to_segment_table(
             data,
             start_offset=start_offset if start_offset > entry.base_offset else None,
-            end_offset=end_offset if end_offset is not None and end_offset < entry.end_offset
-            else None,
+            end_offset=end_offset if end_offset is not None and end_offset < entry.end_offset else None,
         )
         if table.num_rows:
             yield table

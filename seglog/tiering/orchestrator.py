@@ -117,7 +117,9 @@ class TierOrchestrator:
         for seg in segs[:-1]:
             if seg.end > seg.start and tier.covered_end(shard, seg.start) < seg.end:
                 break  # not committed: never deleted locally
-            by_bytes = config.local_retention_bytes is not None and total - seg.size >= config.local_retention_bytes
+            by_bytes = (
+                config.local_retention_bytes is not None and total - seg.size >= config.local_retention_bytes
+            )
             by_time = config.local_retention_ms is not None and (
                 seg.max_ts is None or now - seg.max_ts > config.local_retention_ms * 1000
             )

@@ -37,7 +37,9 @@ SEGMENT_SCHEMA = READ_SCHEMA
 """In-memory form of a segment's records (``ts`` in int64 µs since the epoch): the read schema."""
 
 _TS_INDEX = SEGMENT_SCHEMA.get_field_index("ts")
-TIER_SCHEMA = SEGMENT_SCHEMA.set(_TS_INDEX, SEGMENT_SCHEMA.field(_TS_INDEX).with_type(pa.timestamp("us", tz="UTC")))
+TIER_SCHEMA = SEGMENT_SCHEMA.set(
+    _TS_INDEX, SEGMENT_SCHEMA.field(_TS_INDEX).with_type(pa.timestamp("us", tz="UTC"))
+)
 """Schema of tiered Parquet objects (``ts`` as a UTC timestamp so Spark sees a TIMESTAMP)."""
 
 ROW_GROUP_ROWS = 64 * 1024
@@ -46,7 +48,9 @@ ROW_GROUP_ROWS = 64 * 1024
 ZSTD_LEVEL = 3
 
 _DB_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")  # used with fullmatch: "$" accepts a final "\n"
-_KEY_RE = re.compile(r"(?P<db>[^/\n]+)/shard=(?P<shard>\d+)/(?P<base>\d{20})-(?P<end>\d{20})\.parquet")  # fullmatch
+_KEY_RE = re.compile(
+    r"(?P<db>[^/\n]+)/shard=(?P<shard>\d+)/(?P<base>\d{20})-(?P<end>\d{20})\.parquet"
+)  # fullmatch
 
 
 def object_key(db: str, shard: int, base: int, end: int) -> str:
@@ -112,9 +116,7 @@ def _checked_segment_table(table: pa.Table) -> pa.Table:
         try:
             cols.append(col.cast(field.type) if col.type != field.type else col)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-            raise InvalidArgument(
-                f"column {field.name!r} of type {col.type} is not {field.type}"
-            ) from exc
+            raise InvalidArgument(f"column {field.name!r} of type {col.type} is not {field.type}") from exc
     return pa.Table.from_arrays(cols, schema=SEGMENT_SCHEMA)
 
 
@@ -132,9 +134,7 @@ def segment_stats(table: pa.Table) -> SegmentStats:
     )
 
 
-def segment_table_to_parquet(
-    table: pa.Table, *, metadata: dict[str, str] | None = None
-) -> bytes:
+def segment_table_to_parquet(table: pa.Table, *, metadata: dict[str, str] | None = None) -> bytes:
     """Encodes a sealed segment's records as one Parquet object.
 
     Args:
@@ -153,7 +153,10 @@ def segment_table_to_parquet(
     """
     table = _checked_segment_table(table)
     offsets = table.column("offset")
-    if table.num_rows > 1 and not pc.all(pc.greater(offsets.slice(1), offsets.slice(0, table.num_rows - 1))).as_py():
+    if (
+        table.num_rows > 1
+        and not pc.all(pc.greater(offsets.slice(1), offsets.slice(0, table.num_rows - 1))).as_py()
+    ):
         table = table.sort_by("offset")  # segments come sorted; the copy is paid only when not
     ts = table.column("ts").cast(pa.timestamp("us", tz="UTC"))
     table = table.set_column(table.schema.get_field_index("ts"), TIER_SCHEMA.field("ts"), ts)
@@ -201,9 +204,7 @@ def parquet_to_segment_table(
     if end_offset is not None:
         filters.append(("offset", "<=", end_offset))
     try:
-        table = pq.read_table(
-            io.BytesIO(data), filters=filters or None, schema=TIER_SCHEMA
-        )
+        table = pq.read_table(io.BytesIO(data), filters=filters or None, schema=TIER_SCHEMA)
         ts = table.column("ts").cast(pa.int64())
         table = table.set_column(table.schema.get_field_index("ts"), SEGMENT_SCHEMA.field("ts"), ts)
         return table.select(SEGMENT_SCHEMA.names).cast(SEGMENT_SCHEMA).replace_schema_metadata(None)

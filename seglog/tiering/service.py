@@ -100,7 +100,12 @@ async def open_tier_service(
     """
     target = await asyncio.to_thread(
         functools.partial(
-            open_target, uri, s3_endpoint=s3_endpoint, access_key=access_key, secret_key=secret_key, region=region
+            open_target,
+            uri,
+            s3_endpoint=s3_endpoint,
+            access_key=access_key,
+            secret_key=secret_key,
+            region=region,
         )
     )
     return TargetTierService(target)

@@ -417,9 +417,7 @@ def _is_transient(exc: BaseException) -> bool:
     )
     from s3transfer.exceptions import RetriesExceededError
 
-    if isinstance(
-        exc, ConnectionError | HTTPClientError | ResponseStreamingError | RetriesExceededError
-    ):
+    if isinstance(exc, ConnectionError | HTTPClientError | ResponseStreamingError | RetriesExceededError):
         return True
     if isinstance(exc, ClientError):
         code, status = _client_error_code(exc)
@@ -566,7 +564,11 @@ class S3Target:
                     delay_s = self._rng.uniform(cap_s / 2, cap_s)
                 log.warning(
                     "%s: transient error (attempt %d/%d), retrying in %.2fs: %s",
-                    what, attempt, attempts, delay_s, exc,
+                    what,
+                    attempt,
+                    attempts,
+                    delay_s,
+                    exc,
                 )
                 time.sleep(delay_s)
         raise AssertionError("unreachable")  # pragma: no cover
@@ -609,9 +611,7 @@ class S3Target:
                 )
             else:
                 with open(src, "rb") as f:
-                    self._client.upload_fileobj(
-                        f, self._bucket, full, ExtraArgs=extra, Config=self._transfer
-                    )
+                    self._client.upload_fileobj(f, self._bucket, full, ExtraArgs=extra, Config=self._transfer)
 
         self._retry(f"put s3://{self._bucket}/{full}", upload)
         with self._sent_lock:
@@ -686,9 +686,7 @@ class S3Target:
 
         def head() -> tuple[int, str] | None:
             try:
-                resp = self._client.head_object(
-                    Bucket=self._bucket, Key=full, ChecksumMode="ENABLED"
-                )
+                resp = self._client.head_object(Bucket=self._bucket, Key=full, ChecksumMode="ENABLED")
             except Exception as exc:
                 if _client_error_code(exc)[0] in _NOT_FOUND_CODES:
                     return None
@@ -776,7 +774,9 @@ class S3Target:
             if server_checksum != comparable:
                 log.warning(
                     "%s: server-stored SHA256 %s != expected %s; reading the object back",
-                    where, server_checksum, comparable,
+                    where,
+                    server_checksum,
+                    comparable,
                 )
         got_size, got_sha = self._download_sha256(full)
         if got_size != expected.size:
@@ -839,15 +839,9 @@ def open_target(
 
     tuning = tuning or S3Tuning()
     endpoint = (
-        s3_endpoint
-        or os.environ.get("AWS_ENDPOINT_URL_S3")
-        or os.environ.get("AWS_ENDPOINT_URL")
-        or None
+        s3_endpoint or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None
     )
-    region = (
-        region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
-        or DEFAULT_REGION
-    )
+    region = region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or DEFAULT_REGION
     config = Config(
         region_name=region,
         signature_version="s3v4",

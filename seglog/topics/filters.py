@@ -61,16 +61,12 @@ def _validated_levels(topic_filter: str) -> tuple[str, ...]:
     except UnicodeEncodeError as exc:
         raise InvalidTopicFilter("topic filter is not valid UTF-8") from exc
     if encoded_bytes > MAX_TOPIC_BYTES:
-        raise InvalidTopicFilter(
-            f"topic filter is {encoded_bytes} UTF-8 bytes, more than {MAX_TOPIC_BYTES}"
-        )
+        raise InvalidTopicFilter(f"topic filter is {encoded_bytes} UTF-8 bytes, more than {MAX_TOPIC_BYTES}")
     levels = tuple(topic_filter.split(_LEVEL_SEP))
     last = len(levels) - 1
     for i, level in enumerate(levels):
         if _MULTI in level and (level != _MULTI or i != last):
-            raise InvalidTopicFilter(
-                f"'#' must be the last level and alone in it: {topic_filter!r}"
-            )
+            raise InvalidTopicFilter(f"'#' must be the last level and alone in it: {topic_filter!r}")
         if _SINGLE in level and level != _SINGLE:
             raise InvalidTopicFilter(f"'+' must occupy a whole level: {topic_filter!r}")
     return levels
