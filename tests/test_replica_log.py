@@ -432,3 +432,35 @@ def test_recovery_reports_its_cause(tmp_path: Path) -> None:
     log_, report = opened()
     assert report.cause is RecoveryCause.BAD_FRAME and log_.next_offset == 10
     log_.close()
+
+
+def test_buffered_rows_keep_the_epoch_they_were_appended_with(run, tmp_path: Path) -> None:
+    """Rows of many-shard appends wait in memory; rows of two epochs never share a frame."""
+
+    async def main() -> None:
+        async with seglog.open(tmp_path / "a", buffer_ms=3_600_000) as store:
+            db = await store.create_db("r", shards=4)
+            first = [
+                seglog.Record(topic="t", value=b"one-%d" % i, key=b"k%d" % i, ts=TS0 + i) for i in range(200)
+            ]
+            second = [
+                seglog.Record(topic="t", value=b"two-%d" % i, key=b"k%d" % i, ts=TS0 + i) for i in range(200)
+            ]
+            third = [
+                seglog.Record(topic="t", value=b"three-%d" % i, key=b"k%d" % i, ts=TS0 + i)
+                for i in range(200)
+            ]
+            await db.append(first, leader_epoch=1)
+            # Likely in one drain: two epochs in one worker batch.
+            await asyncio.gather(db.append(second, leader_epoch=2), db.append(third, leader_epoch=3))
+            for shard in range(4):
+                data = await db.read_frames(shard, 0, max_bytes=1 << 30)
+                for pos in _positions(data):
+                    h = parse_header(data, pos)
+                    values = {
+                        r.value.split(b"-")[0] for r in await db.read(shard, h.base_offset, h.record_count)
+                    }
+                    assert values == {{1: b"one", 2: b"two", 3: b"three"}[h.leader_epoch]}, (shard, h)
+                assert [e for e, _ in db.leader_epochs(shard)] == [1, 2, 3]
+
+    run(main())

@@ -66,6 +66,7 @@ __all__ = [
     "QueueableShard",
     "WriteGenerations",
     "await_outcomes",
+    "check_frames_continue",
     "check_leader_epoch",
     "epochs_after_start",
     "epochs_with_frames",
@@ -80,6 +81,17 @@ __all__ = [
 ]
 
 log = logging.getLogger("seglog.engines")
+
+
+def check_frames_continue(shard: int, expected_base: int, end: int) -> None:
+    """Raise :class:`OffsetMismatch` unless frames starting at ``expected_base`` continue a log ending at ``end``."""
+    if expected_base != end:
+        raise OffsetMismatch(
+            f"shard {shard}: frames start at {expected_base} but the log ends at {end}",
+            expected=end,
+            actual=expected_base,
+            shard=shard,
+        )
 
 
 def parse_frames(
@@ -802,14 +814,7 @@ class FrameTableEngine(abc.ABC):
     def _check_append_frames(self, shard: int, expected_base: int) -> None:
         """After parsing (it awaited): refuse a truncating shard or a base that is not the end."""
         self._check_not_truncating([shard])
-        end = self._assigned_end(shard)
-        if expected_base != end:
-            raise OffsetMismatch(
-                f"shard {shard}: frames start at {expected_base} but the log ends at {end}",
-                expected=end,
-                actual=expected_base,
-                shard=shard,
-            )
+        check_frames_continue(shard, expected_base, self._assigned_end(shard))
 
     async def truncate_to(self, shard: int, offset: int, *, force: bool = False) -> int:
         """Remove every record of ``shard`` at or after ``offset`` (a follower diverged).

@@ -31,7 +31,14 @@ from seglog.engines.base import (
     empty_read_table,
     retention_start,
 )
-from seglog.engines.frames import Maintenance, await_outcomes, parse_frames, raise_if_failed, split_batch
+from seglog.engines.frames import (
+    Maintenance,
+    await_outcomes,
+    check_frames_continue,
+    parse_frames,
+    raise_if_failed,
+    split_batch,
+)
 from seglog.engines.frames import with_offsets as _with_offsets
 from seglog.engines.segment_writer import (
     FrameRequest,
@@ -45,7 +52,6 @@ from seglog.errors import (
     ClosedResourceError,
     CorruptFrame,
     InvalidArgument,
-    OffsetMismatch,
     OffsetOutOfRange,
     StorageError,
 )
@@ -663,14 +669,7 @@ class SegmentEngine:
         )
         if shard in self._truncating:
             raise BusyResourceError(f"shard {shard} is being truncated")
-        end = s.next_offset
-        if expected_base != end:
-            raise OffsetMismatch(
-                f"shard {shard}: frames start at {expected_base} but the log ends at {end}",
-                expected=end,
-                actual=expected_base,
-                shard=shard,
-            )
+        check_frames_continue(shard, expected_base, s.next_offset)
         writer = s.writer
         assert writer is not None
         new_end = int(encoded[-1].header.next_offset)

@@ -184,19 +184,20 @@ class WorkerLog:
             ) from self.failed
         results: list[Any] = []
         run: list[FrameRequest | RowsRequest] = []
+        run_epoch: int | None = None  # the epoch of the run's rows requests (they share one)
         for item in items:
             if isinstance(item, FrameRequest) and any(
                 isinstance(r, RowsRequest) and bool((r.shard_col == item.shard.number).any()) for r in run
             ):
                 # Its shard's rows earlier in this drain are buffered only once durable.
                 results.extend(self._write_run(run))
-                run = []
-            elif isinstance(item, RowsRequest) and any(
-                isinstance(r, RowsRequest) and r.epoch != item.epoch for r in run
-            ):
-                # Pending rows share one leader epoch: a new epoch's rows start a new run.
-                results.extend(self._write_run(run))
-                run = []
+                run, run_epoch = [], None
+            elif isinstance(item, RowsRequest):
+                if run_epoch is not None and item.epoch != run_epoch:
+                    # Pending rows share one leader epoch: a new epoch's rows start a new run.
+                    results.extend(self._write_run(run))
+                    run = []
+                run_epoch = item.epoch
             run.append(item)
         results.extend(self._write_run(run))
         return results
