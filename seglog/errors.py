@@ -14,6 +14,7 @@ from __future__ import annotations
 
 __all__ = [
     "AppendFailed",
+    "AuthenticationFailed",
     "BusyResourceError",
     "ClosedResourceError",
     "ConfigMismatch",
@@ -34,13 +35,20 @@ __all__ = [
     "InvalidValue",
     "OffsetMismatch",
     "OffsetOutOfRange",
+    "Overloaded",
+    "PermissionDenied",
     "QuotaExceeded",
     "RecordTooLarge",
+    "RemoteError",
+    "RequestTooLarge",
     "SeglogError",
+    "ServerUnavailable",
+    "StaleGeneration",
     "StorageError",
     "StoreLocked",
     "StoreNotFound",
     "TierError",
+    "UnknownMember",
     "UsageError",
 ]
 
@@ -164,6 +172,38 @@ class QuotaExceeded(UsageError):
     """The append would take the store over its soft quota; nothing was written."""
 
 
+class RequestTooLarge(InvalidArgument):
+    """A request body is larger than the server accepts; nothing of it was written."""
+
+
+class AuthenticationFailed(UsageError):
+    """The server got no token, or one it does not know (HTTP 401)."""
+
+
+class PermissionDenied(UsageError):
+    """The token is valid but lacks the permission the request needs (HTTP 403)."""
+
+
+class StaleGeneration(UsageError):
+    """A group member acted (commit, heartbeat) under a generation the group has left.
+
+    A zombie member cannot move a group's offsets backwards: it must rejoin first.
+
+    Attributes:
+        generation: The generation the member sent.
+        current: The group's current generation.
+    """
+
+    def __init__(self, message: str, *, generation: int, current: int) -> None:
+        super().__init__(message)
+        self.generation = generation
+        self.current = current
+
+
+class UnknownMember(StaleGeneration):
+    """The group does not know the member (never joined, left, or its session expired)."""
+
+
 # --- storage and remote failures -------------------------------------------------------
 
 
@@ -206,6 +246,32 @@ class CorruptLTS(StorageError):
 
 class TierError(StorageError):
     """The tier (S3/MinIO or a directory) failed; the cause is chained."""
+
+
+# --- the network -----------------------------------------------------------------------
+
+
+class RemoteError(SeglogError):
+    """A seglog server could not be reached or answered outside the protocol; the cause is chained.
+
+    Whether the request took effect is unknown (a produce may have been written).
+    """
+
+
+class ServerUnavailable(RemoteError):
+    """The server is shutting down, overloaded or unreachable; retrying later may succeed.
+
+    Attributes:
+        retry_after_s: The server's ``Retry-After`` hint in seconds, if it gave one.
+    """
+
+    def __init__(self, message: str, *, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class Overloaded(ServerUnavailable):
+    """The server refused the request before doing anything (in-flight cap, queue full): HTTP 503."""
 
 
 # --- positions -------------------------------------------------------------------------

@@ -42,6 +42,11 @@ LAYERS: Final[dict[str, int]] = {
     "seglog.follower": 5,
     "seglog.readonly": 5,
     "seglog": 5,  # the package itself (only exactly: it re-exports the embedded API)
+    # The wire contract: what server and client share (no I/O, only errors below it).
+    "seglog.cluster.protocol": 1,
+    # The node server on top of the store; the network client beside it.
+    "seglog.cluster": 6,
+    "seglog.client": 6,
     # Beside the cluster layer, on top of the storage API.
     "seglog.tiering": 6,
     "seglog.spark": 6,

@@ -1,0 +1,186 @@
+"""The node API's wire contract, shared by the server, the client and the CLI.
+
+One HTTP/1.1 API per node. Every path, header, content type and the error shape live here
+so the server and the client cannot drift apart. Nothing in this module does I/O.
+
+Endpoints (``{db}`` a database name, ``{shard}`` a shard number):
+
+=======  =========================================  =========  ==========================================
+method   path                                       permission what
+=======  =========================================  =========  ==========================================
+GET      /healthz                                   none       ``{"status": "ok"}``
+GET      /metrics                                   none       Prometheus text
+GET      /v1/dbs                                    read       ``{"dbs": [name, ...]}`` (only readable ones)
+POST     /v1/dbs                                    admin      create: ``{"name", "shards", ...config}``
+GET      /v1/dbs/{db}                               read       describe: config + per-shard offsets
+PATCH    /v1/dbs/{db}                               admin      configure: ``{setting: value}``
+DELETE   /v1/dbs/{db}                               admin      drop
+POST     /v1/dbs/{db}/records                       write      produce (Arrow IPC stream or JSON lines)
+GET      /v1/dbs/{db}/shards/{shard}/frames         read       fetch stored frames (long poll)
+GET      /v1/dbs/{db}/shards/{shard}/offset         read       ``?ts=µs`` -> ``{"offset"}``
+GET      /v1/stats                                  read       store-wide stats
+POST     /v1/dbs/{db}/groups/{group}/join           read       join/rejoin a consumer group
+POST     /v1/dbs/{db}/groups/{group}/heartbeat      read       keep a membership alive
+POST     /v1/dbs/{db}/groups/{group}/leave          read       leave a group
+POST     /v1/dbs/{db}/groups/{group}/commit         read       commit offsets (generation-fenced)
+GET      /v1/dbs/{db}/groups/{group}/committed      read       ``{"offsets": {shard: offset}}``
+=======  =========================================  =========  ==========================================
+
+Produce: query ``shard`` (optional, as ``append(shard=)``); body ``application/vnd.apache.arrow.stream``
+(columns as ``append_arrow``) or ``application/x-ndjson`` (one JSON record per line, see
+:func:`json_record_to_columns`). Reply ``{"count": N, "parts": [{"shard", "base_offset",
+"count"}, ...]}``: the records of one shard got ``base_offset, base_offset+1, ...`` in
+input order.
+
+Fetch: query ``offset``, ``max_bytes``, ``wait_ms``; reply body ``application/vnd.seglog.frames``
+(the stored frames byte for byte, possibly starting below ``offset`` and running past the
+high watermark: readers drop rows outside ``[offset, high watermark)``) and the
+``Seglog-Log-Start``/``-End``/``-High-Watermark`` headers.
+
+Authentication: ``Authorization: Bearer TOKEN``.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any, Final
+
+from seglog import errors
+
+__all__ = [
+    "API_PREFIX",
+    "ARROW_STREAM",
+    "FRAMES",
+    "HEADER_HIGH_WATERMARK",
+    "HEADER_LOG_END",
+    "HEADER_LOG_START",
+    "JSON",
+    "NDJSON",
+    "error_from_payload",
+    "error_payload",
+    "is_retriable",
+    "json_bytes",
+    "status_for",
+]
+
+API_PREFIX: Final = "/v1"
+
+ARROW_STREAM: Final = "application/vnd.apache.arrow.stream"
+NDJSON: Final = "application/x-ndjson"
+JSON: Final = "application/json"
+FRAMES: Final = "application/vnd.seglog.frames"
+
+HEADER_LOG_START: Final = "Seglog-Log-Start"
+HEADER_LOG_END: Final = "Seglog-Log-End"
+HEADER_HIGH_WATERMARK: Final = "Seglog-High-Watermark"
+
+# Status per error class; the most specific class listed wins (searched along the MRO).
+_STATUS: Final[dict[type[errors.SeglogError], int]] = {
+    errors.SeglogError: 500,
+    errors.UsageError: 400,
+    errors.AuthenticationFailed: 401,
+    errors.PermissionDenied: 403,
+    errors.DatabaseNotFound: 404,
+    errors.DatabaseExists: 409,
+    errors.ConfigMismatch: 409,
+    errors.StaleGeneration: 409,
+    errors.BusyResourceError: 409,
+    errors.OffsetMismatch: 409,
+    errors.RequestTooLarge: 413,
+    errors.OffsetOutOfRange: 416,
+    errors.QuotaExceeded: 429,
+    errors.ClosedResourceError: 503,
+    errors.ServerUnavailable: 503,
+    errors.StorageError: 500,
+    errors.RemoteError: 502,
+}
+
+# Attributes an error carries over the wire (all JSON scalars or dicts of them).
+_FIELDS: Final = (
+    "index",
+    "offset",
+    "start",
+    "end",
+    "shard",
+    "expected",
+    "actual",
+    "generation",
+    "current",
+    "retry_after_s",
+    "written",
+)
+
+_RETRIABLE: Final = (errors.ServerUnavailable, errors.QuotaExceeded, errors.ClosedResourceError)
+
+
+def status_for(exc: errors.SeglogError) -> int:
+    """The HTTP status of an error class (stable: clients and docs rely on it)."""
+    for cls in type(exc).__mro__:
+        status = _STATUS.get(cls)
+        if status is not None:
+            return status
+    return 500
+
+
+def error_payload(exc: errors.SeglogError) -> dict[str, Any]:
+    """``{"error": class name, "message": str, ...fields}``: never a traceback."""
+    payload: dict[str, Any] = {"error": type(exc).__name__, "message": str(exc)}
+    for name in _FIELDS:
+        value = getattr(exc, name, None)
+        if value is None:
+            continue
+        if isinstance(value, dict):
+            value = {str(k): v for k, v in value.items() if isinstance(v, int | float | str)}
+        if isinstance(value, int | float | str | dict):
+            payload[name] = value
+    return payload
+
+
+def error_from_payload(status: int, payload: object) -> errors.SeglogError:
+    """Rebuild the exception a server reported, as the embedded API would have raised it.
+
+    Unknown class names (a newer server) become the nearest known class for the status.
+    """
+    if not isinstance(payload, dict) or not isinstance(payload.get("error"), str):
+        return errors.RemoteError(f"HTTP {status} without a seglog error body")
+    name = payload["error"]
+    message = str(payload.get("message", ""))
+    cls = getattr(errors, name, None)
+    if not (isinstance(cls, type) and issubclass(cls, errors.SeglogError)):
+        cls = _fallback_class(status)
+    exc = cls.__new__(cls)
+    Exception.__init__(exc, message)
+    for field in _FIELDS:
+        if field in payload:
+            value = payload[field]
+            if field == "written" and isinstance(value, dict):
+                value = {int(k): v for k, v in value.items()}
+            setattr(exc, field, value)
+    if isinstance(exc, errors.AppendFailed) and not hasattr(exc, "failed"):
+        exc.failed = {}
+    return exc
+
+
+def _fallback_class(status: int) -> type[errors.SeglogError]:
+    if status in (401,):
+        return errors.AuthenticationFailed
+    if status == 403:
+        return errors.PermissionDenied
+    if status == 503:
+        return errors.ServerUnavailable
+    if 400 <= status < 500:
+        return errors.UsageError
+    return errors.RemoteError
+
+
+def is_retriable(exc: BaseException) -> bool:
+    """Whether sending the same request again later may succeed (the producer retries these)."""
+    return isinstance(exc, _RETRIABLE)
+
+
+def json_bytes(value: bytes) -> str | dict[str, str]:
+    """Bytes as JSON the way the CLI writes them: UTF-8 text as a string, else ``{"base64": ...}``."""
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError:
+        return {"base64": base64.b64encode(value).decode("ascii")}
