@@ -21,6 +21,7 @@ import random
 import re
 import shutil
 import signal
+import ssl
 import sys
 import time
 from collections import Counter, deque
@@ -32,6 +33,7 @@ import pyarrow as pa
 from tqdm import tqdm
 
 import seglog
+from seglog.cluster.protocol import DEFAULT_PORT
 from seglog.db_config import validate_db_name
 from seglog.errors import DatabaseNotFound, InvalidArgument, InvalidRecord, SeglogError, StoreLocked
 from seglog.readonly import check_store, db_view, group_lags, list_dbs
@@ -1075,6 +1077,15 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("db")
     g.add_argument("--json", action="store_true")
 
+    sv = sub.add_parser("serve", parents=[common], help="serve a data directory over HTTP (the node API)")
+    sv.add_argument("data", help="data directory (created if missing; its parent must exist)")
+    sv.add_argument(
+        "--listen", default=f"127.0.0.1:{DEFAULT_PORT}", help=f"HOST:PORT (default 127.0.0.1:{DEFAULT_PORT})"
+    )
+    sv.add_argument("--fsync", choices=("always", "interval", "never"), default="always")
+    sv.add_argument("--tls-cert", help="PEM certificate chain: serve HTTPS (needs --tls-key)")
+    sv.add_argument("--tls-key", help="PEM private key of --tls-cert")
+
     t = sub.add_parser("tier", parents=[common], help="upload sealed segments of a database to the tier now")
     t.add_argument("data")
     t.add_argument("db")
@@ -1083,6 +1094,20 @@ def _parser() -> argparse.ArgumentParser:
         cmd.add_argument("--tier", help="tier URI: file:///abs/dir or s3://bucket/prefix")
         cmd.add_argument("--s3-endpoint", help="S3 endpoint (credentials from the AWS_* environment)")
     return p
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from seglog.cluster.server import NodeServer, parse_listen, run  # aiohttp only when serving
+
+    host, port = parse_listen(args.listen)
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise InvalidArgument("--tls-cert and --tls-key go together")
+    context = None
+    if args.tls_cert is not None:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(args.tls_cert, args.tls_key)
+    data = _writable_data_dir(args.data)
+    return run(NodeServer(data, host=host, port=port, ssl_context=context, fsync=args.fsync))
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -1098,6 +1123,8 @@ def _run(args: argparse.Namespace) -> int:
         return asyncio.run(_tier(args))
     if args.command == "produce":
         return asyncio.run(_produce(args))
+    if args.command == "serve":
+        return _serve(args)
     if args.command == "consume":
         return asyncio.run(_consume(args))
     raise InvalidArgument(f"unknown command {args.command!r}")

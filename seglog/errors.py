@@ -29,6 +29,7 @@ __all__ = [
     "InvalidKey",
     "InvalidName",
     "InvalidRecord",
+    "InvalidRequest",
     "InvalidTimestamp",
     "InvalidTopic",
     "InvalidTopicFilter",
@@ -49,6 +50,7 @@ __all__ = [
     "StoreNotFound",
     "TierError",
     "UnknownMember",
+    "UnsupportedContentType",
     "UsageError",
 ]
 
@@ -172,7 +174,15 @@ class QuotaExceeded(UsageError):
     """The append would take the store over its soft quota; nothing was written."""
 
 
-class RequestTooLarge(InvalidArgument):
+class InvalidRequest(InvalidArgument):
+    """A request to a seglog server is malformed (bad query, undecodable body); nothing was written."""
+
+
+class UnsupportedContentType(InvalidRequest):
+    """A request body's ``Content-Type`` is not one the endpoint takes (HTTP 415)."""
+
+
+class RequestTooLarge(InvalidRequest):
     """A request body is larger than the server accepts; nothing of it was written."""
 
 

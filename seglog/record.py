@@ -71,6 +71,7 @@ __all__ = [
     "Record",
     "RecordMeta",
     "decode_body",
+    "decode_frames",
     "encode_frame",
     "frame_size",
     "now_us",
@@ -656,6 +657,32 @@ def decode_body(buf: Any, pos: int, header: FrameHeader) -> pa.RecordBatch:
             f"frame at position {pos} holds {batch.num_rows} rows, header says {header.record_count}"
         )
     return batch
+
+
+def decode_frames(buf: Any, lower: int = 0, upper: int | None = None) -> pa.Table:
+    """The records with offsets in ``[lower, upper)`` of a run of whole frames (a fetch reply).
+
+    Every frame's magic, lengths and CRC are checked; bodies decode zero-copy unless
+    compressed. The result has :data:`READ_SCHEMA` (an ``offset`` column first).
+
+    Raises:
+        CorruptFrame: A frame fails its checks or the data ends inside one.
+    """
+    view = memoryview(buf).cast("B")
+    batches: list[pa.RecordBatch] = []
+    pos = 0
+    while pos < len(view):
+        header = parse_header(view, pos)
+        verify_frame(view, pos, header)
+        first = max(lower, header.base_offset)
+        last = header.next_offset if upper is None else min(upper, header.next_offset)
+        if first < last:
+            batch = decode_body(view, pos, header)
+            rows = batch.slice(first - header.base_offset, last - first)
+            offsets = pa.array(np.arange(first, last, dtype=np.int64))
+            batches.append(pa.RecordBatch.from_arrays([offsets, *rows.columns], schema=READ_SCHEMA))
+        pos += header.size
+    return pa.Table.from_batches(batches, schema=READ_SCHEMA)
 
 
 # --- back to Python objects ------------------------------------------------------------

@@ -50,6 +50,7 @@ from seglog import errors
 __all__ = [
     "API_PREFIX",
     "ARROW_STREAM",
+    "DEFAULT_PORT",
     "FRAMES",
     "HEADER_HIGH_WATERMARK",
     "HEADER_LOG_END",
@@ -64,6 +65,7 @@ __all__ = [
 ]
 
 API_PREFIX: Final = "/v1"
+DEFAULT_PORT: Final = 7070
 
 ARROW_STREAM: Final = "application/vnd.apache.arrow.stream"
 NDJSON: Final = "application/x-ndjson"
@@ -87,6 +89,7 @@ _STATUS: Final[dict[type[errors.SeglogError], int]] = {
     errors.BusyResourceError: 409,
     errors.OffsetMismatch: 409,
     errors.RequestTooLarge: 413,
+    errors.UnsupportedContentType: 415,
     errors.OffsetOutOfRange: 416,
     errors.QuotaExceeded: 429,
     errors.ClosedResourceError: 503,

@@ -1,0 +1,118 @@
+"""What every request handler of a node shares: the store, shard waiters, limits."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Final
+
+from aiohttp import web
+
+from seglog.db import Database
+from seglog.db_config import validate_db_name
+from seglog.errors import ClosedResourceError
+from seglog.store import Store
+
+__all__ = ["NODE", "NodeContext", "ServerLimits", "ShardWaiters"]
+
+DEFAULT_MAX_BODY_BYTES: Final = 64 << 20
+DEFAULT_MAX_WAIT_MS: Final = 30_000
+DEFAULT_MAX_FETCH_BYTES: Final = 16 << 20
+DEFAULT_MAX_INFLIGHT_APPENDS: Final = 256
+DEFAULT_IDLE_TIMEOUT_S: Final = 60.0
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """Bounds that keep one client from taking the node down.
+
+    Attributes:
+        max_body_bytes: Largest request body (413 above it).
+        max_wait_ms: Longest long poll a fetch may ask for (longer asks are capped).
+        max_fetch_bytes: Largest ``max_bytes`` a fetch may ask for (capped).
+        max_inflight_appends: Produce requests being written at once; more get 503.
+        idle_timeout_s: A connection that sends nothing for this long is closed (slowloris).
+    """
+
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_wait_ms: int = DEFAULT_MAX_WAIT_MS
+    max_fetch_bytes: int = DEFAULT_MAX_FETCH_BYTES
+    max_inflight_appends: int = DEFAULT_MAX_INFLIGHT_APPENDS
+    idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
+
+
+class ShardWaiters:
+    """Long polls parked on (database, shard), woken when the shard's visible end moves.
+
+    Taken before reading the shard so that no wake-up falls between the read and the wait.
+    """
+
+    def __init__(self) -> None:
+        self._events: dict[tuple[str, int], asyncio.Event] = {}
+
+    def event(self, db: str, shard: int) -> asyncio.Event:
+        """The event the next move of ``db``/``shard`` sets."""
+        key = (db, shard)
+        event = self._events.get(key)
+        if event is None:
+            event = self._events[key] = asyncio.Event()
+        return event
+
+    def wake(self, db: str, shard: int) -> None:
+        """Wake every long poll on ``db``/``shard``."""
+        event = self._events.pop((db, shard), None)
+        if event is not None:
+            event.set()
+
+    def wake_db(self, db: str) -> None:
+        """Wake every long poll on ``db`` (dropped)."""
+        for key in [k for k in self._events if k[0] == db]:
+            self._events.pop(key).set()
+
+    def wake_all(self) -> None:
+        """Wake everything (shutdown, a dropped database)."""
+        events, self._events = self._events, {}
+        for event in events.values():
+            event.set()
+
+
+@dataclass
+class NodeContext:
+    """The node's shared state, reachable from a request as ``request.app[NODE]``."""
+
+    store: Store
+    limits: ServerLimits = field(default_factory=ServerLimits)
+    waiters: ShardWaiters = field(default_factory=ShardWaiters)
+    inflight_appends: int = 0
+    closing: bool = False
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
+    _published: set[str] = field(default_factory=set)
+
+    async def database(self, name: str) -> Database:
+        """The open database ``name`` (opened on first use; :class:`DatabaseNotFound` if none)."""
+        if self.closing:
+            raise ClosedResourceError("the server is shutting down")
+        validate_db_name(name)
+        db = await self.store.open_db(name)
+        if name not in self._published:
+            # Whatever the store held before this node served it is durable: committed.
+            self.publish(db, list(range(db.shards)))
+            self._published.add(name)
+        return db
+
+    def forget(self, name: str) -> None:
+        """A database was dropped: wake its long polls, publish afresh if it is recreated."""
+        self._published.discard(name)
+        self.waiters.wake_db(name)
+
+    def publish(self, db: Database, shards: list[int]) -> None:
+        """Make what was appended to ``shards`` visible: move the high watermark, wake fetches.
+
+        A standalone node is an ISR of one: everything durable is committed.
+        """
+        for shard in shards:
+            db.update_high_watermark(shard, db.end_offset(shard))
+            self.waiters.wake(db.name, shard)
+
+
+NODE: Final = web.AppKey("seglog_node", NodeContext)

@@ -1,0 +1,133 @@
+"""``POST /v1/dbs/{db}/records``: a batch per request, Arrow IPC stream or JSON lines."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from aiohttp import web
+
+from seglog.cluster import protocol
+from seglog.cluster.context import NODE
+from seglog.cluster.params import query_int
+from seglog.errors import InvalidRecord, InvalidRequest, Overloaded, UnsupportedContentType
+from seglog.record import Record
+
+__all__ = ["parse_ndjson", "produce", "reply_parts"]
+
+
+def _bytes(value: Any, what: str, index: int) -> bytes:
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    if isinstance(value, dict) and set(value) == {"base64"} and isinstance(value["base64"], str):
+        try:
+            return base64.b64decode(value["base64"], validate=True)
+        except binascii.Error:
+            raise InvalidRecord(f"{what} is not valid base64", index=index) from None
+    raise InvalidRecord(f'{what} must be a string or {{"base64": "..."}}', index=index)
+
+
+def parse_ndjson(body: bytes) -> list[Record]:
+    """Records from JSON lines ``{"topic", "value", "key"?, "ts"?, "headers"?}``.
+
+    Text values are UTF-8 strings; other bytes ``{"base64": "..."}`` (as ``seglog consume``
+    prints them). Blank lines are skipped.
+
+    Raises:
+        InvalidRecord: A line is not such an object (its index is in the error).
+    """
+    records: list[Record] = []
+    for index, line in enumerate(body.splitlines()):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise InvalidRecord(f"not valid JSON: {exc}", index=index) from None
+        if not isinstance(obj, dict):
+            raise InvalidRecord("a line must be a JSON object", index=index)
+        unknown = set(obj) - {"topic", "value", "key", "ts", "headers"}
+        if unknown:
+            raise InvalidRecord(f"unknown fields {sorted(unknown)}", index=index)
+        topic = obj.get("topic")
+        if not isinstance(topic, str):
+            raise InvalidRecord("topic must be a string", index=index)
+        if "value" not in obj:
+            raise InvalidRecord("value is missing", index=index)
+        key = obj.get("key")
+        ts = obj.get("ts")
+        if ts is not None and type(ts) is not int:
+            raise InvalidRecord("ts must be an integer (µs since 1970)", index=index)
+        headers = obj.get("headers")
+        if headers is not None:
+            if not isinstance(headers, dict):
+                raise InvalidRecord("headers must be an object", index=index)
+            headers = {str(k): _bytes(v, f"header {k!r}", index) for k, v in headers.items()}
+        records.append(
+            Record(
+                topic,
+                _bytes(obj["value"], "value", index),
+                key=None if key is None else _bytes(key, "key", index),
+                ts=ts,
+                headers=headers,
+            )
+        )
+    return records
+
+
+def _parse_arrow(body: bytes) -> pa.Table:
+    try:
+        reader = pa.ipc.open_stream(body)
+        return reader.read_all()
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OSError) as exc:
+        raise InvalidRequest(f"the body is not a complete Arrow IPC stream: {exc}") from None
+
+
+def reply_parts(shards: np.ndarray[Any, Any], offsets: np.ndarray[Any, Any]) -> list[dict[str, int]]:
+    """Per shard, the base offset and count of its rows (one shard's rows are contiguous)."""
+    if not len(shards):
+        return []
+    parts = []
+    for shard in np.unique(shards):
+        mask = shards == shard
+        parts.append({"shard": int(shard), "base_offset": int(offsets[mask].min()), "count": int(mask.sum())})
+    return parts
+
+
+async def produce(request: web.Request) -> web.Response:
+    """Append the body's records; all or nothing per request when validation fails."""
+    node = request.app[NODE]
+    db = await node.database(request.match_info["db"])
+    shard = query_int(request, "shard", None, maximum=db.shards - 1)
+    content_type = request.content_type
+    if content_type not in (protocol.ARROW_STREAM, protocol.NDJSON):
+        raise UnsupportedContentType(
+            f"produce takes {protocol.ARROW_STREAM} or {protocol.NDJSON}, not {content_type}"
+        )
+    if node.inflight_appends >= node.limits.max_inflight_appends:
+        raise Overloaded(
+            f"{node.inflight_appends} appends in flight (max_inflight_appends); retry later", retry_after_s=1
+        )
+    node.inflight_appends += 1
+    node.idle.clear()
+    try:
+        body = await request.read()
+        if content_type == protocol.ARROW_STREAM:
+            table = _parse_arrow(body)
+            result = await db.append_arrow(table, shard=shard)
+            shard_col = result.column("shard").to_numpy()
+            offset_col = result.column("offset").to_numpy()
+        else:
+            meta = await db.append(parse_ndjson(body), shard=shard)
+            shard_col, offset_col = meta.shards, meta.offsets
+        parts = reply_parts(shard_col, offset_col)
+        node.publish(db, [p["shard"] for p in parts])
+    finally:
+        node.inflight_appends -= 1
+        if not node.inflight_appends:
+            node.idle.set()
+    return web.json_response({"count": len(shard_col), "parts": parts})

@@ -1,0 +1,221 @@
+"""The node server: one store behind the HTTP API of :mod:`seglog.cluster.protocol` (aiohttp).
+
+``seglog serve DATA --listen 127.0.0.1:7070`` runs one; :func:`serve` embeds one (tests,
+applications). Shutdown is graceful: stop accepting, wake long polls, let in-flight appends
+finish, close the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import signal
+import ssl
+import sys
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Final
+
+from aiohttp import web
+
+from seglog.cluster import admin, fetch, produce
+from seglog.cluster.context import NODE, NodeContext, ServerLimits
+from seglog.cluster.http_errors import error_middleware
+from seglog.cluster.protocol import API_PREFIX, DEFAULT_PORT
+from seglog.errors import ClosedResourceError, InvalidArgument
+from seglog.store import Store
+from seglog.store import open as open_store
+
+__all__ = ["DEFAULT_PORT", "NodeServer", "parse_listen", "run", "serve"]
+
+log = logging.getLogger("seglog.server")
+
+# How long shutdown waits for in-flight appends before closing the store regardless.
+_SHUTDOWN_GRACE_S: Final = 30.0
+
+
+def parse_listen(listen: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[v6]:PORT`` for IPv6; port 0 picks a free one).
+
+    Raises:
+        InvalidArgument: Not of that shape.
+    """
+    host, sep, port = listen.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise InvalidArgument(f"--listen must be HOST:PORT, not {listen!r}")
+    return host.strip("[]"), int(port)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+async def health(request: web.Request) -> web.Response:
+    """``GET /healthz``: 200 while the node serves, 503 once it is shutting down."""
+    if request.app[NODE].closing:
+        raise ClosedResourceError("the server is shutting down")
+    return web.json_response({"status": "ok"})
+
+
+class NodeServer:
+    """A running node: a store, an aiohttp application and its listening socket.
+
+    Use :func:`serve` (``async with``) or ``await server.start()`` / ``await server.close()``.
+    """
+
+    def __init__(
+        self,
+        data: str | Path,
+        *,
+        host: str = "127.0.0.1",
+        port: int = DEFAULT_PORT,
+        limits: ServerLimits | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+        store: Store | None = None,
+        **store_options: Any,
+    ) -> None:
+        """A node for the data directory ``data`` (created if missing), not started yet.
+
+        Args:
+            data: The data directory.
+            host: Address to bind; without tokens only a loopback address is allowed.
+            port: Port to bind (0: any free one; see :attr:`url`).
+            limits: Request bounds (default :class:`ServerLimits`).
+            ssl_context: Serve HTTPS with this context.
+            store: An unopened store to serve instead of ``seglog.open(data, **store_options)``.
+            **store_options: Options of :func:`seglog.open` (``fsync``, ...).
+        """
+        if not _is_loopback(host):
+            raise InvalidArgument(
+                f"refusing to serve on {host} without tokens: bind a loopback address or pass tokens"
+            )
+        self.data = Path(data)
+        self.host = host
+        self.port = port
+        self.limits = limits or ServerLimits()
+        self.ssl_context = ssl_context
+        self._store = store if store is not None else open_store(self.data, **store_options)
+        self._node: NodeContext | None = None
+        self._runner: web.AppRunner | None = None
+        self._site: web.TCPSite | None = None
+        self._closed = asyncio.Event()
+
+    @property
+    def url(self) -> str:
+        """``http[s]://host:port`` of the bound socket."""
+        scheme = "https" if self.ssl_context is not None else "http"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{scheme}://{host}:{self.port}"
+
+    def _app(self, node: NodeContext) -> web.Application:
+        app = web.Application(middlewares=[error_middleware], client_max_size=self.limits.max_body_bytes)
+        app[NODE] = node
+        db = API_PREFIX + "/dbs/{db}"
+        app.router.add_get("/healthz", health)
+        app.router.add_get(API_PREFIX + "/dbs", admin.list_dbs)
+        app.router.add_post(API_PREFIX + "/dbs", admin.create_db)
+        app.router.add_get(db, admin.describe_db)
+        app.router.add_patch(db, admin.configure_db)
+        app.router.add_delete(db, admin.drop_db)
+        app.router.add_get(API_PREFIX + "/stats", admin.stats)
+        app.router.add_post(db + "/records", produce.produce)
+        app.router.add_get(db + "/shards/{shard}/frames", fetch.fetch)
+        app.router.add_get(db + "/shards/{shard}/offset", admin.offset_for_time)
+        return app
+
+    async def start(self) -> NodeServer:
+        """Open the store and start listening."""
+        store = await self._store
+        node = NodeContext(store, self.limits)
+        node.idle.set()
+        self._node = node
+        try:
+            runner = web.AppRunner(
+                self._app(node),
+                handle_signals=False,
+                access_log=None,
+                keepalive_timeout=self.limits.idle_timeout_s,
+            )
+            await runner.setup()
+            self._runner = runner
+            site = web.TCPSite(runner, self.host, self.port, ssl_context=self.ssl_context)
+            await site.start()
+            self._site = site
+        except BaseException:
+            await self._shutdown()
+            raise
+        if self.port == 0:
+            self.port = int(runner.addresses[0][1])
+        return self
+
+    async def close(self) -> None:
+        """Stop accepting, wake long polls, let in-flight appends finish, close the store."""
+        if self._closed.is_set():
+            return
+        await self._shutdown()
+
+    async def _shutdown(self) -> None:
+        node = self._node
+        if node is not None:
+            node.closing = True
+            node.waiters.wake_all()
+        try:
+            if self._site is not None:
+                await self._site.stop()
+            if node is not None:
+                try:
+                    await asyncio.wait_for(node.idle.wait(), _SHUTDOWN_GRACE_S)
+                except TimeoutError:
+                    log.warning("closing with %d appends still in flight", node.inflight_appends)
+            if self._runner is not None:
+                await self._runner.cleanup()
+        finally:
+            await self._store.close()
+            self._closed.set()
+
+    async def wait_closed(self) -> None:
+        """Return once :meth:`close` finished."""
+        await self._closed.wait()
+
+    async def __aenter__(self) -> NodeServer:
+        return await self.start()
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+
+def serve(data: str | Path, **options: Any) -> NodeServer:
+    """A node for ``data``: ``async with seglog.serve(path, port=0) as server: server.url``.
+
+    Takes the options of :class:`NodeServer`.
+    """
+    return NodeServer(data, **options)
+
+
+async def _run(server: NodeServer) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await server.start()
+    # One line on stdout, flushed: scripts and tests wait for it to know the port.
+    print(f"seglog: serving {server.data} on {server.url}", flush=True)
+    try:
+        await stop.wait()
+    finally:
+        print("seglog: shutting down", file=sys.stderr, flush=True)
+        await server.close()
+
+
+def run(server: NodeServer) -> int:
+    """Serve until SIGTERM/SIGINT, then shut down gracefully (the ``seglog serve`` command)."""
+    asyncio.run(_run(server))
+    return 0
