@@ -61,6 +61,11 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         if exc.status == 404:
             reason = f"no such endpoint: {request.method} {request.path}"
         error, status = cls(reason), exc.status
+    except ConnectionError:
+        # The client went away mid-request (a stall closed by the connection guard, a
+        # crash): nothing was written and nobody is left to read the reply; no traceback.
+        log.info("client left during %s %s", request.method, request.path)
+        error, status = errors.InvalidRequest("the connection was lost during the request"), None
     except Exception:
         log.exception("unexpected error serving %s %s", request.method, request.path)
         error, status = errors.SeglogError("internal server error (see the server log)"), None
