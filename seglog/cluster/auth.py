@@ -41,6 +41,9 @@ __all__ = [
     "Principal",
     "TokenTable",
     "auth_middleware",
+    "bearer_token",
+    "may_read",
+    "require",
 ]
 
 MIN_TOKEN_CHARS: Final = 16
