@@ -4,19 +4,23 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO, Final
 
 __all__ = [
     "TMP_PREFIX",
+    "add_fsync_observer",
     "atomic_write",
     "atomic_writer",
     "boot_id",
+    "fdatasync",
     "fsync_dir",
     "makedirs_durable",
     "pwritev_all",
+    "remove_fsync_observer",
 ]
 
 _BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
@@ -24,6 +28,39 @@ _BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
 _IOV_MAX: Final = 1024
 TMP_PREFIX: Final = ".tmp-"
 """Unique temp files start with this (a dot, so Spark and Hadoop ignore them)."""
+
+
+# Callbacks given the seconds of each write-path fdatasync (a node's fsync latency metric).
+# A tuple, replaced on change: the I/O worker threads read it without a lock.
+_fsync_observers: tuple[Callable[[float], None], ...] = ()
+
+
+def add_fsync_observer(observer: Callable[[float], None]) -> None:
+    """Call ``observer(seconds)`` after every :func:`fdatasync` (from I/O worker threads)."""
+    global _fsync_observers
+    _fsync_observers = (*_fsync_observers, observer)
+
+
+def remove_fsync_observer(observer: Callable[[float], None]) -> None:
+    """Stop calling ``observer`` (one registration of it)."""
+    global _fsync_observers
+    observers = list(_fsync_observers)
+    with contextlib.suppress(ValueError):
+        observers.remove(observer)
+    _fsync_observers = tuple(observers)
+
+
+def fdatasync(fd: int) -> None:
+    """``os.fdatasync``, timed for the observers when there are any (one call per drain, not per record)."""
+    observers = _fsync_observers
+    if not observers:
+        os.fdatasync(fd)
+        return
+    start = time.perf_counter()
+    os.fdatasync(fd)
+    seconds = time.perf_counter() - start
+    for observer in observers:
+        observer(seconds)
 
 
 def fsync_dir(path: str | os.PathLike[str]) -> None:

@@ -1085,6 +1085,17 @@ def _parser() -> argparse.ArgumentParser:
     sv.add_argument("--fsync", choices=("always", "interval", "never"), default="always")
     sv.add_argument("--tls-cert", help="PEM certificate chain: serve HTTPS (needs --tls-key)")
     sv.add_argument("--tls-key", help="PEM private key of --tls-cert")
+    sv.add_argument(
+        "--tokens", help="tokens file (TOKEN PRINCIPAL PERMS per line); without it: loopback only, no auth"
+    )
+    sv.add_argument("--max-body-bytes", type=int, help="largest request body (413 above it; default 64 MiB)")
+    sv.add_argument(
+        "--max-inflight-appends",
+        type=int,
+        help="produce requests written at once; more get 503 (default 256)",
+    )
+    sv.add_argument("--idle-timeout-s", type=float, help="close a client that stalls this long (default 60)")
+    sv.add_argument("--quota-bytes", type=int, help="soft cap on the store's bytes; appends past it get 429")
 
     t = sub.add_parser("tier", parents=[common], help="upload sealed segments of a database to the tier now")
     t.add_argument("data")
@@ -1097,7 +1108,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from seglog.cluster.server import NodeServer, parse_listen, run  # aiohttp only when serving
+    # aiohttp only when serving
+    from seglog.cluster.context import ServerLimits
+    from seglog.cluster.server import NodeServer, parse_listen, run
 
     host, port = parse_listen(args.listen)
     if (args.tls_cert is None) != (args.tls_key is None):
@@ -1106,8 +1119,30 @@ def _serve(args: argparse.Namespace) -> int:
     if args.tls_cert is not None:
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         context.load_cert_chain(args.tls_cert, args.tls_key)
+    limits = {
+        name: value
+        for name, value in (
+            ("max_body_bytes", args.max_body_bytes),
+            ("max_inflight_appends", args.max_inflight_appends),
+            ("idle_timeout_s", args.idle_timeout_s),
+        )
+        if value is not None
+    }
+    for name, value in limits.items():
+        if value <= 0:
+            raise InvalidArgument(f"--{name.replace('_', '-')} must be > 0")
     data = _writable_data_dir(args.data)
-    return run(NodeServer(data, host=host, port=port, ssl_context=context, fsync=args.fsync))
+    server = NodeServer(
+        data,
+        host=host,
+        port=port,
+        ssl_context=context,
+        tokens=args.tokens,
+        limits=ServerLimits(**limits),
+        fsync=args.fsync,
+        quota_bytes=args.quota_bytes,
+    )
+    return run(server)
 
 
 def _run(args: argparse.Namespace) -> int:

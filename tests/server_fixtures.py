@@ -45,7 +45,11 @@ class ServerProcess:
             *self.args,
         ]
         env = dict(os.environ if self.env is None else self.env)
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+        # Unbuffered: readline must not pull lines past the one select() saw into a buffer
+        # that select() cannot see (a line printed before the serving line hung the wait).
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, bufsize=0
+        )
         assert self.proc.stdout is not None
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         with selectors.DefaultSelector() as sel:

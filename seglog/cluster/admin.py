@@ -6,6 +6,7 @@ from typing import Any
 
 from aiohttp import web
 
+from seglog.cluster.auth import Perm, may_read, require
 from seglog.cluster.context import NODE
 from seglog.cluster.params import json_body, query_int, shard_param
 from seglog.db import Database
@@ -33,9 +34,9 @@ def describe(db: Database) -> dict[str, Any]:
 
 
 async def list_dbs(request: web.Request) -> web.Response:
-    """``GET /v1/dbs``."""
+    """``GET /v1/dbs``: the databases the caller may read."""
     node = request.app[NODE]
-    return web.json_response({"dbs": node.store.list_dbs()})
+    return web.json_response({"dbs": [name for name in node.store.list_dbs() if may_read(request, name)]})
 
 
 async def create_db(request: web.Request) -> web.Response:
@@ -45,6 +46,7 @@ async def create_db(request: web.Request) -> web.Response:
     name = body.pop("name", None)
     if not isinstance(name, str):
         raise InvalidRequest('create needs "name" (a string)')
+    require(request, Perm.ADMIN, name)
     exist_ok = body.pop("exist_ok", False)
     if not isinstance(exist_ok, bool):
         raise InvalidRequest('"exist_ok" must be true or false')
@@ -91,10 +93,12 @@ async def offset_for_time(request: web.Request) -> web.Response:
 
 
 async def stats(request: web.Request) -> web.Response:
-    """``GET /v1/stats``: per database and shard, offsets, segments and bytes."""
+    """``GET /v1/stats``: per database the caller may read and shard, offsets, segments and bytes."""
     node = request.app[NODE]
     out = {}
     for name in node.store.list_dbs():
+        if not may_read(request, name):
+            continue
         db = await node.database(name)
         out[name] = [
             {

@@ -8,6 +8,7 @@ from typing import Final
 
 from aiohttp import web
 
+from seglog.cluster.metrics import NodeMetrics
 from seglog.db import Database
 from seglog.db_config import validate_db_name
 from seglog.errors import ClosedResourceError
@@ -83,6 +84,7 @@ class NodeContext:
     store: Store
     limits: ServerLimits = field(default_factory=ServerLimits)
     waiters: ShardWaiters = field(default_factory=ShardWaiters)
+    metrics: NodeMetrics = field(default_factory=NodeMetrics)
     inflight_appends: int = 0
     closing: bool = False
     idle: asyncio.Event = field(default_factory=asyncio.Event)

@@ -50,6 +50,7 @@ async def fetch(request: web.Request) -> web.Response:
     start, end = db.start_offset(shard), db.end_offset(shard)
     if not start <= offset <= end:
         raise OffsetOutOfRange(offset, start, end, shard=shard)
+    lag = end - offset
     if wait_ms and offset >= db.high_watermark(shard):
         event = node.waiters.event(db.name, shard)  # before the re-check: no lost wake-up
         if offset >= db.high_watermark(shard) and not node.closing:
@@ -58,6 +59,7 @@ async def fetch(request: web.Request) -> web.Response:
     headers = _offsets_headers(db, shard)
     hw = int(headers[protocol.HEADER_HIGH_WATERMARK])
     if offset >= hw:
+        node.metrics.fetch_done(db.name, 0, lag)
         return web.Response(body=b"", content_type=protocol.FRAMES, headers=headers)
     if offset < db.local_start_offset(shard):
         # Tiered: no stored frames here; the rows, as Arrow (rare: a consumer far behind).
@@ -65,8 +67,9 @@ async def fetch(request: web.Request) -> web.Response:
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, table.schema) as writer:
             writer.write_table(table)
-        return web.Response(
-            body=sink.getvalue().to_pybytes(), content_type=protocol.ARROW_STREAM, headers=headers
-        )
+        body = sink.getvalue().to_pybytes()
+        node.metrics.fetch_done(db.name, len(body), lag)
+        return web.Response(body=body, content_type=protocol.ARROW_STREAM, headers=headers)
     frames = await db.read_frames(shard, offset, max_bytes)
+    node.metrics.fetch_done(db.name, len(frames), lag)
     return web.Response(body=frames, content_type=protocol.FRAMES, headers=headers)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import time
 from typing import Any
 
 import numpy as np
@@ -113,9 +114,11 @@ async def produce(request: web.Request) -> web.Response:
             f"{node.inflight_appends} appends in flight (max_inflight_appends); retry later", retry_after_s=1
         )
     node.inflight_appends += 1
+    node.metrics.inflight_appends.inc()
     node.idle.clear()
     try:
         body = await request.read()
+        started = time.perf_counter()
         if content_type == protocol.ARROW_STREAM:
             table = _parse_arrow(body)
             result = await db.append_arrow(table, shard=shard)
@@ -126,8 +129,10 @@ async def produce(request: web.Request) -> web.Response:
             shard_col, offset_col = meta.shards, meta.offsets
         parts = reply_parts(shard_col, offset_col)
         node.publish(db, [p["shard"] for p in parts])
+        node.metrics.append_done(db.name, len(shard_col), len(body), time.perf_counter() - started)
     finally:
         node.inflight_appends -= 1
+        node.metrics.inflight_appends.dec()
         if not node.inflight_appends:
             node.idle.set()
     return web.json_response({"count": len(shard_col), "parts": parts})

@@ -37,7 +37,15 @@ Fetch: query ``offset``, ``max_bytes``, ``wait_ms``; reply body ``application/vn
 high watermark: readers drop rows outside ``[offset, high watermark)``) and the
 ``Seglog-Log-Start``/``-End``/``-High-Watermark`` headers.
 
-Authentication: ``Authorization: Bearer TOKEN``.
+Authentication (a node started with tokens): ``Authorization: Bearer TOKEN``; none or an
+unknown one is 401 ``AuthenticationFailed`` with ``WWW-Authenticate: Bearer``, a token lacking
+the permission above is 403 ``PermissionDenied``. Permissions are ranked, ``admin`` > ``write``
+> ``read``, each implying the lower ones on its scope (all databases, or one: ``DB:perm``);
+create needs admin on the named database. See :mod:`seglog.cluster.auth`.
+
+Limits: a body over the node's maximum is 413 ``RequestTooLarge``; appends over the in-flight
+cap are 503 ``Overloaded`` and over the store quota 429 ``QuotaExceeded``, both with
+``Retry-After``; a client that stalls mid-request is disconnected after the idle timeout.
 """
 
 from __future__ import annotations

@@ -18,8 +18,11 @@ from types import TracebackType
 from typing import Any, Final
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
-from seglog.cluster import admin, fetch, produce
+from seglog.cluster import admin, fetch, metrics, produce
+from seglog.cluster.auth import Need, Perm, TokenTable, auth_middleware
+from seglog.cluster.connections import ConnectionGuard, GuardedSite
 from seglog.cluster.context import NODE, NodeContext, ServerLimits
 from seglog.cluster.http_errors import error_middleware
 from seglog.cluster.protocol import API_PREFIX, DEFAULT_PORT
@@ -56,11 +59,51 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+async def metrics_text(request: web.Request) -> web.Response:
+    """``GET /metrics``: Prometheus text of this node's registry."""
+    body = request.app[NODE].metrics.render()
+    response = web.Response(body=body)
+    response.headers["Content-Type"] = metrics.CONTENT_TYPE
+    return response
+
+
 async def health(request: web.Request) -> web.Response:
     """``GET /healthz``: 200 while the node serves, 503 once it is shutting down."""
     if request.app[NODE].closing:
         raise ClosedResourceError("the server is shutting down")
     return web.json_response({"status": "ok"})
+
+
+_OPEN: Final = Need(None)
+_READ: Final = Need(Perm.READ)
+_WRITE: Final = Need(Perm.WRITE)
+_ADMIN: Final = Need(Perm.ADMIN)
+# Token checked here, the databases acted on checked by the handler (create: admin on the
+# named one; listings: only the readable ones).
+_HANDLER_CHECKS: Final = Need(Perm.READ, on_db=False)
+_DB: Final = API_PREFIX + "/dbs/{db}"
+_GROUP: Final = _DB + "/groups/{group}"
+
+# The permission each route needs, by (method, path template) as added in NodeServer._app
+# (protocol.py's table). With tokens, a route missing here needs global admin.
+ROUTE_NEEDS: Final[dict[tuple[str, str], Need]] = {
+    ("GET", "/healthz"): _OPEN,
+    ("GET", "/metrics"): _OPEN,
+    ("GET", API_PREFIX + "/dbs"): _HANDLER_CHECKS,
+    ("POST", API_PREFIX + "/dbs"): _HANDLER_CHECKS,
+    ("GET", _DB): _READ,
+    ("PATCH", _DB): _ADMIN,
+    ("DELETE", _DB): _ADMIN,
+    ("GET", API_PREFIX + "/stats"): _HANDLER_CHECKS,
+    ("POST", _DB + "/records"): _WRITE,
+    ("GET", _DB + "/shards/{shard}/frames"): _READ,
+    ("GET", _DB + "/shards/{shard}/offset"): _READ,
+    ("POST", _GROUP + "/join"): _READ,
+    ("POST", _GROUP + "/heartbeat"): _READ,
+    ("POST", _GROUP + "/leave"): _READ,
+    ("POST", _GROUP + "/commit"): _READ,
+    ("GET", _GROUP + "/committed"): _READ,
+}
 
 
 class NodeServer:
@@ -77,6 +120,7 @@ class NodeServer:
         port: int = DEFAULT_PORT,
         limits: ServerLimits | None = None,
         ssl_context: ssl.SSLContext | None = None,
+        tokens: TokenTable | str | Path | None = None,
         store: Store | None = None,
         **store_options: Any,
     ) -> None:
@@ -88,10 +132,15 @@ class NodeServer:
             port: Port to bind (0: any free one; see :attr:`url`).
             limits: Request bounds (default :class:`ServerLimits`).
             ssl_context: Serve HTTPS with this context.
+            tokens: Require bearer tokens (a :class:`TokenTable` or a tokens file, see
+                :mod:`seglog.cluster.auth`); without them anyone who can connect may do anything.
             store: An unopened store to serve instead of ``seglog.open(data, **store_options)``.
             **store_options: Options of :func:`seglog.open` (``fsync``, ...).
         """
-        if not _is_loopback(host):
+        if tokens is not None and not isinstance(tokens, TokenTable):
+            tokens = TokenTable.from_file(tokens)
+        self.tokens = tokens
+        if tokens is None and not _is_loopback(host):
             raise InvalidArgument(
                 f"refusing to serve on {host} without tokens: bind a loopback address or pass tokens"
             )
@@ -103,8 +152,9 @@ class NodeServer:
         self._store = store if store is not None else open_store(self.data, **store_options)
         self._node: NodeContext | None = None
         self._runner: web.AppRunner | None = None
-        self._site: web.TCPSite | None = None
+        self._site: web.BaseSite | None = None
         self._closed = asyncio.Event()
+        self._guard = ConnectionGuard(self.limits.idle_timeout_s)
 
     @property
     def url(self) -> str:
@@ -114,10 +164,14 @@ class NodeServer:
         return f"{scheme}://{host}:{self.port}"
 
     def _app(self, node: NodeContext) -> web.Application:
-        app = web.Application(middlewares=[error_middleware], client_max_size=self.limits.max_body_bytes)
+        middlewares: list[Middleware] = [error_middleware, self._guard.middleware]
+        if self.tokens is not None:
+            middlewares.append(auth_middleware(self.tokens, ROUTE_NEEDS))
+        app = web.Application(middlewares=middlewares, client_max_size=self.limits.max_body_bytes)
         app[NODE] = node
         db = API_PREFIX + "/dbs/{db}"
         app.router.add_get("/healthz", health)
+        app.router.add_get("/metrics", metrics_text)
         app.router.add_get(API_PREFIX + "/dbs", admin.list_dbs)
         app.router.add_post(API_PREFIX + "/dbs", admin.create_db)
         app.router.add_get(db, admin.describe_db)
@@ -135,6 +189,8 @@ class NodeServer:
         node = NodeContext(store, self.limits)
         node.idle.set()
         self._node = node
+        self._guard = ConnectionGuard(self.limits.idle_timeout_s, node.metrics.open_connections.set)
+        node.metrics.start()
         try:
             runner = web.AppRunner(
                 self._app(node),
@@ -144,7 +200,7 @@ class NodeServer:
             )
             await runner.setup()
             self._runner = runner
-            site = web.TCPSite(runner, self.host, self.port, ssl_context=self.ssl_context)
+            site = GuardedSite(runner, self.host, self.port, self._guard, ssl_context=self.ssl_context)
             await site.start()
             self._site = site
         except BaseException:
@@ -176,6 +232,8 @@ class NodeServer:
             if self._runner is not None:
                 await self._runner.cleanup()
         finally:
+            if node is not None:
+                node.metrics.stop()
             await self._store.close()
             self._closed.set()
 
@@ -206,6 +264,12 @@ async def _run(server: NodeServer) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await server.start()
+    if server.tokens is None:
+        print(
+            f"seglog: no --tokens: serving {server.host} (loopback only) without authentication",
+            file=sys.stderr,
+            flush=True,
+        )
     # One line on stdout, flushed: scripts and tests wait for it to know the port.
     print(f"seglog: serving {server.data} on {server.url}", flush=True)
     try:

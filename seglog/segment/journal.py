@@ -33,7 +33,7 @@ from typing import Any, Final, NamedTuple
 
 import crc32c
 
-from seglog._fs import fsync_dir, pwritev_all
+from seglog._fs import fdatasync, fsync_dir, pwritev_all
 
 __all__ = [
     "DEFAULT_JOURNAL_BYTES",
@@ -224,8 +224,8 @@ class Journal:
         os.fdatasync(self._fd)
 
     def sync(self) -> None:
-        """fdatasync the journal."""
-        os.fdatasync(self._fd)
+        """fdatasync the journal (timed for the fsync observers: the drain's one sync)."""
+        fdatasync(self._fd)
 
     def recycle(self) -> None:
         """Start a new cycle: every entry so far is checkpointed and will not be replayed.

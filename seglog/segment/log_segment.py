@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
 
-from seglog._fs import fsync_dir, pwritev_all
+from seglog._fs import fdatasync, fsync_dir, pwritev_all
 from seglog.errors import CorruptFrame
 from seglog.record import FrameHeader, parse_header
 from seglog.segment.fd_cache import CachedFile
@@ -184,7 +184,7 @@ class LogSegment:
     def sync(self) -> None:
         """fdatasync the file (any descriptor of it flushes the inode's dirty pages)."""
         with self._file.fd() as fd:
-            os.fdatasync(fd)
+            fdatasync(fd)
 
     def truncate(self, size: int) -> None:
         """Cut the file to ``size`` bytes, durably."""
