@@ -242,3 +242,26 @@ def test_tls_round_trip(server_factory: ServerFactory, tmp_path: Path) -> None:
                     await r.read()
 
     asyncio.run(main())
+
+
+def test_every_route_has_a_permission(tmp_path: Path) -> None:
+    """A route added without an entry in ROUTE_NEEDS would silently need global admin."""
+    from seglog.cluster.server import ROUTE_NEEDS, NodeServer
+
+    async def main() -> set[tuple[str, str]]:
+        server = NodeServer(tmp_path / "data", port=0)
+        await server.start()
+        try:
+            assert server._runner is not None
+            app = server._runner.app
+            return {
+                (route.method, route.resource.canonical)
+                for route in app.router.routes()
+                if route.resource is not None and route.method != "HEAD"
+            }
+        finally:
+            await server.close()
+
+    routes = asyncio.run(main())
+    assert len(routes) >= 16
+    assert routes == set(ROUTE_NEEDS)

@@ -2,4 +2,6 @@
 
 from __future__ import annotations
 
-__all__: list[str] = []
+from seglog.client.consumer import Consumer
+
+__all__: list[str] = ["Consumer"]

@@ -37,6 +37,17 @@ Fetch: query ``offset``, ``max_bytes``, ``wait_ms``; reply body ``application/vn
 high watermark: readers drop rows outside ``[offset, high watermark)``) and the
 ``Seglog-Log-Start``/``-End``/``-High-Watermark`` headers.
 
+Groups (JSON bodies; see :mod:`seglog.cluster.coordinator`): join ``{"session_timeout_ms",
+"member_id"?}`` and heartbeat ``{"member_id", "generation"}`` reply ``{"member_id",
+"generation", "assignment": [shard, ...], "session_timeout_ms"}`` (a heartbeat under an older
+generation is answered with the new one: that is how a member learns of a change); leave
+``{"member_id"}`` -> ``{"left": bool}``; commit ``{"offsets": {shard: offset}, "member_id",
+"generation"}`` -> ``{"committed": {...}}``, refused with ``StaleGeneration`` under an old
+generation and ``UnknownMember`` from a member the group does not know (without
+``member_id``: accepted only while the group has no members); committed ``?shards=0,1`` ->
+``{"offsets": {shard: offset}}`` (shards never committed are absent). Memberships are kept in
+the node's memory: after a restart members get ``UnknownMember`` and rejoin.
+
 Authentication (a node started with tokens): ``Authorization: Bearer TOKEN``; none or an
 unknown one is 401 ``AuthenticationFailed`` with ``WWW-Authenticate: Bearer``, a token lacking
 the permission above is 403 ``PermissionDenied``. Permissions are ranked, ``admin`` > ``write``

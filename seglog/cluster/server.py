@@ -20,7 +20,7 @@ from typing import Any, Final
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from seglog.cluster import admin, fetch, metrics, produce
+from seglog.cluster import admin, fetch, group_routes, metrics, produce
 from seglog.cluster.auth import Need, Perm, TokenTable, auth_middleware
 from seglog.cluster.connections import ConnectionGuard, GuardedSite
 from seglog.cluster.context import NODE, NodeContext, ServerLimits
@@ -181,6 +181,7 @@ class NodeServer:
         app.router.add_post(db + "/records", produce.produce)
         app.router.add_get(db + "/shards/{shard}/frames", fetch.fetch)
         app.router.add_get(db + "/shards/{shard}/offset", admin.offset_for_time)
+        group_routes.add_routes(app, db)
         return app
 
     async def start(self) -> NodeServer:
