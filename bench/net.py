@@ -43,6 +43,7 @@ import datetime as dt
 import json
 import os
 import re
+import resource
 import shutil
 import signal
 import subprocess
@@ -59,14 +60,20 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-import seglog
-from bench.compare import _filesystem, _machine
-from bench.core import _git_state
-from bench.peers import PeerContext, PeerUnavailable
-from bench.peers._server import LOOPBACK_HOST, ServerProcess, free_port, port_open
-from seglog.client import Consumer
-from seglog.client._http import NodeSession
-from seglog.cluster import protocol
+# Before/after runs: BENCH_NET_SEGLOG=DIR imports the seglog package from DIR (e.g. a git
+# worktree of an earlier commit), here and in the server process.
+SEGLOG_ROOT = os.environ.get("BENCH_NET_SEGLOG")
+if SEGLOG_ROOT:
+    sys.path.insert(0, SEGLOG_ROOT)
+
+import seglog  # noqa: E402
+from bench.compare import _filesystem, _machine  # noqa: E402
+from bench.core import _git_state  # noqa: E402
+from bench.peers import PeerContext, PeerUnavailable  # noqa: E402
+from bench.peers._server import LOOPBACK_HOST, ServerProcess, free_port, port_open  # noqa: E402
+from seglog.client import Consumer  # noqa: E402
+from seglog.client._http import NodeSession  # noqa: E402
+from seglog.cluster import protocol  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO / "bench" / "results"
@@ -196,7 +203,12 @@ class Node:
             "--fsync",
             "always",
         ]
-        self.process = ServerProcess("seglog serve", argv, work / "node.log")
+        env = None
+        if SEGLOG_ROOT:  # -m puts the working directory first on the path
+            env = {**os.environ, "PYTHONPATH": SEGLOG_ROOT}
+        self.process = ServerProcess(
+            "seglog serve", argv, work / "node.log", cwd=Path(SEGLOG_ROOT) if SEGLOG_ROOT else None, env=env
+        )
 
     async def start(self) -> None:
         self.process.start()
@@ -375,6 +387,7 @@ class Row:
     p50_ms: float | None = None
     p99_ms: float | None = None
     server_cpu_s: float | None = None
+    client_cpu_s: float | None = None
     ratio: float | None = None
     status: str = "ok"
     extra: dict[str, float] = field(default_factory=dict)
@@ -393,6 +406,12 @@ class Row:
 
 def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
+
+
+def _self_cpu_s() -> float:
+    """CPU seconds of this process (the bench client; the embedded store runs here too)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _pct(values: list[float] | np.ndarray[Any, Any], q: float) -> float:
@@ -467,11 +486,11 @@ async def run_produce(row: ProduceRow, env: Env, node: Node) -> Row:
                 await send(table)
                 latencies.append(clock() - t0)
 
-        cpu0 = node.cpu_s()
+        cpu0, ccpu0 = node.cpu_s(), _self_cpu_s()
         t0 = time.perf_counter()
         await asyncio.gather(*(sender(k) for k in range(env.senders)))
         elapsed = time.perf_counter() - t0
-        cpu = node.cpu_s() - cpu0
+        cpu, ccpu = node.cpu_s() - cpu0, _self_cpu_s() - ccpu0
     return Row(
         "produce",
         w.value_bytes,
@@ -483,6 +502,7 @@ async def run_produce(row: ProduceRow, env: Env, node: Node) -> Row:
         _pct(latencies, 50) * 1000,
         _pct(latencies, 99) * 1000,
         cpu if row.target == "node" else None,
+        ccpu,
     )
 
 
@@ -623,7 +643,7 @@ async def end_to_end(env: Env, node: Node, rate: int, seconds: float, tick_ms: f
 
         receiver = asyncio.create_task(receive())
         await asyncio.sleep(0.2)  # the consumer's first long polls are parked
-        cpu0 = node.cpu_s()
+        cpu0, ccpu0 = node.cpu_s(), _self_cpu_s()
         loop = asyncio.get_running_loop()
         start = loop.time()
         tasks: set[asyncio.Task[None]] = set()
@@ -646,7 +666,7 @@ async def end_to_end(env: Env, node: Node, rate: int, seconds: float, tick_ms: f
             receiver.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await receiver
-        cpu = node.cpu_s() - cpu0
+        cpu, ccpu = node.cpu_s() - cpu0, _self_cpu_s() - ccpu0
     lat_ms = np.concatenate(lat) / 1000 if lat else np.zeros(0)
     return Row(
         "e2e",
@@ -659,6 +679,7 @@ async def end_to_end(env: Env, node: Node, rate: int, seconds: float, tick_ms: f
         _pct(lat_ms, 50),
         _pct(lat_ms, 99),
         cpu,
+        ccpu,
         extra={
             "max_ms": float(lat_ms.max()) if len(lat_ms) else float("nan"),
             "target_rate": rate,
@@ -726,7 +747,9 @@ async def run_size(env: Env, node: Node, value_bytes: int, args: argparse.Namesp
         try:
             if target == "node":
                 await settle(env, db)
+            cpu0, ccpu0 = node.cpu_s(), _self_cpu_s()
             total, seconds = await drain(env, db, env.workload.n)
+            cpu, ccpu = node.cpu_s() - cpu0, _self_cpu_s() - ccpu0
         except Exception as exc:
             _log(f"  {value_bytes} B consume {name}: FAILED {type(exc).__name__}: {exc}")
             rows.append(Row("consume", value_bytes, "", name, status=f"failed: {type(exc).__name__}: {exc}"))
@@ -739,6 +762,8 @@ async def run_size(env: Env, node: Node, value_bytes: int, args: argparse.Namesp
             total,
             seconds,
             env.workload.logical_bytes * total // env.workload.n,
+            server_cpu_s=cpu if target == "node" else None,
+            client_cpu_s=ccpu,
         )
         if total != env.workload.n:
             row.status = f"read {total} of {env.workload.n}"
@@ -810,7 +835,7 @@ async def run(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
         "machine": ", ".join(f"{k} {v}" for k, v in _machine().items()),
         "filesystem": _filesystem(Path(args.dir) if args.dir else Path(tempfile.gettempdir())),
         "load": f"1-min load average {load_start:.1f} at start, {os.getloadavg()[0]:.1f} at end",
-        "git": _git_state(),
+        "git": _git_state() + (f", seglog imported from {SEGLOG_ROOT}" if SEGLOG_ROOT else ""),
         "kafka": kafka_version,
         "runtime_s": round(time.perf_counter() - t_start, 1),
         "args": {
@@ -841,10 +866,11 @@ def render(meta: dict[str, Any], rows: list[Row], args: argparse.Namespace) -> s
         f"device); batches of {args.batch:,} records; `senders` tasks each keep one batch in flight. "
         "Ratios: records/s divided by the embedded row of the same section, shape and value size in this "
         "run. ack = batch handed over -> acknowledged. server CPU = the `seglog serve` process's CPU "
-        "seconds during the row.",
+        "seconds during the row; client CPU = the bench process's (which also runs the embedded store).",
         "",
-        "| section | value | shape | system | records/s | MB/s | ack p50 ms | ack p99 ms | server CPU s | ratio | status |",
-        "|---|---|---|---|---:|---:|---:|---:|---:|---:|---|",
+        "| section | value | shape | system | records/s | MB/s | ack p50 ms | ack p99 ms | server CPU s "
+        "| client CPU s | ratio | status |",
+        "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
         if r.section == "e2e":
@@ -852,7 +878,7 @@ def render(meta: dict[str, Any], rows: list[Row], args: argparse.Namespace) -> s
         out.append(
             f"| {r.section} | {r.value_bytes} B | {r.shape} | {r.system} | {_f(r.records_s, 0)} | "
             f"{_f(r.mb_s)} | {_f(r.p50_ms, 2)} | {_f(r.p99_ms, 2)} | {_f(r.server_cpu_s, 2)} | "
-            f"{_f(r.ratio, 2)} | {r.status} |"
+            f"{_f(r.client_cpu_s, 2)} | {_f(r.ratio, 2)} | {r.status} |"
         )
     for r in rows:
         if r.section != "e2e":
@@ -865,11 +891,11 @@ def render(meta: dict[str, Any], rows: list[Row], args: argparse.Namespace) -> s
             "returned the record - its `ts`):",
             "",
             "| target records/s | achieved records/s | records | e2e p50 ms | e2e p99 ms | e2e max ms | "
-            "ack p50 ms | ack p99 ms | late ticks | server CPU s |",
-            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+            "ack p50 ms | ack p99 ms | late ticks | server CPU s | client CPU s |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
             f"| {x['target_rate']:,.0f} | {x['achieved_rate']:,.0f} | {r.records:,} | {_f(r.p50_ms, 2)} | "
             f"{_f(r.p99_ms, 2)} | {_f(x['max_ms'], 2)} | {_f(x['ack_p50_ms'], 2)} | {_f(x['ack_p99_ms'], 2)} | "
-            f"{x['late_ticks']:.0f} | {_f(r.server_cpu_s, 2)} |",
+            f"{x['late_ticks']:.0f} | {_f(r.server_cpu_s, 2)} | {_f(r.client_cpu_s, 2)} |",
         ]
     out += [
         "",
@@ -899,7 +925,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-single", action="store_true", help="skip the 1 sender/1 shard shape")
     p.add_argument("--no-kafka", action="store_true", help="skip the Kafka rows")
     p.add_argument("--e2e-rate", type=int, default=50_000, help="records/s of the end-to-end sender")
-    p.add_argument("--e2e-seconds", type=float, default=10.0)
+    p.add_argument("--e2e-seconds", type=float, default=None, help="default 10 (--quick: 3)")
     p.add_argument("--e2e-tick-ms", type=float, default=5.0, help="the paced sender posts a batch every tick")
     p.add_argument(
         "--sections",
@@ -925,7 +951,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.quick:
-        args.records_100, args.records_1k, args.e2e_seconds = 100_000, 25_000, 3.0
+        args.records_100, args.records_1k = 100_000, 25_000
+    if args.e2e_seconds is None:
+        args.e2e_seconds = 3.0 if args.quick else 10.0
     text, data = asyncio.run(run(args))
     print(text)
     out_dir = args.out or RESULTS_DIR
