@@ -49,5 +49,6 @@ def test_net_bench_tiny_run(tmp_path: Path) -> None:
         else:
             assert row["status"] == "ok", row
             assert row["records"] == (3000 if section != "e2e" else row["records"])
-    e2e = next(r for r in data["rows"] if r["section"] == "e2e")
-    assert e2e["records"] == 2500  # 5000 records/s for 0.5 s, all received
+    e2e = [r for r in data["rows"] if r["section"] == "e2e"]
+    assert [r["shape"].split(",")[0] for r in e2e] == ["1 shard", "16 shards"]
+    assert all(r["records"] == 2500 for r in e2e)  # 5000 records/s for 0.5 s, all received

@@ -884,6 +884,8 @@ class SegmentEngine:
             flush = _ReadFlush(writer)
             flush.add(s)
             flush.future = self._io_pool.submit(s.number, s.maintenance, flush)
+            # Its failure reaches every reader still waiting; retrieved here for the others.
+            flush.future.add_done_callback(lambda f: f.cancelled() or f.exception())
             self._read_flushes[writer.worker] = flush
         assert flush.future is not None
         # Shielded: a reader that goes away must not cancel the flush the others wait for.
