@@ -84,6 +84,7 @@ SERVER_START_TIMEOUT_S = 60.0
 # A drain gives up when no record came for this long (the row then shows how many it read).
 DRAIN_STALL_S = 10.0
 KAFKA_FETCH_MAX_BYTES = 64 << 20
+KAFKA_ENQUEUE_TRIES = 20
 
 Send = Callable[[pa.Table], Awaitable[None]]
 """``await send(table)``: returns once every row of ``table`` is durable (acknowledged)."""
@@ -303,6 +304,7 @@ async def kafka_produce(env: Env) -> AsyncIterator[Send]:
     slower); the MQTT topic travels as a record header, ``ts`` as the Kafka timestamp (ms).
     """
     from aiokafka import AIOKafkaProducer
+    from aiokafka.errors import KafkaTimeoutError
 
     from bench.peers.kafka_kraft import MAX_BATCH_BYTES, MAX_MESSAGE_BYTES, REQUEST_TIMEOUT_MS
 
@@ -333,16 +335,25 @@ async def kafka_produce(env: Env) -> AsyncIterator[Send]:
     try:
         await producer.partitions_for(env.db)
 
+        async def enqueue(builder: Any, partition: int) -> Any:
+            # aiokafka takes one queued batch per partition and gives up waiting for room
+            # after a few waits (KafkaTimeoutError, nothing enqueued) when several senders
+            # share the partitions: wait again, that is the backpressure.
+            for _ in range(KAFKA_ENQUEUE_TRIES - 1):
+                with contextlib.suppress(KafkaTimeoutError):
+                    return await producer.send_batch(builder, env.db, partition=partition)
+            return await producer.send_batch(builder, env.db, partition=partition)
+
         async def send(table: pa.Table) -> None:
             futures = []
             for partition, records in encoded[id(table)].items():
                 builder = producer.create_batch()
                 for key, value, ts_ms, headers in records:
                     if builder.append(key=key, value=value, timestamp=ts_ms, headers=headers) is None:
-                        futures.append(await producer.send_batch(builder, env.db, partition=partition))
+                        futures.append(await enqueue(builder, partition))
                         builder = producer.create_batch()
                         builder.append(key=key, value=value, timestamp=ts_ms, headers=headers)
-                futures.append(await producer.send_batch(builder, env.db, partition=partition))
+                futures.append(await enqueue(builder, partition))
             await asyncio.gather(*futures)
 
         yield send
