@@ -34,6 +34,8 @@ __all__ = [
     "InvalidTopic",
     "InvalidTopicFilter",
     "InvalidValue",
+    "LeaseNotFound",
+    "MetadataError",
     "OffsetMismatch",
     "OffsetOutOfRange",
     "Overloaded",
@@ -282,6 +284,14 @@ class ServerUnavailable(RemoteError):
 
 class Overloaded(ServerUnavailable):
     """The server refused the request before doing anything (in-flight cap, queue full): HTTP 503."""
+
+
+class MetadataError(RemoteError):
+    """The metadata store (etcd) could not be reached or refused a request; the cause is chained."""
+
+
+class LeaseNotFound(MetadataError):
+    """An etcd lease expired or was revoked: every key attached to it is gone."""
 
 
 # --- positions -------------------------------------------------------------------------
