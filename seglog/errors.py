@@ -36,6 +36,7 @@ __all__ = [
     "InvalidValue",
     "LeaseNotFound",
     "MetadataError",
+    "NodeIdInUse",
     "OffsetMismatch",
     "OffsetOutOfRange",
     "Overloaded",
@@ -47,6 +48,7 @@ __all__ = [
     "SeglogError",
     "ServerUnavailable",
     "StaleGeneration",
+    "StaleMetadata",
     "StorageError",
     "StoreLocked",
     "StoreNotFound",
@@ -170,6 +172,17 @@ class BusyResourceError(UsageError):
 
 class StoreLocked(BusyResourceError):
     """Another process holds the data directory open."""
+
+
+class NodeIdInUse(BusyResourceError):
+    """Another live process registered this node id in the cluster metadata."""
+
+
+class StaleMetadata(UsageError):
+    """A metadata update was based on a state that changed since (or a deposed controller).
+
+    Re-read the state and decide again.
+    """
 
 
 class QuotaExceeded(UsageError):

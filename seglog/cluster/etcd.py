@@ -29,6 +29,7 @@ from seglog.errors import InvalidArgument, LeaseNotFound, MetadataError
 
 __all__ = [
     "Compare",
+    "CompareTarget",
     "EtcdClient",
     "KeyValue",
     "Op",
@@ -90,23 +91,33 @@ class KeyValue:
         )
 
 
+class CompareTarget(Enum):
+    """Which revision of a key a :class:`Compare` looks at."""
+
+    # Revision of the key's last change: guards a read-modify-write.
+    MOD = "mod_revision"
+    # Revision that created the key: stays fixed while the key lives (a lease holder's epoch).
+    CREATE = "create_revision"
+
+
 @dataclass(frozen=True, slots=True)
 class Compare:
-    """A transaction guard: the key's ``mod_revision`` equals ``mod_revision``.
+    """A transaction guard: the key's revision (``target``) equals ``revision``.
 
-    ``mod_revision=0`` means "the key does not exist" (etcd reports 0 for absent keys), which is
+    ``revision=0`` means "the key does not exist" (etcd reports 0 for absent keys), which is
     how a create-if-absent is written.
     """
 
     key: bytes
-    mod_revision: int
+    revision: int
+    target: CompareTarget = CompareTarget.MOD
 
     def _json(self) -> dict[str, Any]:
         return {
             "key": _b64(self.key),
-            "target": "MOD",
+            "target": "MOD" if self.target is CompareTarget.MOD else "CREATE",
             "result": "EQUAL",
-            "mod_revision": str(self.mod_revision),
+            self.target.value: str(self.revision),
         }
 
 
