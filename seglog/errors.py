@@ -37,6 +37,9 @@ __all__ = [
     "LeaseNotFound",
     "MetadataError",
     "NodeIdInUse",
+    "NotEnoughReplicas",
+    "NotEnoughReplicasAfterAppend",
+    "NotLeader",
     "OffsetMismatch",
     "OffsetOutOfRange",
     "Overloaded",
@@ -297,6 +300,41 @@ class ServerUnavailable(RemoteError):
 
 class Overloaded(ServerUnavailable):
     """The server refused the request before doing anything (in-flight cap, queue full): HTTP 503."""
+
+
+class NotLeader(ServerUnavailable):
+    """The node does not lead the shard (or no longer does): ask the metadata and retry there.
+
+    Attributes:
+        shard: The shard.
+        leader: The node id of the leader this node knows of (-1: none), if any.
+        leader_epoch: The leader epoch this node knows of.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        shard: int | None = None,
+        leader: int | None = None,
+        leader_epoch: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.shard = shard
+        self.leader = leader
+        self.leader_epoch = leader_epoch
+
+
+class NotEnoughReplicas(ServerUnavailable):
+    """Fewer in-sync replicas than ``min_insync``: the write was refused before anything was written."""
+
+
+class NotEnoughReplicasAfterAppend(NotEnoughReplicas):
+    """The leader wrote the batch but the ISR shrank below ``min_insync`` before it was replicated.
+
+    The batch may become visible later; retrying can store it twice (the idempotent producer
+    removes that).
+    """
 
 
 class MetadataError(RemoteError):

@@ -130,6 +130,8 @@ _FIELDS: Final = (
     "current",
     "retry_after_s",
     "written",
+    "leader",
+    "leader_epoch",
 )
 
 _RETRIABLE: Final = (errors.ServerUnavailable, errors.QuotaExceeded, errors.ClosedResourceError)
