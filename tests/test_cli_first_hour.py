@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from seglog._routing import shard_for
 from tests.helpers import ChildLines, wait_pipe_drained
 
@@ -188,8 +190,10 @@ def test_consume_reads_every_shard_merged_by_time_and_produce_reports_shards(tmp
 # --- 4. read-only commands create nothing ------------------------------------------------
 
 
-def test_read_only_commands_and_failed_produces_create_nothing(tmp_path: Path) -> None:
-    os.chdir(tmp_path)
+def test_read_only_commands_and_failed_produces_create_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # restored after: later tests start children with -m tests.X
     one_error_line(sh("consume", "nonexist.db", "t"))
     one_error_line(sh("stats", "nonexist2.db"))
     one_error_line(sh("groups", "nonexist3.db", "t"))
