@@ -1096,6 +1096,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     sv.add_argument("--idle-timeout-s", type=float, help="close a client that stalls this long (default 60)")
     sv.add_argument("--quota-bytes", type=int, help="soft cap on the store's bytes; appends past it get 429")
+    sv.add_argument("--etcd", help="join a cluster: etcd endpoints http://HOST:PORT[,...] (needs --node-id)")
+    sv.add_argument("--node-id", type=int, help="this node's id in the cluster (unique, >= 0)")
+    sv.add_argument("--advertise", help="URL other nodes and clients reach this node at (default: the bound URL)")
+    sv.add_argument(
+        "--replica-lag-time-max-ms", type=int, help="drop an ISR member behind for this long (default 30000)"
+    )
+    sv.add_argument("--node-ttl-s", type=int, help="node lease TTL: silent this long = dead (default 6)")
+    sv.add_argument("--peer-token", help="bearer token for requests to other nodes (their --tokens)")
 
     t = sub.add_parser("tier", parents=[common], help="upload sealed segments of a database to the tier now")
     t.add_argument("data")
@@ -1132,6 +1140,7 @@ def _serve(args: argparse.Namespace) -> int:
         if value <= 0:
             raise InvalidArgument(f"--{name.replace('_', '-')} must be > 0")
     data = _writable_data_dir(args.data)
+    cluster = _cluster_config(args)
     server = NodeServer(
         data,
         host=host,
@@ -1141,8 +1150,38 @@ def _serve(args: argparse.Namespace) -> int:
         limits=ServerLimits(**limits),
         fsync=args.fsync,
         quota_bytes=args.quota_bytes,
+        cluster=cluster,
     )
     return run(server)
+
+
+def _cluster_config(args: argparse.Namespace) -> Any:
+    """The ``ClusterConfig`` of ``serve --etcd ...``, or ``None`` for a standalone node."""
+    from seglog.cluster.node import ClusterConfig
+
+    if args.etcd is None:
+        for flag in ("node_id", "advertise", "replica_lag_time_max_ms", "node_ttl_s", "peer_token"):
+            if getattr(args, flag) is not None:
+                raise InvalidArgument(f"--{flag.replace('_', '-')} needs --etcd")
+        return None
+    if args.node_id is None or args.node_id < 0:
+        raise InvalidArgument("--etcd needs --node-id N (N >= 0)")
+    options: dict[str, Any] = {}
+    if args.replica_lag_time_max_ms is not None:
+        if args.replica_lag_time_max_ms <= 0:
+            raise InvalidArgument("--replica-lag-time-max-ms must be > 0")
+        options["replica_lag_time_max_ms"] = args.replica_lag_time_max_ms
+    if args.node_ttl_s is not None:
+        if args.node_ttl_s < 1:
+            raise InvalidArgument("--node-ttl-s must be >= 1")
+        options["node_ttl_s"] = args.node_ttl_s
+    return ClusterConfig(
+        node_id=args.node_id,
+        advertise_url=args.advertise or "",
+        etcd=tuple(u for u in args.etcd.split(",") if u),
+        token=args.peer_token,
+        **options,
+    )
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -14,8 +14,11 @@ from aiohttp import web
 
 from seglog.cluster import protocol
 from seglog.cluster.context import NODE
+from seglog.cluster.node import ClusterNode
 from seglog.cluster.params import query_int
+from seglog.db import Database
 from seglog.errors import InvalidRecord, InvalidRequest, Overloaded, UnsupportedContentType
+from seglog.isr import Acks
 from seglog.record import Record
 
 __all__ = ["parse_ndjson", "produce", "reply_parts"]
@@ -99,6 +102,31 @@ def reply_parts(shards: np.ndarray[Any, Any], offsets: np.ndarray[Any, Any]) -> 
     return parts
 
 
+async def _produce_replicated(
+    request: web.Request, cluster: ClusterNode, db: Database, shard: int | None
+) -> web.Response:
+    """A produce to a replicated database: one shard, led here, acknowledged per ``acks``."""
+    acks = Acks.parse(request.query.get("acks", Acks.ALL.value))
+    if shard is None:
+        raise InvalidRequest("a replicated database takes one shard per produce request (?shard=N)")
+    lead = cluster.leader_for_append(db.name, shard, acks)  # before reading or writing anything
+    body = await request.read()
+    started = time.perf_counter()
+    if request.content_type == protocol.ARROW_STREAM:
+        result = await db.append_arrow(_parse_arrow(body), shard=shard, leader_epoch=lead.leader_epoch)
+        offsets = result.column("offset").to_numpy()
+    else:
+        meta = await db.append(parse_ndjson(body), shard=shard, leader_epoch=lead.leader_epoch)
+        offsets = meta.offsets
+    count = len(offsets)
+    base = int(offsets[0]) if count else db.end_offset(shard)
+    await cluster.appended(db, shard, lead, base + count, acks)
+    node = request.app[NODE]
+    node.metrics.append_done(db.name, count, len(body), time.perf_counter() - started)
+    parts = [{"shard": shard, "base_offset": base, "count": count}] if count else []
+    return web.json_response({"count": count, "parts": parts})
+
+
 async def produce(request: web.Request) -> web.Response:
     """Append the body's records; all or nothing per request when validation fails."""
     node = request.app[NODE]
@@ -117,6 +145,8 @@ async def produce(request: web.Request) -> web.Response:
     node.metrics.inflight_appends.inc()
     node.idle.clear()
     try:
+        if node.cluster is not None and node.cluster.replicated(db.name):
+            return await _produce_replicated(request, node.cluster, db, shard)
         body = await request.read()
         started = time.perf_counter()
         if content_type == protocol.ARROW_STREAM:
