@@ -16,6 +16,7 @@ import contextlib
 import datetime as dt
 import heapq
 import json
+import logging
 import os
 import random
 import re
@@ -1098,12 +1099,20 @@ def _parser() -> argparse.ArgumentParser:
     sv.add_argument("--quota-bytes", type=int, help="soft cap on the store's bytes; appends past it get 429")
     sv.add_argument("--etcd", help="join a cluster: etcd endpoints http://HOST:PORT[,...] (needs --node-id)")
     sv.add_argument("--node-id", type=int, help="this node's id in the cluster (unique, >= 0)")
-    sv.add_argument("--advertise", help="URL other nodes and clients reach this node at (default: the bound URL)")
+    sv.add_argument(
+        "--advertise", help="URL other nodes and clients reach this node at (default: the bound URL)"
+    )
     sv.add_argument(
         "--replica-lag-time-max-ms", type=int, help="drop an ISR member behind for this long (default 30000)"
     )
     sv.add_argument("--node-ttl-s", type=int, help="node lease TTL: silent this long = dead (default 6)")
     sv.add_argument("--peer-token", help="bearer token for requests to other nodes (their --tokens)")
+    sv.add_argument(
+        "--log-level",
+        choices=("debug", "info", "warning", "error"),
+        default="warning",
+        help="stderr log level",
+    )
 
     t = sub.add_parser("tier", parents=[common], help="upload sealed segments of a database to the tier now")
     t.add_argument("data")
@@ -1139,6 +1148,11 @@ def _serve(args: argparse.Namespace) -> int:
     for name, value in limits.items():
         if value <= 0:
             raise InvalidArgument(f"--{name.replace('_', '-')} must be > 0")
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
     data = _writable_data_dir(args.data)
     cluster = _cluster_config(args)
     server = NodeServer(

@@ -50,6 +50,8 @@ def start_cluster(server_factory: ServerFactory, etcd: EtcdProcess, n: int = 3) 
             "2",
             "--replica-lag-time-max-ms",
             "1500",
+            "--log-level",
+            "info",
         )
         for i in range(1, n + 1)
     }

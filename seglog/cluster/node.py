@@ -38,6 +38,7 @@ from seglog.errors import (
     InvalidArgument,
     LeaseNotFound,
     MetadataError,
+    NodeIdInUse,
     NotLeader,
     OffsetMismatch,
     OffsetOutOfRange,
@@ -138,6 +139,8 @@ class ClusterNode:
         self._http: aiohttp.ClientSession | None = None
         # Set once the first metadata snapshot was applied (roles known).
         self.ready = asyncio.Event()
+        # Set while the node holds a lease: only then may it lead.
+        self._registered = asyncio.Event()
         self._closing = False
 
     # --- lifecycle ------------------------------------------------------------------------
@@ -148,12 +151,7 @@ class ClusterNode:
         self._http = aiohttp.ClientSession(
             headers=headers, timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
         )
-        self._lease = await self.meta.register_node(
-            NodeInfo(self.node_id, self.config.advertise_url), ttl_s=self.config.node_ttl_s
-        )
-        self._lease.start_keepalive()
-        self._controller = Controller(self.meta, self.node_id, self._lease.lease)
-        self._controller.start()
+        await self._register()
         self._tasks.append(asyncio.create_task(self._watch_loop(), name=f"metadata-{self.node_id}"))
         self._tasks.append(asyncio.create_task(self._isr_loop(), name=f"isr-{self.node_id}"))
         self._tasks.append(asyncio.create_task(self._lease_watch(), name=f"lease-{self.node_id}"))
@@ -179,14 +177,67 @@ class ClusterNode:
         await self.etcd.close()
         self.end_waiters.wake_all()
 
+    async def _register(self) -> None:
+        """Register under a fresh lease, reclaim leaderships under new epochs, start the controller.
+
+        A node never leads under an epoch from before its current registration: whatever
+        it led before (this process before a lost lease, or a crashed predecessor) gets a
+        new leader epoch first, so followers truncate against this incarnation's log.
+        """
+        info = NodeInfo(self.node_id, self.config.advertise_url)
+        deadline = asyncio.get_running_loop().time() + 3 * self.config.node_ttl_s + 5
+        while True:
+            try:
+                lease = await self.meta.register_node(info, ttl_s=self.config.node_ttl_s)
+                break
+            except NodeIdInUse:
+                # Our previous incarnation's key lives until its lease expires (a crash
+                # restarted within the TTL): wait it out, bounded.
+                if asyncio.get_running_loop().time() > deadline:
+                    raise
+                await asyncio.sleep(RETRY_DELAY_S)
+        self._lease = lease
+        lease.start_keepalive()
+        await self._reclaim_leaderships()
+        self._registered.set()
+        self._controller = Controller(self.meta, self.node_id, lease.lease)
+        self._controller.start()
+
+    async def _reclaim_leaderships(self) -> None:
+        for name in await self.meta.list_dbs():
+            for shard, (state, revision) in (await self.meta.shards(name)).items():
+                while state.leader == self.node_id:
+                    try:
+                        new = replace(state, leader_epoch=state.leader_epoch + 1)
+                        await self.meta.update_shard(name, shard, state, revision, new)
+                        log.info(
+                            "node %d reclaims %s/%d at epoch %d", self.node_id, name, shard, new.leader_epoch
+                        )
+                        break
+                    except StaleMetadata:
+                        state, revision = await self.meta.shard(name, shard)
+
     async def _lease_watch(self) -> None:
-        assert self._lease is not None
-        await self._lease.lost.wait()
-        # Without its lease the node is dead to the cluster: it must not act as a leader.
-        log.error("node %d lost its etcd lease: resigning every leadership", self.node_id)
-        for key, state in list(self.leading.items()):
-            state.resign(NO_LEADER, state.leader_epoch)
-            del self.leading[key]
+        while True:
+            assert self._lease is not None
+            await self._lease.lost.wait()
+            # Without its lease the node is dead to the cluster: it must not act as a leader.
+            log.error("node %d lost its etcd lease: resigning, then registering again", self.node_id)
+            self._registered.clear()
+            for key, state in list(self.leading.items()):
+                state.resign(NO_LEADER, state.leader_epoch)
+                del self.leading[key]
+            if self._controller is not None:
+                await self._controller.close()
+                self._controller = None
+            await self._lease.close(revoke=False)
+            while True:
+                try:
+                    await self._register()
+                    break
+                except (MetadataError, NodeIdInUse) as exc:
+                    log.warning("node %d: registering again failed: %s", self.node_id, exc)
+                    await asyncio.sleep(RETRY_DELAY_S)
 
     # --- metadata -------------------------------------------------------------------------
 
@@ -242,7 +293,7 @@ class ClusterNode:
     async def _apply(self, key: ShardKey, state: ShardState) -> None:
         name, shard = key
         lead = self.leading.get(key)
-        if state.leader == self.node_id:
+        if state.leader == self.node_id and self._registered.is_set():
             self.following.pop(key, None)
             if lead is not None and lead.leader_epoch == state.leader_epoch:
                 if lead.isr != state.isr and lead.maximal_isr == lead.isr:
@@ -277,7 +328,7 @@ class ClusterNode:
             return
         if lead is not None:
             self.leading.pop(key).resign(state.leader, state.leader_epoch)
-        if self.node_id in state.replicas and state.leader != NO_LEADER:
+        if self.node_id in state.replicas and state.leader not in (NO_LEADER, self.node_id):
             current = self.following.get(key)
             if current is None or (current.leader, current.leader_epoch) != (
                 state.leader,
@@ -419,6 +470,13 @@ class ClusterNode:
         try:
             state, revision = await self.meta.shard(name, shard)
             if state.leader != self.node_id or state.leader_epoch != lead.leader_epoch:
+                lead.abort_isr_change()
+                return
+            # Only registered nodes may join (a node whose lease lapsed rejoins after it
+            # registers again: KIP-903's fencing of stale brokers).
+            live = set(self.nodes)
+            change = replace(change, add=frozenset(r for r in change.add if r in live))
+            if not change.add and not change.remove:
                 lead.abort_isr_change()
                 return
             new = replace(state, isr=change.apply(state.isr))
