@@ -12,7 +12,7 @@ import pytest
 
 from seglog.client._http import NodeSession
 from seglog.cluster import protocol
-from seglog.errors import NotEnoughReplicas, NotLeader, SeglogError
+from seglog.errors import DatabaseNotFound, NotEnoughReplicas, NotLeader, SeglogError
 from seglog.record import decode_frames
 from tests.etcd_fixtures import EtcdProcess
 from tests.server_fixtures import ServerFactory, ServerProcess
@@ -317,3 +317,64 @@ def test_a_deposed_leaders_unreplicated_tail_is_truncated(
                 await s.close()
 
     run(main())
+
+
+def test_clients_find_leaders_from_any_node(
+    server_factory: ServerFactory, etcd: EtcdProcess, run: Run[None]
+) -> None:
+    from seglog.client._metadata import LeaderCache
+
+    nodes = start_cluster(server_factory, etcd)
+
+    async def main() -> None:
+        cache = LeaderCache([nodes[2].url, "http://127.0.0.1:9"])
+        try:
+            admin = cache.session(nodes[1].url)
+            await admin.request(
+                "POST",
+                "/v1/dbs",
+                json_body={"name": DB, "shards": 3, "replication_factor": 2, "min_insync": 1},
+            )
+
+            async def all_led() -> bool:
+                view = await cache.refresh(force=True)
+                return DB in view.leaders and all(leader > 0 for leader, _ in view.leaders[DB])
+
+            await until(all_led, "leaders for every shard")
+            urls = {i: p.url for i, p in nodes.items()}
+            for shard in range(3):
+                url = await cache.leader_url(DB, shard)
+                leader = next(i for i, u in urls.items() if u == url)
+                assert cache.view.leaders[DB][shard][0] == leader
+                await until(
+                    lambda url=url, shard=shard: _produce_shard_ok(cache, url, shard), f"produce {shard}"
+                )
+            with pytest.raises(DatabaseNotFound):
+                await cache.leader_url("nope", 0)
+            # The leader of shard 0 dies: after a refresh the cache names a live node.
+            first = await cache.leader_url(DB, 0)
+            dead = next(i for i, u in urls.items() if u == first)
+            nodes[dead].kill()
+
+            async def moved() -> str | None:
+                await cache.refresh(force=True)
+                url = await cache.leader_url(DB, 0)
+                return url if url != urls[dead] else None
+
+            url = await until(moved, "shard 0 to move")
+            await until(lambda: _produce_shard_ok(cache, url, 0), "a produce to the new leader")
+        finally:
+            await cache.close()
+
+    run(main())
+
+
+async def _produce_shard_ok(cache: Any, url: str, shard: int) -> bool:
+    body = (json.dumps({"topic": "t", "value": "x"}) + "\n").encode()
+    try:
+        await cache.session(url).request(
+            "POST", f"/v1/dbs/{DB}/records", params={"shard": shard}, data=body, content_type=protocol.NDJSON
+        )
+    except (NotLeader, NotEnoughReplicas):
+        return False
+    return True
