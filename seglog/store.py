@@ -13,6 +13,7 @@ import shutil
 import uuid
 from collections.abc import Awaitable, Callable, Generator
 from concurrent.futures import ThreadPoolExecutor
+from enum import Enum
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Final
@@ -45,7 +46,7 @@ from seglog.store_config import (
 from seglog.tiering import open_tier_service
 from seglog.tiering.seam import TieredStorage, TierService
 
-__all__ = ["Store", "open"]
+__all__ = ["Shutdown", "Store", "open"]
 
 log = logging.getLogger("seglog.store")
 
@@ -123,6 +124,17 @@ class _StoreQuota:
         self._store._freed(nbytes)
 
 
+class Shutdown(Enum):
+    """How the previous owner of a data directory stopped."""
+
+    # close() ran (or the directory is new).
+    CLEAN = "clean"
+    # The process died (SIGKILL, crash): the page cache survived, fsync'd or not.
+    PROCESS_CRASH = "process_crash"
+    # The machine restarted while it was open: writes that were not fsync'd may be gone.
+    MACHINE_RESTART = "machine_restart"
+
+
 class Store:
     """An open data directory. Use ``async with seglog.open(path) as store`` (or ``await``)."""
 
@@ -146,6 +158,8 @@ class Store:
         self._max_items = config.max_items
         self.clock_us = config.clock_us or now_us
         self._state = "new"
+        # How the previous owner of the directory stopped (known once open).
+        self.last_shutdown = Shutdown.CLEAN
         self._lock_fd = -1
         self._dbs: dict[str, Database] = {}
         self._db_lock = asyncio.Lock()
@@ -320,8 +334,10 @@ class Store:
                 # (seglog.index.shard_index); this is only the log line.
                 previous = running.read_text().strip()
                 if previous != boot:
+                    self.last_shutdown = Shutdown.MACHINE_RESTART
                     log.warning("%s was open when the machine restarted; recovering", self.path)
                 else:
+                    self.last_shutdown = Shutdown.PROCESS_CRASH
                     log.warning("%s was not closed cleanly (process crash); recovering", self.path)
             atomic_write(running, boot.encode())
         except OSError as exc:

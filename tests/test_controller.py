@@ -29,8 +29,11 @@ UNCLEAN = DbMeta("unclean", 3, 3, 2, unclean_election=True)
         (ShardState((1, 2, 3), 1, 0, (1, 2, 3)), {1, 2}, False, ShardState((1, 2, 3), 1, 0, (1, 2))),
         # The leader dies: the first live ISR member in replica order leads, epoch + 1.
         (ShardState((1, 2, 3), 1, 4, (1, 2, 3)), {2, 3}, False, ShardState((1, 2, 3), 2, 5, (2, 3))),
-        # A live replica outside the ISR is never elected (clean).
-        (ShardState((1, 2, 3), 1, 4, (1, 3)), {2, 3}, False, ShardState((1, 2, 3), 3, 5, (3,))),
+        # A live replica outside the ISR is never elected (clean); the ISR falls below
+        # min_insync, so the member leaving it becomes an eligible leader replica (KIP-966).
+        (ShardState((1, 2, 3), 1, 4, (1, 3)), {2, 3}, False, ShardState((1, 2, 3), 3, 5, (3,), 0, (1,))),
+        # An ELR member is elected when no ISR member is alive, ahead of out-of-sync ones.
+        (ShardState((1, 2, 3), 1, 4, (1,), 0, (2,)), {2, 3}, False, ShardState((1, 2, 3), 2, 5, (2,))),
         # Last replica standing: the ISR keeps its last member, the shard is leaderless.
         (ShardState((1, 2, 3), 1, 4, (1,)), {2, 3}, False, ShardState((1, 2, 3), NO_LEADER, 5, (1,))),
         # ... and stays so while only out-of-sync replicas are back.
@@ -44,6 +47,30 @@ UNCLEAN = DbMeta("unclean", 3, 3, 2, unclean_election=True)
 )
 def test_decide(state: ShardState, live: set[int], unclean: bool, expected: ShardState | None) -> None:
     assert decide(DbMeta("d", 1, 3, 2, unclean_election=unclean), state, live) == expected
+
+
+def test_an_unclean_restart_is_elected_last() -> None:
+    """KIP-966: a replica whose machine restarted may lack its unsynced tail."""
+    meta = DbMeta("d", 1, 3, 2)
+    leaderless = ShardState((1, 2, 3), NO_LEADER, 5, (1,), 0, (2,))
+    # The last ISR member is back but restarted uncleanly: the clean ELR member leads.
+    assert decide(meta, leaderless, {1, 2}, {1}) == ShardState((1, 2, 3), 2, 6, (2,))
+    # Cleanly back: the last ISR member leads, as before.
+    assert decide(meta, leaderless, {1, 2}) == ShardState((1, 2, 3), 1, 6, (1,), 0, (2,))
+    # No clean candidate at all: the unclean last member still beats staying down.
+    alone = ShardState((1, 2, 3), NO_LEADER, 5, (1,))
+    assert decide(meta, alone, {1}, {1}) == ShardState((1, 2, 3), 1, 6, (1,))
+    # An ELR member that restarted uncleanly is not eligible.
+    assert decide(meta, leaderless, {2}, {2}) is None
+
+
+def test_the_elr_follows_the_isr() -> None:
+    state = ShardState((1, 2, 3), 1, 0, (1, 2, 3))
+    shrunk = state.with_isr((1, 2), 2)
+    assert shrunk.elr == ()  # still at min_insync: the HW moves on without 3
+    below = shrunk.with_isr((1,), 2)
+    assert below.elr == (2,)  # left while the HW froze: holds everything below it
+    assert below.with_isr((1, 3), 2).elr == ()  # back at min_insync: the HW moves again
 
 
 async def _until(

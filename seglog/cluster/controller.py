@@ -38,24 +38,38 @@ log = logging.getLogger(__name__)
 RETRY_DELAY_S: Final = 0.5
 
 
-def decide(meta: DbMeta, state: ShardState, live: set[int]) -> ShardState | None:
-    """The state ``state`` should move to given the ``live`` nodes, or ``None`` to keep it."""
+def decide(
+    meta: DbMeta, state: ShardState, live: set[int], unclean: frozenset[int] | set[int] = frozenset()
+) -> ShardState | None:
+    """The state ``state`` should move to given the ``live`` nodes, or ``None`` to keep it.
+
+    ``unclean`` are live nodes whose store was open when their machine restarted (they may
+    have lost unsynced writes): elected only when no clean candidate is left.
+    """
     isr = tuple(r for r in state.isr if r in live)
     if not isr and state.isr:
         # Last replica standing: keep the last ISR member on record (not in live).
         isr = (state.isr[-1],) if state.leader == NO_LEADER else (state.leader,)
-    leader = state.leader
-    epoch = state.leader_epoch
+    new = state.with_isr(isr, meta.min_insync)
+    leader, epoch, elr = state.leader, state.leader_epoch, new.elr
     if leader not in live:
-        live_isr = [r for r in state.replicas if r in isr and r in live]
-        if live_isr:
-            leader, epoch = live_isr[0], epoch + 1
+        in_sync = [r for r in state.replicas if r in isr and r in live]
+        eligible = [r for r in state.replicas if r in elr and r in live and r not in unclean]
+        clean = [r for r in in_sync if r not in unclean]
+        if clean:
+            leader, epoch = clean[0], epoch + 1
+        elif eligible:
+            # KIP-966: an ELR member holds everything up to the high watermark.
+            leader, epoch = eligible[0], epoch + 1
+            isr, elr = (leader,), tuple(r for r in elr if r != leader)
+        elif in_sync:
+            leader, epoch = in_sync[0], epoch + 1  # the last known in-sync replica, unclean
         elif meta.unclean_election and any(r in live for r in state.replicas):
             leader = next(r for r in state.replicas if r in live)
-            isr, epoch = (leader,), epoch + 1
+            isr, elr, epoch = (leader,), (), epoch + 1
         elif leader != NO_LEADER:
             leader, epoch = NO_LEADER, epoch + 1
-    new = replace(state, leader=leader, leader_epoch=epoch, isr=isr)
+    new = replace(new, leader=leader, leader_epoch=epoch, isr=isr, elr=elr)
     return None if new == state else new
 
 
@@ -147,14 +161,16 @@ class Controller:
 
     async def reconcile(self, held: ControllerLease) -> None:
         """One pass: move every shard to the state :func:`decide` gives for the live nodes."""
-        live = set(await self.meta.live_nodes())
+        nodes = await self.meta.live_nodes()
+        live = set(nodes)
+        unclean = {n for n, info in nodes.items() if info.unclean_restart}
         for name in await self.meta.list_dbs():
             try:
                 db = await self.meta.get_db(name)
             except DatabaseNotFound:
                 continue
             for shard, (state, revision) in sorted((await self.meta.shards(name)).items()):
-                new = decide(db, state, live)
+                new = decide(db, state, live, unclean)
                 if new is None:
                     continue
                 try:

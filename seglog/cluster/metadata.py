@@ -63,6 +63,9 @@ class NodeInfo:
 
     node_id: int
     url: str
+    # Its store was open when the machine restarted: unsynced writes may be gone, so it may
+    # lack records up to the high watermark it had (KIP-966's unclean shutdown).
+    unclean_restart: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +108,9 @@ class ShardState:
     isr: tuple[int, ...]
     # Bumped on any change: fences updates computed from an older state.
     partition_epoch: int = 0
+    # Eligible leader replicas (KIP-966): removed from an ISR already below min_insync, so
+    # they hold everything up to the (frozen) high watermark; electable after the ISR.
+    elr: tuple[int, ...] = ()
 
     def validate(self) -> None:
         """Raise :class:`InvalidArgument` unless the invariants hold."""
@@ -112,10 +118,25 @@ class ShardState:
             raise InvalidArgument(f"replicas must be distinct and non-empty: {self.replicas}")
         if not set(self.isr) <= set(self.replicas):
             raise InvalidArgument(f"isr {self.isr} is not a subset of replicas {self.replicas}")
+        if not set(self.elr) <= set(self.replicas) or set(self.elr) & set(self.isr):
+            raise InvalidArgument(f"elr {self.elr} must be replicas outside the isr {self.isr}")
         if self.leader != NO_LEADER and self.leader not in self.isr:
             raise InvalidArgument(f"leader {self.leader} is not in the isr {self.isr}")
         if self.leader_epoch < 0 or self.partition_epoch < 0:
             raise InvalidArgument("epochs are non-negative")
+
+    def with_isr(self, isr: tuple[int, ...], min_insync: int) -> ShardState:
+        """This state with ``isr``, keeping KIP-966's eligible leader replicas.
+
+        While the new ISR is below ``min_insync`` the high watermark is frozen, so members
+        leaving it hold everything below it: they join the ELR. Once the ISR is back at
+        ``min_insync`` the high watermark moves again without them and the ELR is cleared.
+        """
+        if len(isr) >= min_insync:
+            return replace(self, isr=isr, elr=())
+        removed = [r for r in self.isr if r not in isr]
+        elr = tuple(r for r in dict.fromkeys([*self.elr, *removed]) if r not in isr)
+        return replace(self, isr=isr, elr=elr)
 
     def to_json(self) -> bytes:
         """The stored form."""
@@ -136,6 +157,7 @@ class ShardState:
                 leader_epoch=int(obj["leader_epoch"]),
                 isr=tuple(int(r) for r in obj["isr"]),
                 partition_epoch=int(obj["partition_epoch"]),
+                elr=tuple(int(r) for r in obj.get("elr", ())),
             )
             state.validate()
         except (ValueError, KeyError, TypeError, InvalidArgument) as exc:
@@ -252,7 +274,9 @@ class ClusterMetadata:
         if info.node_id < 0:
             raise InvalidArgument(f"node ids are non-negative, not {info.node_id}")
         lease = await self.etcd.lease_grant(ttl_s)
-        value = json.dumps({"node_id": info.node_id, "url": info.url}).encode()
+        value = json.dumps(
+            {"node_id": info.node_id, "url": info.url, "unclean_restart": info.unclean_restart}
+        ).encode()
         if not await self.etcd.cas(self._node_key(info.node_id), 0, value, lease=lease):
             await self.etcd.lease_revoke(lease)
             raise NodeIdInUse(f"node id {info.node_id} is registered by a live process")
@@ -264,7 +288,9 @@ class ClusterMetadata:
         nodes = {}
         for kv in kvs:
             obj = json.loads(kv.value)
-            nodes[int(obj["node_id"])] = NodeInfo(int(obj["node_id"]), str(obj["url"]))
+            nodes[int(obj["node_id"])] = NodeInfo(
+                int(obj["node_id"]), str(obj["url"]), bool(obj.get("unclean_restart", False))
+            )
         return nodes
 
     # --- databases ------------------------------------------------------------------------

@@ -49,7 +49,7 @@ from seglog.errors import (
 from seglog.isr import Acks, ShardLeaderState
 from seglog.isr.leader_state import DEFAULT_REPLICA_LAG_TIME_MAX_MS
 from seglog.isr.truncation import truncate_to_leader
-from seglog.store import Store
+from seglog.store import Shutdown, Store
 
 __all__ = ["ClusterConfig", "ClusterNode"]
 
@@ -184,7 +184,11 @@ class ClusterNode:
         it led before (this process before a lost lease, or a crashed predecessor) gets a
         new leader epoch first, so followers truncate against this incarnation's log.
         """
-        info = NodeInfo(self.node_id, self.config.advertise_url)
+        info = NodeInfo(
+            self.node_id,
+            self.config.advertise_url,
+            unclean_restart=self.store.last_shutdown is Shutdown.MACHINE_RESTART,
+        )
         deadline = asyncio.get_running_loop().time() + 3 * self.config.node_ttl_s + 5
         while True:
             try:
@@ -479,7 +483,7 @@ class ClusterNode:
             if not change.add and not change.remove:
                 lead.abort_isr_change()
                 return
-            new = replace(state, isr=change.apply(state.isr))
+            new = state.with_isr(change.apply(state.isr), self.dbs[name].min_insync)
             await self.meta.update_shard(name, shard, state, revision, new)
         except (StaleMetadata, MetadataError, LeaseNotFound) as exc:
             log.info("%s/%d: ISR change %s not applied: %s", name, shard, change, exc)
@@ -649,6 +653,7 @@ def _state_json(state: ShardState) -> dict[str, Any]:
         "leader_epoch": state.leader_epoch,
         "isr": list(state.isr),
         "partition_epoch": state.partition_epoch,
+        "elr": list(state.elr),
     }
 
 
