@@ -378,3 +378,82 @@ async def _produce_shard_ok(cache: Any, url: str, shard: int) -> bool:
     except (NotLeader, NotEnoughReplicas):
         return False
     return True
+
+
+def test_a_leader_cut_off_from_its_followers_acknowledges_nothing(
+    server_factory: ServerFactory, etcd: EtcdProcess, run: Run[None]
+) -> None:
+    """The leader keeps its etcd lease and its producer but loses its followers (a partition)."""
+    from tests.fault_proxy import FaultProxy
+
+    proxies = {i: FaultProxy() for i in (1, 2, 3)}
+    try:
+        nodes = {
+            i: server_factory(
+                "--etcd",
+                etcd.url,
+                "--node-id",
+                str(i),
+                "--node-ttl-s",
+                "2",
+                "--replica-lag-time-max-ms",
+                "1500",
+                "--advertise",
+                proxies[i].url,  # peers reach each node only through its proxy
+            )
+            for i in (1, 2, 3)
+        }
+        for i, proxy in proxies.items():
+            proxy.set_target(nodes[i].url)
+
+        async def main() -> None:
+            sessions = {i: NodeSession(p.url) for i, p in nodes.items()}
+            try:
+                await sessions[1].request(
+                    "POST",
+                    "/v1/dbs",
+                    json_body={"name": DB, "shards": 1, "replication_factor": 3, "min_insync": 2},
+                )
+
+                async def leader() -> int | None:
+                    for i in (1, 2, 3):
+                        view = await cluster_view(sessions[i])
+                        if any(p["db"] == DB for p in view["leading"]):
+                            return i
+                    return None
+
+                lead = await until(leader, "a leader")
+                before = [f"a{i}" for i in range(20)]
+                await until(lambda: _produce_ok(sessions[lead], before), "acks=all before the cut")
+                proxies[lead].cut()
+
+                async def isolated() -> bool:
+                    view = await cluster_view(sessions[lead])
+                    return view["dbs"][DB]["state"][0]["isr"] == [lead]
+
+                await until(isolated, "the followers dropped from the leader's ISR")
+                # The producer still reaches the leader, which acknowledges nothing.
+                with pytest.raises(NotEnoughReplicas):
+                    await produce(sessions[lead], 0, ["during"])
+                proxies[lead].heal()
+
+                async def whole() -> bool:
+                    view = await cluster_view(sessions[lead])
+                    return sorted(view["dbs"][DB]["state"][0]["isr"]) == [1, 2, 3]
+
+                await until(whole, "the followers back in the ISR")
+                after = [f"b{i}" for i in range(5)]
+                await until(lambda: _produce_ok(sessions[lead], after), "acks=all after healing")
+                for i in (1, 2, 3):
+                    records, _ = await until(
+                        lambda i=i: _when_hw(sessions[i], 0, len(before) + len(after)), f"node {i}"
+                    )
+                    assert [v.decode() for _, v in records] == before + after, i
+            finally:
+                for s in sessions.values():
+                    await s.close()
+
+        run(main())
+    finally:
+        for proxy in proxies.values():
+            proxy.close()
