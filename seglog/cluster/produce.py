@@ -21,7 +21,7 @@ from seglog.errors import InvalidRecord, InvalidRequest, Overloaded, Unsupported
 from seglog.isr import Acks
 from seglog.record import Record
 
-__all__ = ["parse_ndjson", "produce", "reply_parts"]
+__all__ = ["ACKS", "acks_param", "parse_ndjson", "produce", "reply_parts"]
 
 
 def _bytes(value: Any, what: str, index: int) -> bytes:
@@ -83,6 +83,24 @@ def parse_ndjson(body: bytes) -> list[Record]:
     return records
 
 
+# What a produce waits for before it replies. On a single node all three mean the same:
+# the local write, durable under the server's fsync policy (replication, issue 13, gives
+# "1" = the leader, "quorum" = a majority of replicas, "all" = the in-sync replicas).
+ACKS = ("1", "all", "quorum")
+
+
+def acks_param(request: web.Request) -> str:
+    """The ``acks`` query parameter (default ``"all"``).
+
+    Raises:
+        InvalidRequest: Not one of :data:`ACKS`.
+    """
+    acks = request.query.get("acks", "all")
+    if acks not in ACKS:
+        raise InvalidRequest(f"query parameter acks must be one of {', '.join(ACKS)}, not {acks[:40]!r}")
+    return acks
+
+
 def _parse_arrow(body: bytes) -> pa.Table:
     try:
         reader = pa.ipc.open_stream(body)
@@ -132,6 +150,7 @@ async def produce(request: web.Request) -> web.Response:
     node = request.app[NODE]
     db = await node.database(request.match_info["db"])
     shard = query_int(request, "shard", None, maximum=db.shards - 1)
+    acks_param(request)
     content_type = request.content_type
     if content_type not in (protocol.ARROW_STREAM, protocol.NDJSON):
         raise UnsupportedContentType(
