@@ -240,7 +240,8 @@ class Producer:
         acks: ``1``, ``"all"`` or ``"quorum"`` (the same on a single node: the local write,
             durable under the node's fsync policy).
         linger_ms: How long a batch stays open for more records.
-        max_batch_bytes: Seal a batch (and cap a request) at about this many bytes.
+        max_batch_bytes: Seal a batch (and cap a request) at about this many bytes (at
+            most a quarter of ``buffer_max_bytes``).
         max_in_flight: Produce requests in flight at once.
         retries: Retries of a retriable failure per request (``None``: until stopped).
         retry_backoff_ms: First retry delay; doubles per retry ...
@@ -305,7 +306,9 @@ class Producer:
         self.db = db
         self._acks = str(acks)
         self._linger_s = linger_ms / 1000
-        self._max_batch_bytes = max_batch_bytes
+        # A batch never takes more than a quarter of the buffer, so that "drop_oldest" has
+        # sealed batches to drop and the open batch alone never fills the buffer.
+        self._max_batch_bytes = min(max_batch_bytes, max(1, buffer_max_bytes // 4))
         self._max_in_flight = max_in_flight
         self._retries = retries
         self._backoff_s = retry_backoff_ms / 1000
@@ -431,6 +434,8 @@ class Producer:
                     )
                     self._buffer.ack(item_id)
                     continue
+                self._unfinished[item_id] = item
+                self._last_id = item_id
                 self._enqueue(item)
                 self._buffered += len(payload)
                 replayed += item.count
@@ -586,7 +591,7 @@ class Producer:
             StorageError: Writing the disk buffer failed (``"always"``); the record is not accepted.
         """
         self._check_running()
-        hdrs = dict(headers) if headers is not None and not isinstance(headers, dict) else headers
+        hdrs = dict(headers) if isinstance(headers, Mapping) and not isinstance(headers, dict) else headers
         stamp, size = validate_record(
             topic,
             value,
@@ -1025,6 +1030,10 @@ class Producer:
                 await self._run_io(commit)
             except OSError as exc:
                 log.warning("producer: writing the buffer's commit file failed: %s", exc)
+            except asyncio.CancelledError:
+                # Stopping: the close applies these (acks are idempotent if this one ran).
+                self._acks_to_commit[:0] = acks
+                raise
             await asyncio.sleep(_COMMIT_INTERVAL_S)
 
     # --- helpers -------------------------------------------------------------------------
