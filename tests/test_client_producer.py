@@ -559,3 +559,29 @@ def test_overflow_drop_oldest_drops_and_counts(server: ServerProcess) -> None:
         assert stored == [b"%04d" % i for i in kept]
 
     asyncio.run(main())
+
+
+def test_send_arrow_larger_than_the_buffer_goes_in_slices(server: ServerProcess) -> None:
+    n = 5000
+    table = pa.table(
+        {"topic": [f"big/{i % 9}" for i in range(n)], "value": [b"%05d" % i + b"x" * 200 for i in range(n)]}
+    )
+
+    async def main() -> None:
+        await _create(server.url)
+        async with Producer(server.url, DB, buffer_max_bytes=64 << 10, overflow="error") as p:
+            with pytest.raises(BufferFull):  # "error" takes a table whole or not at all
+                await p.send_arrow(table)
+            assert p.buffered_bytes == 0
+        async with Producer(server.url, DB, buffer_max_bytes=64 << 10) as p:
+            result = await (await p.send_arrow(table))
+            assert p.sent_requests > 16  # ~1 MB through a 64 KiB buffer
+        stored = {r.value[:5]: r for r in await _read_all(server.url)}
+        assert len(stored) == n
+        for i, (shard, offset) in enumerate(
+            zip(result["shard"].to_pylist(), result["offset"].to_pylist(), strict=True)
+        ):
+            rec = stored[b"%05d" % i]
+            assert (rec.shard, rec.offset) == (shard, offset)
+
+    asyncio.run(main())

@@ -158,7 +158,7 @@ class _Item:
         payload: bytes,
         futs: list[asyncio.Future[RecordMeta]] | None = None,
         ts: list[int] | None = None,
-        arrow: _ArrowSend | None = None,
+        arrow: _ArrowResult | None = None,
         rows: np.ndarray[Any, Any] | None = None,
     ) -> None:
         self.id = -1
@@ -202,31 +202,52 @@ class _Group:
         self.durable: asyncio.Future[None] = loop.create_future()
 
 
-class _ArrowSend:
+class _ArrowResult:
     """One :meth:`Producer.send_arrow` call: its result columns fill in as parts are acknowledged."""
 
-    __slots__ = ("batch", "bytes", "durable", "future", "offsets", "remaining", "shards")
+    __slots__ = ("future", "offsets", "pending", "shards")
 
-    def __init__(self, batch: pa.RecordBatch, size: int, loop: asyncio.AbstractEventLoop) -> None:
-        n = batch.num_rows
-        self.batch = batch
-        self.bytes = size
+    def __init__(self, n: int, slices: int, loop: asyncio.AbstractEventLoop) -> None:
         self.shards = np.empty(n, np.int32)
         self.offsets = np.empty(n, np.int64)
-        self.remaining = 0
+        # One per slice not yet built into items, plus one per item not yet acknowledged.
+        self.pending = slices
         self.future: asyncio.Future[pa.Table] = loop.create_future()
-        self.durable: asyncio.Future[None] = loop.create_future()
+        if not n:
+            self.future.set_result(self.table())
+
+    def table(self) -> pa.Table:
+        return pa.table({"shard": self.shards, "offset": self.offsets})
 
     def part_done(self, rows: np.ndarray[Any, Any], shard: int, base: int) -> None:
         self.shards[rows] = shard
         self.offsets[rows] = np.arange(base, base + len(rows), dtype=np.int64)
-        self.remaining -= 1
-        if not self.remaining and not self.future.done():
-            self.future.set_result(pa.table({"shard": self.shards, "offset": self.offsets}))
+        self.pending -= 1
+        if not self.pending and not self.future.done():
+            self.future.set_result(self.table())
 
     def fail(self, exc: BaseException) -> None:
         if not self.future.done():
             self.future.set_exception(exc)
+            self.future.exception()  # a caller that dropped the future must not get noise
+
+
+class _ArrowSend:
+    """A slice of a :meth:`Producer.send_arrow` table on its way into the buffer."""
+
+    __slots__ = ("batch", "bytes", "durable", "result", "row_base")
+
+    def __init__(
+        self, batch: pa.RecordBatch, row_base: int, result: _ArrowResult, loop: asyncio.AbstractEventLoop
+    ) -> None:
+        self.batch = batch
+        self.row_base = row_base
+        self.result = result
+        self.bytes = batch.nbytes + _RECORD_OVERHEAD * batch.num_rows
+        self.durable: asyncio.Future[None] = loop.create_future()
+
+    def fail(self, exc: BaseException) -> None:
+        self.result.fail(exc)
 
 
 class Producer:
@@ -446,6 +467,8 @@ class Producer:
             asyncio.create_task(self._sender(), name="seglog-producer-sender"),
             asyncio.create_task(self._committer(), name="seglog-producer-commit"),
         ]
+        for task in self._tasks:
+            task.add_done_callback(_report_crash)
 
     async def _describe(self) -> dict[str, Any]:
         """``GET /v1/dbs/{db}``; cached in (and, when the node is down, read from) buffer_dir."""
@@ -649,7 +672,10 @@ class Producer:
         The whole table is validated first (``InvalidRecord``: nothing enqueued); rows
         without ``ts`` are stamped now. It is split by shard (and into batches of about
         ``max_batch_bytes``) and sent like :meth:`send`'s batches; returns as :meth:`send`
-        does.
+        does. A table larger than half of ``buffer_max_bytes`` is taken in slices of a
+        quarter of it, each waiting for room by the overflow policy (``"error"`` takes the
+        table whole or raises ``BufferFull``); if room for a later slice never comes, the
+        future fails with ``BufferFull`` and the earlier slices are still sent.
 
         Returns:
             A future of what ``Database.append_arrow`` returns: a table with ``shard``
@@ -666,20 +692,36 @@ class Producer:
             min_ts_us=self._min_ts_us,
             max_ts_us=self._max_ts_us,
         ).select(PRODUCE_SCHEMA.names)
-        work = _ArrowSend(batch, batch.nbytes + _RECORD_OVERHEAD * batch.num_rows, self._loop)
-        if not batch.num_rows:
-            work.future.set_result(pa.table({"shard": work.shards, "offset": work.offsets}))
-            return work.future
-        if self._buffered + work.bytes > self._max_bytes:
-            await self._make_room(work.bytes)
-            self._check_running()
-        self._buffered += work.bytes
-        self._seal()  # the open batch goes first: per-shard order is send order
-        self._seal_queue.append(work)
-        self._wake_writer.set()
+        n = batch.num_rows
+        size = batch.nbytes + _RECORD_OVERHEAD * n
+        if size > self._max_bytes // 2 and self._overflow != "error":
+            # Larger than half the buffer: enqueue it in slices, each waiting for room.
+            per_slice = max(1, n * (self._max_bytes // 4) // size)
+        else:
+            per_slice = max(n, 1)
+        starts = range(0, n, per_slice)
+        result = _ArrowResult(n, len(starts), self._loop)
+        works: list[_ArrowSend] = []
+        for start in starts:
+            work = _ArrowSend(batch.slice(start, per_slice), start, result, self._loop)
+            if self._buffered + work.bytes > self._max_bytes:
+                try:
+                    await self._make_room(work.bytes)
+                    self._check_running()
+                except BaseException as exc:
+                    if not works:
+                        raise  # nothing enqueued
+                    result.fail(exc)  # earlier slices are on their way: report on the future
+                    break
+            self._buffered += work.bytes
+            self._seal()  # the open batch goes first: per-shard order is send order
+            self._seal_queue.append(work)
+            self._wake_writer.set()
+            works.append(work)
         if self._eager:
-            await work.durable
-        return work.future
+            for work in works:
+                await work.durable
+        return result.future
 
     async def flush(self) -> None:
         """Send everything accepted so far and wait until each batch is acknowledged or failed.
@@ -733,7 +775,11 @@ class Producer:
             if not heads:
                 return
             _, shard = min(heads)
-            item = self._unsent[shard].popleft()
+            queue = self._unsent[shard]
+            item = queue.popleft()
+            if not queue:
+                with contextlib.suppress(ValueError):
+                    self._ready_shards.remove(shard)
             self._unsent_bytes -= len(item.payload)
             self.dropped_batches += 1
             self.dropped_records += item.count
@@ -862,7 +908,7 @@ class Producer:
         chunk_rows = max(1, self._max_batch_bytes // per_row)
         items = []
         for shard, rows, part in self._split(batch):
-            all_rows = np.arange(n) if rows is None else rows
+            all_rows = work.row_base + (np.arange(n) if rows is None else rows)
             for start in range(0, part.num_rows, chunk_rows):
                 piece = part.slice(start, chunk_rows)
                 items.append(
@@ -870,11 +916,11 @@ class Producer:
                         shard,
                         piece.num_rows,
                         _payload(shard, piece),
-                        arrow=work,
+                        arrow=work.result,
                         rows=all_rows[start : start + piece.num_rows],
                     )
                 )
-        work.remaining = len(items)
+        work.result.pending += len(items) - 1  # this slice is built: its items are what is left
         return items
 
     def _split(self, batch: pa.RecordBatch) -> list[tuple[int, np.ndarray[Any, Any] | None, pa.RecordBatch]]:
@@ -916,7 +962,9 @@ class Producer:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._batch_full.wait(), linger)
             await self._slots.acquire()
-            if not self._ready_shards:  # dropped meanwhile
+            while self._ready_shards and not self._unsent[self._ready_shards[0]]:
+                self._ready_shards.popleft()  # its batches were dropped meanwhile
+            if not self._ready_shards:
                 self._slots.release()
                 continue
             shard = self._ready_shards.popleft()
@@ -1075,6 +1123,11 @@ def _fail_all(futs: list[asyncio.Future[RecordMeta]], exc: BaseException) -> Non
         if not fut.done():
             fut.set_exception(exc)
             fut.exception()  # a caller that dropped the future must not get "never retrieved" noise
+
+
+def _report_crash(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("producer: task %s failed", task.get_name(), exc_info=task.exception())
 
 
 def _wake(waiters: list[asyncio.Future[None]]) -> None:
