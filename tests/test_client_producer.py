@@ -92,7 +92,7 @@ async def _in_thread(fn: Callable[[], Any]) -> Any:
 # --- round trips ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("buffered", ["memory", "disk"])
+@pytest.mark.parametrize("buffered", ["memory", "always", "interval", "never"])
 def test_send_send_and_wait_send_arrow_agree_with_what_is_stored(
     server: ServerProcess, tmp_path: Path, buffered: str
 ) -> None:
@@ -117,8 +117,10 @@ def test_send_send_and_wait_send_arrow_agree_with_what_is_stored(
 
     async def main() -> None:
         await _create(server.url)
-        buffer_dir = None if buffered == "memory" else tmp_path / "buf"
-        async with Producer(server.url, DB, buffer_dir=buffer_dir, acks=1) as p:
+        disk: dict[str, Any] = (
+            {} if buffered == "memory" else {"buffer_dir": tmp_path / "buf", "buffer_fsync": buffered}
+        )
+        async with Producer(server.url, DB, acks=1, **disk) as p:
             assert p.shards == SHARDS
             futures = [await p.send(t, v, key=k, ts=ts, headers=h) for t, v, k, ts, h in specs]
             single = await p.send_and_wait("dev/x", b"single", key=b"kx")

@@ -56,19 +56,27 @@ database.
 * ``"never"``: as ``"interval"`` without syncs: an OS crash loses what the OS had not yet
   written back, and may leave a damaged older segment (``CorruptBuffer`` on open).
 
-**Acknowledgement rule: at least once.** A record is stored at least once if its
-``send()`` returned (under ``"always"``, or once its batch is sealed under the others) and
-the producer is eventually restarted on the same ``buffer_dir`` or its future resolves.
-It can be stored twice when a batch is resent after an ambiguous failure: a request whose
-connection was lost or timed out after the node may have written it (retried), or a
-producer killed between the node's write and the commit-file update (the commit file is
-written at most every 50 ms, and acknowledgements above an older batch still in flight are
-not persisted: both are resent on restart). Every resend is of whole batches, so
-duplicates come only from batches that were in flight (or acknowledged but not yet
-committed) at the failure. The idempotent producer (issue 13: producer id + sequence
-numbers checked by the leader) removes these duplicates. Order within a shard is kept
-unless a retry happens while a later batch of the same shard is in flight; set
-``max_in_flight=1`` for strict per-shard order.
+**Acknowledgement rule: at least once.** A future that resolves to a ``RecordMeta`` means
+the node stored the record at that offset. With a disk buffer, a record is *accepted* when
+its ``send()`` returned under ``"always"`` (under ``"interval"``/``"never"``: once its batch
+was sealed, and not lost by an OS crash per the policy above); an accepted record is stored
+at least once, by this producer or by the next one started on the same ``buffer_dir``,
+unless its batch was given up on (its future then says why: a non-retriable error, retries
+run out, or ``"drop_oldest"``). Without a disk buffer only this process can send it, so a
+``stop()`` that times out fails what is left with ``ClosedResourceError``.
+
+A record can be stored twice when its batch is sent again after an ambiguous failure:
+(1) a request whose connection was lost or that timed out after the node may have written
+it is retried; (2) a producer killed after the node's write and before the commit file
+recorded the acknowledgement resends the batch on restart (the commit file is rewritten at
+most every 50 ms, and an acknowledgement above an older batch still unacknowledged is not
+persisted). Resends are of whole batches, so only batches in flight at the failure (or
+acknowledged but not yet committed, for a producer restart) can be duplicated; a failed
+future whose error was ambiguous (``ServerUnavailable`` after retries ran out) may also
+have been stored. The idempotent producer (issue 13: a producer id and per-shard sequence
+numbers the leader checks) removes these duplicates. Order within a shard is send order
+unless a retry happens while a later batch of that shard is in flight (``max_in_flight=1``
+keeps strict order).
 
 **Overflow** (``buffer_max_bytes``, counting records accepted and not yet acknowledged):
 ``"block"`` waits for acknowledgements to free room, up to ``request_timeout_ms``, then
@@ -274,8 +282,8 @@ class Producer:
         buffer_fsync: ``"always"``, ``"interval"`` or ``"never"`` (disk buffer only).
 
     Metrics (attributes): ``dropped_records``, ``dropped_batches`` (``"drop_oldest"``),
-    ``failed_batches`` (given up on), ``retried_requests``, ``sent_requests``,
-    ``buffered_bytes`` (property).
+    ``failed_batches`` (given up on), ``retried_requests``, ``sent_requests`` (attempts,
+    retries included), ``buffered_bytes`` (property).
     """
 
     def __init__(
@@ -330,7 +338,6 @@ class Producer:
         # A batch never takes more than a quarter of the buffer, so that "drop_oldest" has
         # sealed batches to drop and the open batch alone never fills the buffer.
         self._max_batch_bytes = min(max_batch_bytes, max(1, buffer_max_bytes // 4))
-        self._max_in_flight = max_in_flight
         self._retries = retries
         self._backoff_s = retry_backoff_ms / 1000
         self._backoff_max_s = max(retry_backoff_max_ms, retry_backoff_ms) / 1000
@@ -377,7 +384,6 @@ class Producer:
         self._flushing = 0
         self._started = False
         self._closed = False
-        self._stopping = asyncio.Event()
         # Metrics.
         self.dropped_records = 0
         self.dropped_batches = 0
@@ -521,7 +527,6 @@ class Producer:
 
     async def _shutdown(self) -> None:
         self._closed = True
-        self._stopping.set()
         if self._linger_handle is not None:
             self._linger_handle.cancel()
         if self._sync_timer is not None:
@@ -783,9 +788,7 @@ class Producer:
             self._unsent_bytes -= len(item.payload)
             self.dropped_batches += 1
             self.dropped_records += item.count
-            log.warning(
-                "producer: dropped a batch of %d records of shard %d (buffer full)", item.count, shard
-            )
+            log.debug("producer: dropped a batch of %d records of shard %d (buffer full)", item.count, shard)
             self._fail_item(item, dropped)
             self._finish(item)
 
