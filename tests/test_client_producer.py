@@ -554,9 +554,12 @@ def test_overflow_drop_oldest_drops_and_counts(server: ServerProcess) -> None:
             await p.flush()
             kept = [i for i, f in enumerate(futures) if not (f.done() and f.exception())]
             assert len(kept) == len(futures) - p.dropped_records
-            # The oldest go first: except the batch in flight when the node went down,
-            # everything dropped precedes everything kept but that batch.
             assert all(f.done() and f.exception() is None for f in futures if f not in dropped)
+            # The oldest go first: the records kept are those of the request in flight when
+            # the node went down (a prefix) and the newest (a suffix); the dropped lie between.
+            gone = [i for i, f in enumerate(futures) if f in dropped]
+            assert gone == list(range(gone[0], gone[-1] + 1))
+            assert kept == [*range(gone[0]), *range(gone[-1] + 1, len(futures))] and gone[0] > 0
         stored = [r.value[:4] for r in await _read_all(server.url)]
         assert stored == [b"%04d" % i for i in kept]
 
