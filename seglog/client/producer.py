@@ -28,10 +28,13 @@ How a record travels:
    named (e.g. ``InvalidRecord``, ``PermissionDenied``); a batch given up on is removed from
    the buffer.
 
-``acks``: ``1``, ``"all"`` (default) or ``"quorum"``, sent as ``acks=``. On a single node
-all three wait for the same thing: the node's local write, durable under the node's own
-fsync policy. Replication (issue 13) will make them the leader, all in-sync replicas, and a
-majority.
+``acks``: ``1``, ``"all"`` (default) or ``"quorum"``, sent as ``acks=``. For a database
+that is not replicated (every database of a single ``seglog serve`` node) all three wait
+for the same thing: the node's local write, durable under the node's own fsync policy. On a
+replicated database they mean the leader's write, a majority of the replicas, and every
+in-sync replica (see the cluster section of the README); this producer sends every shard to
+the one node ``url`` names, so it suits a single node or a cluster whose shards that node
+leads (``NotLeader`` and ``NotEnoughReplicas`` are retried like any ``ServerUnavailable``).
 
 **The buffer** holds every batch from sealing until the node acknowledged it (or it was
 given up on): in memory (``buffer_dir=None``) or on disk (``buffer_dir=``, see
@@ -266,8 +269,8 @@ class Producer:
         db: The database (it must exist).
         token: Bearer token (needs ``write`` on ``db``).
         ssl: TLS context for ``https``.
-        acks: ``1``, ``"all"`` or ``"quorum"`` (the same on a single node: the local write,
-            durable under the node's fsync policy).
+        acks: ``1``, ``"all"`` or ``"quorum"`` (on a database that is not replicated all
+            mean the node's local write, durable under its fsync policy).
         linger_ms: How long a batch stays open for more records.
         max_batch_bytes: Seal a batch (and cap a request) at about this many bytes (at
             most a quarter of ``buffer_max_bytes``).
