@@ -43,7 +43,10 @@ replaced commit file of the acknowledged position). On :meth:`~Producer.start` e
 the disk buffer holds that was never acknowledged is resent, before any new data of its
 shard. The database description is cached in the directory (``producer.json``) so a
 producer can start, and buffer, while the node is down; a directory belongs to one
-database.
+database. A buffer item is ``b"SP" | version u8 (1) | 0 u8 | shard u32 | record count u32``
+(little-endian) and then one Arrow IPC record-batch message with the produce columns
+(``ts, topic, key, value, headers``): a request body is the schema message, the items'
+messages, and the end-of-stream marker, so nothing is re-encoded on the way out.
 
 ``buffer_fsync`` (disk buffer only) decides what a returned ``send()`` survives:
 
