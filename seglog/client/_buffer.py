@@ -62,7 +62,9 @@ from seglog import _fs
 from seglog.errors import BusyResourceError, ClosedResourceError, CorruptBuffer, InvalidArgument
 
 __all__ = [
+    "DEFAULT_FSYNC_INTERVAL_S",
     "DEFAULT_SEGMENT_BYTES",
+    "FSYNC_POLICIES",
     "ITEM_HEADER_BYTES",
     "Buffer",
     "DiskBuffer",

@@ -114,7 +114,14 @@ import pyarrow as pa
 
 from seglog import _fs
 from seglog._routing import route_rows
-from seglog.client._buffer import FSYNC_POLICIES, Buffer, DiskBuffer, FsyncPolicy, MemoryBuffer
+from seglog.client._buffer import (
+    DEFAULT_FSYNC_INTERVAL_S,
+    FSYNC_POLICIES,
+    Buffer,
+    DiskBuffer,
+    FsyncPolicy,
+    MemoryBuffer,
+)
 from seglog.client._http import NodeSession
 from seglog.cluster import protocol
 from seglog.errors import (
@@ -864,12 +871,13 @@ class Producer:
                 if not work.durable.done():
                     work.durable.set_result(None)
             if self._fsync == "interval" and self._io is not None and self._sync_timer is None:
-                self._sync_timer = self._loop.call_later(1.0, self._sync_soon) if self._loop else None
+                assert self._loop is not None
+                self._sync_timer = self._loop.call_later(DEFAULT_FSYNC_INTERVAL_S, self._sync_soon)
 
     def _sync_soon(self) -> None:
         self._sync_timer = None
         if self._io is not None and self._buffer is not None:
-            self._io.submit(self._buffer.sync)
+            self._io.submit(self._buffer.sync).add_done_callback(_report_sync)
 
     def _fail_work(self, work: _Group | _ArrowSend, exc: SeglogError) -> None:
         self._buffered -= work.bytes
@@ -1137,6 +1145,11 @@ def _fail_all(futs: list[asyncio.Future[RecordMeta]], exc: BaseException) -> Non
 def _report_crash(task: asyncio.Task[None]) -> None:
     if not task.cancelled() and task.exception() is not None:
         log.error("producer: task %s failed", task.get_name(), exc_info=task.exception())
+
+
+def _report_sync(fut: concurrent.futures.Future[None]) -> None:
+    if not fut.cancelled() and fut.exception() is not None:
+        log.warning("producer: syncing the buffer failed: %s", fut.exception())
 
 
 def _wake(waiters: list[asyncio.Future[None]]) -> None:
