@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Final, overload
 import numpy as np
 import pyarrow as pa
 
-from seglog._routing import routing_hashes, shard_for
+from seglog._routing import route_rows, shard_for
 from seglog.db_config import DbConfig, validate_db_name
 from seglog.engines.base import Engine, Quota, SegmentedEngine, ShardStats, empty_read_table
 from seglog.errors import ClosedResourceError, ConfigMismatch, InvalidArgument, OffsetOutOfRange
@@ -283,16 +283,7 @@ class Database:
         self, batch: pa.RecordBatch, explicit: list[int | None]
     ) -> np.ndarray[Any, np.dtype[np.int32]]:
         """Shard of every row: explicit, else the routing hash of the key, else of the topic."""
-        shards = np.uint64(self.config.shards)
-        keys = batch.column("key")
-        if keys.null_count == 0:  # every row keyed (the usual shape): topics are not hashed
-            routes = routing_hashes(keys) % shards
-        else:
-            routes = routing_hashes(batch.column("topic")) % shards
-            if keys.null_count != len(keys):
-                key_routes = routing_hashes(keys) % shards
-                routes = np.where(keys.is_valid().to_numpy(zero_copy_only=False), key_routes, routes)
-        out = routes.astype(np.int32)
+        out = route_rows(batch.column("topic"), batch.column("key"), self.config.shards)
         if explicit:
             forced = np.array([-1 if s is None else s for s in explicit], np.int32)
             out = np.where(forced >= 0, forced, out).astype(np.int32)

@@ -15,9 +15,11 @@ from __future__ import annotations
 __all__ = [
     "AppendFailed",
     "AuthenticationFailed",
+    "BufferFull",
     "BusyResourceError",
     "ClosedResourceError",
     "ConfigMismatch",
+    "CorruptBuffer",
     "CorruptCheckpoint",
     "CorruptFrame",
     "CorruptLTS",
@@ -192,6 +194,16 @@ class QuotaExceeded(UsageError):
     """The append would take the store over its soft quota; nothing was written."""
 
 
+class BufferFull(QuotaExceeded):
+    """A network producer's local buffer (``buffer_max_bytes``) has no room; nothing was enqueued.
+
+    Raised by ``Producer.send`` under ``overflow="error"`` (and under ``"block"`` when no room
+    freed up within the request timeout), and set on the futures of records that
+    ``overflow="drop_oldest"`` dropped. Like :class:`QuotaExceeded` it is a local quota: the
+    same call can succeed once acknowledgements free space.
+    """
+
+
 class InvalidRequest(InvalidArgument):
     """A request to a seglog server is malformed (bad query, undecodable body); nothing was written."""
 
@@ -258,6 +270,24 @@ class AppendFailed(StorageError):
 
 class CorruptFrame(StorageError):
     """A frame failed its magic, length or CRC check."""
+
+
+class CorruptBuffer(StorageError):
+    """A producer's disk buffer failed a check that a torn write cannot explain.
+
+    A torn tail (an item cut short, or a bad last item, at the end of the newest segment) is
+    truncated on open; a bad item followed by a good one, a bad item in an older segment, or a
+    bad commit file is damage and raises this (nothing is dropped silently).
+
+    Attributes:
+        path: The damaged file.
+        position: Byte position of the bad item (None for the commit file).
+    """
+
+    def __init__(self, message: str, *, path: str, position: int | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+        self.position = position
 
 
 class CorruptCheckpoint(StorageError):

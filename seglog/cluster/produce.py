@@ -17,11 +17,11 @@ from seglog.cluster.context import NODE
 from seglog.cluster.node import ClusterNode
 from seglog.cluster.params import query_int
 from seglog.db import Database
-from seglog.errors import InvalidRecord, InvalidRequest, Overloaded, UnsupportedContentType
+from seglog.errors import InvalidArgument, InvalidRecord, InvalidRequest, Overloaded, UnsupportedContentType
 from seglog.isr import Acks
 from seglog.record import Record
 
-__all__ = ["parse_ndjson", "produce", "reply_parts"]
+__all__ = ["acks_param", "parse_ndjson", "produce", "reply_parts"]
 
 
 def _bytes(value: Any, what: str, index: int) -> bytes:
@@ -83,6 +83,22 @@ def parse_ndjson(body: bytes) -> list[Record]:
     return records
 
 
+def acks_param(request: web.Request) -> Acks:
+    """The ``acks`` query parameter: ``1``, ``quorum`` or ``all`` (the default; ``-1`` too).
+
+    On a database that is not replicated all three wait for the same thing, the node's local
+    write made durable under its fsync policy; on a replicated one ``1`` is the leader's
+    durable write, ``quorum`` a majority of the replicas, ``all`` every in-sync replica.
+
+    Raises:
+        InvalidRequest: Anything else (checked before the body is read).
+    """
+    try:
+        return Acks.parse(request.query.get("acks", Acks.ALL.value))
+    except InvalidArgument as exc:
+        raise InvalidRequest(f"query parameter {exc}") from None
+
+
 def _parse_arrow(body: bytes) -> pa.Table:
     try:
         reader = pa.ipc.open_stream(body)
@@ -103,10 +119,9 @@ def reply_parts(shards: np.ndarray[Any, Any], offsets: np.ndarray[Any, Any]) -> 
 
 
 async def _produce_replicated(
-    request: web.Request, cluster: ClusterNode, db: Database, shard: int | None
+    request: web.Request, cluster: ClusterNode, db: Database, shard: int | None, acks: Acks
 ) -> web.Response:
     """A produce to a replicated database: one shard, led here, acknowledged per ``acks``."""
-    acks = Acks.parse(request.query.get("acks", Acks.ALL.value))
     if shard is None:
         raise InvalidRequest("a replicated database takes one shard per produce request (?shard=N)")
     lead = cluster.leader_for_append(db.name, shard, acks)  # before reading or writing anything
@@ -132,6 +147,7 @@ async def produce(request: web.Request) -> web.Response:
     node = request.app[NODE]
     db = await node.database(request.match_info["db"])
     shard = query_int(request, "shard", None, maximum=db.shards - 1)
+    acks = acks_param(request)
     content_type = request.content_type
     if content_type not in (protocol.ARROW_STREAM, protocol.NDJSON):
         raise UnsupportedContentType(
@@ -146,7 +162,7 @@ async def produce(request: web.Request) -> web.Response:
     node.idle.clear()
     try:
         if node.cluster is not None and node.cluster.replicated(db.name):
-            return await _produce_replicated(request, node.cluster, db, shard)
+            return await _produce_replicated(request, node.cluster, db, shard, acks)
         body = await request.read()
         started = time.perf_counter()
         if content_type == protocol.ARROW_STREAM:
