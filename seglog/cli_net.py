@@ -144,6 +144,12 @@ def add_produce_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None
         "--shard", type=_int_at_least(0), help="append to this shard (default: the node routes by key/topic)"
     )
     pr.add_argument(
+        "--acks",
+        choices=("1", "quorum", "all"),
+        help="a replicated database: when a request is acknowledged (default all; needs --shard "
+        "and the shard's leader as --url)",
+    )
+    pr.add_argument(
         "--batch",
         type=_int_at_least(1),
         default=DEFAULT_BATCH_LINES,
@@ -244,6 +250,15 @@ def add_admin_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
         ("--retention-ms", "keep records this long"),
     ):
         cr.add_argument(flag, type=_int_at_least(0), help=what)
+    cr.add_argument(
+        "--replication-factor",
+        type=_int_at_least(1),
+        help="replicas of each shard (a cluster node: seglog serve --etcd ...)",
+    )
+    cr.add_argument("--min-insync", type=_int_at_least(1), help="in-sync replicas acks=all needs")
+    cr.add_argument(
+        "--unclean-election", action="store_true", help="allow an out-of-sync replica to become leader"
+    )
     cr.add_argument(
         "--exist-ok", action="store_true", help="no error if it exists with the same shards/engine"
     )
@@ -385,13 +400,17 @@ async def _admin_action(session: NodeSession, args: argparse.Namespace) -> int:
             "max_record_bytes",
             "retention_bytes",
             "retention_ms",
+            "replication_factor",
+            "min_insync",
         ):
             value = getattr(args, name)
             if value is not None:
                 body[name] = value
+        if args.unclean_election:
+            body["unclean_election"] = True
         body.update(name=args.db, exist_ok=args.exist_ok)
         desc = (await session.request("POST", f"{protocol.API_PREFIX}/dbs", json_body=body)).json()
-        print(f"created {desc['name']}: {desc['shards']} shards, engine {desc['config']['engine']}")
+        print(_created(desc))
     elif action == "describe":
         print(json.dumps((await session.request("GET", path)).json(), indent=2))
     elif action == "configure":
@@ -404,6 +423,16 @@ async def _admin_action(session: NodeSession, args: argparse.Namespace) -> int:
         await session.request("DELETE", path)
         print(f"dropped {args.db}")
     return 0
+
+
+def _created(desc: dict[str, Any]) -> str:
+    """One line for a create reply (a local database's description, or a replicated one's placement)."""
+    what = f"{desc['name']}: {desc['shards']} shards"
+    if "replication_factor" in desc:
+        what += f", replication factor {desc['replication_factor']}, min_insync {desc['min_insync']}"
+    elif "config" in desc:
+        what += f", engine {desc['config']['engine']}"
+    return ("created " if desc.get("created", True) else "exists: ") + what
 
 
 # --- produce ---------------------------------------------------------------------------
@@ -424,7 +453,11 @@ class _NetProducer:
         self.session = session
         self.db: str = args.db
         self.path = _db_path(args.db) + "/records"
-        self.params = None if args.shard is None else {"shard": args.shard}
+        self.params: dict[str, str | int] = {}
+        if args.shard is not None:
+            self.params["shard"] = args.shard
+        if args.acks is not None:
+            self.params["acks"] = args.acks
         self.max_lines: int = args.batch
         self.max_bytes: int = args.batch_bytes
         self.linger_s: float = args.linger_ms / 1000

@@ -10,12 +10,14 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any, Final
 
 import pytest
 import trustme
 
+from tests.etcd_fixtures import EtcdProcess
 from tests.helpers import ChildLines
 from tests.server_fixtures import ServerFactory, ServerProcess
 
@@ -353,3 +355,58 @@ def test_demo_network_step(tmp_path: Path) -> None:
     r = sh("demo", str(tmp_path / "x"), "--records", "1000", "--no-spark")
     assert r.returncode == 1 and b"x-node" in r.stderr and not (tmp_path / "x").exists()
     assert sorted(os.listdir(tmp_path / "x-node")) == ["keep"]
+
+
+def test_replicated_database_on_a_cluster_node(server_factory: ServerFactory, etcd: EtcdProcess) -> None:
+    node = server_factory("--etcd", etcd.url, "--node-id", "1", "--node-ttl-s", "2")
+    url = node.url
+    out = ok(
+        sh(
+            "admin",
+            "--url",
+            url,
+            "create",
+            "r",
+            "--shards",
+            "2",
+            "--replication-factor",
+            "1",
+            "--min-insync",
+            "1",
+        )
+    )
+    assert out == "created r: 2 shards, replication factor 1, min_insync 1\n"
+    assert (
+        ok(
+            sh(
+                "admin",
+                "--url",
+                url,
+                "create",
+                "r",
+                "--shards",
+                "2",
+                "--replication-factor",
+                "1",
+                "--min-insync",
+                "1",
+                "--exist-ok",
+            )
+        )
+        == "exists: r: 2 shards\n"
+    )
+    line = json.dumps(make(2)[1]).encode()
+    # The node creates its copy and is elected leader asynchronously: retry until it leads.
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        r = sh("produce", "--url", url, "r", "--shard", "1", "--acks", "all", stdin=line)
+        if r.returncode == 0 or time.monotonic() > deadline:
+            break
+        assert r.stderr.decode().split(":")[1].strip() in ("NotLeader", "DatabaseNotFound"), r.stderr
+    ok(r)
+    assert r.stderr.decode() == "produced 1 records to r (shard 1: 1 at 0)\n"
+    # A replicated database takes one shard per request.
+    err = one_error_line(sh("produce", "--url", url, "r", stdin=line), "InvalidRequest")
+    assert "?shard=N" in err and "nothing was produced" in err
+    got = docs(ok(sh("consume", "--url", url, "r")))
+    assert [(d["shard"], d["offset"], d["value"]) for d in got] == [(1, 0, "v1")]
