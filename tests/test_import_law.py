@@ -54,6 +54,7 @@ LAYERS: Final[dict[str, int]] = {
     "seglog.spark": 7,
     # The command line uses everything.
     "seglog.cli": 8,
+    "seglog.cli_net": 8,
 }
 
 # Known upward imports, each to be removed by the step named. The test fails when one is
