@@ -3,6 +3,7 @@
 #   make peers        install redis-server (apt), nats-server (go install) and Kafka jars (Maven)
 #   make bench        peers + full-size run of every system -> bench/results/<date>.md/.png
 #   make bench-quick  peers + quick run of every system      -> bench/results/quick-<date>.md/.png
+#   make bench-net    the network benchmark (see below)
 #
 # Everything lands in $(CACHE) (never committed); stamp files make a second `make peers` instant.
 # Not a prerequisite of `test-deps`: the test suite only runs the in-process systems.
@@ -74,3 +75,14 @@ bench: venv peers
 bench-quick: venv peers
 	$(BIN)/python -m bench.compare --quick --systems $(BENCH_SYSTEMS) --cache $(CACHE) \
 	  --out $(BENCH_OUT)
+
+# Network benchmark (issue 12, bench/net.py): one `seglog serve --fsync always` process against
+# embedded append_arrow (the baseline) and Kafka through aiokafka -> bench/results/net-<date>.md.
+#   make bench-net                          full run
+#   make bench-net BENCH_NET_ARGS=--quick   under 3 minutes (bench/results/quick-net-<date>.md)
+# Not part of `make test`.
+BENCH_NET_ARGS ?=
+
+.PHONY: bench-net
+bench-net: venv peer-kafka
+	$(BIN)/python -m bench.net --cache $(CACHE) $(BENCH_NET_ARGS)

@@ -193,7 +193,7 @@ def test_consume_reads_every_shard_merged_by_time_and_produce_reports_shards(tmp
 def test_read_only_commands_and_failed_produces_create_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.chdir(tmp_path)  # restored after: later tests start children with -m tests.X
+    monkeypatch.chdir(tmp_path)  # restored after: later tests run `python -m tests.…` from the root
     one_error_line(sh("consume", "nonexist.db", "t"))
     one_error_line(sh("stats", "nonexist2.db"))
     one_error_line(sh("groups", "nonexist3.db", "t"))

@@ -67,6 +67,11 @@ class KafkaPeer:
         self._producer: Any = None
         self._bootstrap = ""
 
+    @property
+    def bootstrap(self) -> str:
+        """``host:port`` of the running broker (after ``setup()``)."""
+        return self._bootstrap
+
     def _java_cmd(self, log4j_conf: str) -> list[str]:
         java = shutil.which("java")
         if java is None:
@@ -166,6 +171,11 @@ class KafkaPeer:
 
     async def _create_topic(self) -> bool:
         """Create the one-partition topic through the admin API; True once it exists."""
+        await self.create_topic(TOPIC, 1)
+        return True
+
+    async def create_topic(self, name: str, partitions: int) -> None:
+        """Create topic ``name`` with ``partitions`` partitions (an existing one is left as is)."""
         admin = AIOKafkaAdminClient(
             bootstrap_servers=self._bootstrap,
             request_timeout_ms=REQUEST_TIMEOUT_MS,
@@ -175,8 +185,8 @@ class KafkaPeer:
             response = await admin.create_topics(
                 [
                     NewTopic(
-                        TOPIC,
-                        num_partitions=1,
+                        name,
+                        num_partitions=partitions,
                         replication_factor=1,
                         topic_configs={"max.message.bytes": str(MAX_MESSAGE_BYTES)},
                     )
@@ -187,7 +197,6 @@ class KafkaPeer:
         error_code = response.topic_errors[0][1]
         if error_code not in (0, TOPIC_ALREADY_EXISTS):
             raise RuntimeError(f"CreateTopics error {response.topic_errors[0]}")
-        return True
 
     def encode(self, workload: Workload, start: int, stop: int) -> list[tuple[bytes, bytes]]:
         """(key, value) pairs."""

@@ -93,23 +93,28 @@ class NodeContext:
     idle: asyncio.Event = field(default_factory=asyncio.Event)
     # Set on a node started with --etcd: replicated databases publish through the ISR.
     cluster: ClusterNode | None = None
-    _published: set[str] = field(default_factory=set)
+    # Databases this node opened (and published), by name: every request after the first
+    # finds its database here, without the store's config read in a thread.
+    _open: dict[str, Database] = field(default_factory=dict)
 
     async def database(self, name: str) -> Database:
         """The open database ``name`` (opened on first use; :class:`DatabaseNotFound` if none)."""
         if self.closing:
             raise ClosedResourceError("the server is shutting down")
+        db = self._open.get(name)
+        if db is not None:
+            return db
         validate_db_name(name)
         db = await self.store.open_db(name)
-        if name not in self._published:
+        if name not in self._open:
             # Whatever the store held before this node served it is durable: committed.
             self.publish(db, list(range(db.shards)))
-            self._published.add(name)
+            self._open[name] = db
         return db
 
     def forget(self, name: str) -> None:
-        """A database was dropped: wake its long polls, publish afresh if it is recreated."""
-        self._published.discard(name)
+        """A database was dropped: wake its long polls, open and publish afresh if it is recreated."""
+        self._open.pop(name, None)
         self.waiters.wake_db(name)
 
     def publish(self, db: Database, shards: list[int]) -> None:

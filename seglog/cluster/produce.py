@@ -6,10 +6,11 @@ import base64
 import binascii
 import json
 import time
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.json as pa_json
 from aiohttp import web
 
 from seglog.cluster import protocol
@@ -21,7 +22,7 @@ from seglog.errors import InvalidArgument, InvalidRecord, InvalidRequest, Overlo
 from seglog.isr import Acks
 from seglog.record import Record
 
-__all__ = ["acks_param", "parse_ndjson", "produce", "reply_parts"]
+__all__ = ["acks_param", "ndjson_table", "parse_ndjson", "produce", "reply_parts"]
 
 
 def _bytes(value: Any, what: str, index: int) -> bytes:
@@ -99,6 +100,46 @@ def acks_param(request: web.Request) -> Acks:
         raise InvalidRequest(f"query parameter {exc}") from None
 
 
+_NDJSON_FAST_SCHEMA: Final = pa.schema(
+    [("topic", pa.string()), ("value", pa.string()), ("key", pa.string()), ("ts", pa.int64())]
+)
+_NDJSON_FAST_PARSE: Final = pa_json.ParseOptions(
+    explicit_schema=_NDJSON_FAST_SCHEMA, unexpected_field_behavior="error"
+)
+_NDJSON_FAST_READ: Final = pa_json.ReadOptions(use_threads=False, block_size=1 << 26)
+
+
+def ndjson_table(body: bytes) -> pa.Table | None:
+    """The common JSON lines (text ``topic``/``value``, optional text ``key``, integer ``ts``)
+    parsed in one vectorised pass, as ``append_arrow`` columns; ``None`` for anything else.
+
+    A pure fast path of :func:`parse_ndjson`: it accepts only bodies that function would turn
+    into the same records (every line one object with exactly those fields and types, no
+    null topic or value); ``None`` sends the body there (headers, base64 values, and every
+    error with its line index).
+    """
+    try:
+        table = pa_json.read_json(
+            pa.BufferReader(body), read_options=_NDJSON_FAST_READ, parse_options=_NDJSON_FAST_PARSE
+        )
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        return None
+    n = table.num_rows
+    if not n or table.column("topic").null_count or table.column("value").null_count:
+        return None
+    # pyarrow also takes several objects on one line (json.loads does not): one row per line.
+    if sum(1 for line in body.splitlines() if line.strip()) != n:
+        return None
+    return pa.table(
+        {
+            "ts": table.column("ts"),
+            "topic": table.column("topic"),
+            "key": table.column("key").cast(pa.binary()),
+            "value": table.column("value").cast(pa.binary()),
+        }
+    )
+
+
 def _parse_arrow(body: bytes) -> pa.Table:
     try:
         reader = pa.ipc.open_stream(body)
@@ -111,11 +152,16 @@ def reply_parts(shards: np.ndarray[Any, Any], offsets: np.ndarray[Any, Any]) -> 
     """Per shard, the base offset and count of its rows (one shard's rows are contiguous)."""
     if not len(shards):
         return []
-    parts = []
-    for shard in np.unique(shards):
-        mask = shards == shard
-        parts.append({"shard": int(shard), "base_offset": int(offsets[mask].min()), "count": int(mask.sum())})
-    return parts
+    # One sort instead of a pass over every row per shard (a thousand shards, a thousand passes).
+    order = np.argsort(shards, kind="stable")
+    by_shard = shards[order]
+    starts = np.flatnonzero(np.r_[True, by_shard[1:] != by_shard[:-1]])
+    bases = np.minimum.reduceat(offsets[order], starts)
+    counts = np.diff(np.r_[starts, len(by_shard)])
+    return [
+        {"shard": shard, "base_offset": base, "count": count}
+        for shard, base, count in zip(by_shard[starts].tolist(), bases.tolist(), counts.tolist(), strict=True)
+    ]
 
 
 async def _produce_replicated(
@@ -171,8 +217,14 @@ async def produce(request: web.Request) -> web.Response:
             shard_col = result.column("shard").to_numpy()
             offset_col = result.column("offset").to_numpy()
         else:
-            meta = await db.append(parse_ndjson(body), shard=shard)
-            shard_col, offset_col = meta.shards, meta.offsets
+            fast = ndjson_table(body)
+            if fast is not None:
+                result = await db.append_arrow(fast, shard=shard)
+                shard_col = result.column("shard").to_numpy()
+                offset_col = result.column("offset").to_numpy()
+            else:
+                meta = await db.append(parse_ndjson(body), shard=shard)
+                shard_col, offset_col = meta.shards, meta.offsets
         parts = reply_parts(shard_col, offset_col)
         node.publish(db, [p["shard"] for p in parts])
         node.metrics.append_done(db.name, len(shard_col), len(body), time.perf_counter() - started)

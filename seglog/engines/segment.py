@@ -13,6 +13,8 @@ import contextlib
 import functools
 import logging
 import os
+import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor
 from pathlib import Path
@@ -75,6 +77,11 @@ __all__ = ["SegmentEngine", "SegmentRange", "shard_dir_name"]
 
 log = logging.getLogger("seglog.engines.segment")
 
+# A shard whose frames were read this recently is taken as tailed (see _flush_for_read).
+_TAILED_S: Final = 2.0
+# Reads of frames of the active segment up to this size run on the event loop (read_frames).
+_INLINE_READ_BYTES: Final = 1 << 20
+
 
 def shard_dir_name(shard: int) -> str:
     """Directory name of a shard inside a database directory."""
@@ -120,6 +127,9 @@ class _Shard:
         self.pending: list[tuple[int, pa.RecordBatch, int, int]] = []
         self.maintenance = Maintenance()
         self.writer: WorkerLog | None = None
+        # time.monotonic() of the last read of frames (event loop): a shard read lately is
+        # being tailed, and a flush for another shard's read takes its buffered rows too.
+        self.frames_read_at = -_TAILED_S
         # Frames the index has not taken yet (its write failed): caught up from the segments.
         self.index_lagging = False
         # The index disagreed with the segments: rebuilt from scratch on the worker.
@@ -332,6 +342,41 @@ class _Shard:
         return decode_body(buf, 0, fp.header)
 
 
+class _ReadFlush:
+    """A queued flush of buffered rows of some shards of one I/O worker (see ``_flush_for_read``).
+
+    Shards join on the event loop until the worker starts it; the lock makes joining and
+    starting exclusive, so a shard that joined is flushed, and one that comes too late
+    starts the next.
+    """
+
+    def __init__(self, writer: WorkerLog) -> None:
+        self.writer = writer
+        self.future: asyncio.Future[Any] | None = None
+        self._shards: dict[int, _Shard] = {}
+        self._started = False
+        self._lock = threading.Lock()
+
+    def add(self, s: _Shard) -> bool:
+        """(Loop) Join this flush; False once it has started."""
+        with self._lock:
+            if self._started:
+                return False
+            self._shards[s.number] = s
+            return True
+
+    def __call__(self) -> None:
+        """(Worker) Flush the shards that joined and the tailed ones (see ``_flush_for_read``)."""
+        with self._lock:
+            self._started = True
+            shards = self._shards
+        tailed = time.monotonic() - _TAILED_S
+        for s in self.writer.pending_shards():
+            if s.frames_read_at >= tailed:
+                shards.setdefault(s.number, s)
+        self.writer.flush_shards(list(shards.values()))
+
+
 def _entry(p: FramePosition, keys: pa.Array, tags: list[int]) -> FrameEntry:
     h = p.header
     return FrameEntry(
@@ -436,6 +481,8 @@ class SegmentEngine:
         self._truncating: set[int] = set()  # shards whose truncate_to runs (appends refused)
         # Called on the event loop with the shard number when an append to it completed.
         self.listener: Callable[[int], None] | None = None
+        # Per I/O worker, the queued flush that reads of shards with buffered rows join.
+        self._read_flushes: dict[int, _ReadFlush] = {}
 
     @classmethod
     def open_blocking(cls, config: EngineConfig, io_pool: IoPool, executor: Executor) -> SegmentEngine:
@@ -763,7 +810,8 @@ class SegmentEngine:
     def update_high_watermark(self, shard: int, hw: int) -> bool:
         """Move the high watermark up to ``hw`` (never down; at most the end offset).
 
-        Persisted lazily: when the shard's worker is idle and at close, so a crash may bring
+        Persisted lazily: when the shard's worker is idle (at most every
+        ``HW_FLUSH_INTERVAL_S``) and at close, so a crash may bring
         back an older value (safe: readers see less, a replica relearns it).
 
         Returns:
@@ -809,10 +857,39 @@ class SegmentEngine:
             OffsetOutOfRange: ``offset`` is outside ``[start, end]``.
         """
         s = self._shard(shard)
+        s.frames_read_at = time.monotonic()
         if s.pending:
-            await self._on_worker(s, lambda: None)
+            await self._flush_for_read(s)
+        if offset >= s.log.active.base_offset and max_bytes <= _INLINE_READ_BYTES:
+            # The tail of the active segment was just written: it is in the page cache, and
+            # copying it here costs less than the hop to a thread and back (a tailing
+            # consumer's every poll).
+            return self.read_frames_blocking(shard, offset, max_bytes)
         data: bytes = await self._run(self.read_frames_blocking, shard, offset, max_bytes)
         return data
+
+    async def _flush_for_read(self, s: _Shard) -> None:
+        """Write ``s``'s buffered rows into its segment before a read of frames.
+
+        Reads arriving together (a consumer's long polls on every shard, woken by one
+        append) share one request on the I/O worker: one flush of all their shards, one
+        index transaction, instead of one of each per shard. The flush also takes the buffered
+        rows of every shard of the worker read within the last ``_TAILED_S``: their readers'
+        polls are about to arrive for them too.
+        """
+        writer = s.writer
+        assert writer is not None
+        flush = self._read_flushes.get(writer.worker)
+        if flush is None or not flush.add(s):
+            flush = _ReadFlush(writer)
+            flush.add(s)
+            flush.future = self._io_pool.submit(s.number, s.maintenance, flush)
+            # Its failure reaches every reader still waiting; retrieved here for the others.
+            flush.future.add_done_callback(lambda f: f.cancelled() or f.exception())
+            self._read_flushes[writer.worker] = flush
+        assert flush.future is not None
+        # Shielded: a reader that goes away must not cancel the flush the others wait for.
+        await asyncio.shield(flush.future)
 
     def _encode(
         self, base: int, batch: pa.RecordBatch, leader_epoch: int = 0

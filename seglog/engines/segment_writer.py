@@ -45,6 +45,7 @@ from seglog.errors import CorruptFrame, StorageError
 from seglog.io_pool import ItemError
 from seglog.record import FRAME_SCHEMA, EncodedFrame, encode_frame, parse_header, verify_frame
 from seglog.segment import FramePosition
+from seglog.segment.high_watermark import DEFAULT_FLUSH_INTERVAL_S as DEFAULT_HW_FLUSH_INTERVAL_S
 from seglog.segment.journal import ENTRY_FRAME, ENTRY_ROWS, Journal, journal_name
 from seglog.segment.shard_log import AppendMark
 
@@ -69,6 +70,8 @@ log = logging.getLogger("seglog.engines.segment")
 DEFAULT_BUFFER_MS: Final = 1000
 # A worker flushes its pending buffers when they hold this many bytes.
 DEFAULT_BUFFER_BYTES: Final = 64 << 20
+# Moved high watermarks are written at most this often while the store runs (and at close).
+HW_FLUSH_INTERVAL_S: Final = DEFAULT_HW_FLUSH_INTERVAL_S
 _JOURNAL_DIR: Final = "journal"
 _ROWS_SCHEMA: Final = pa.schema(
     [*FRAME_SCHEMA, pa.field("shard", pa.int32()), pa.field("offset", pa.int64())]
@@ -152,6 +155,7 @@ class WorkerLog:
         self._dirty: dict[int, _Shard] = {}  # written since the last checkpoint, not synced
         # Shards whose high watermark moved since it was last written (set on the loop).
         self.hw_dirty: dict[int, _Shard] = {}
+        self._hw_flushed_at = time.monotonic()  # the last flush_high_watermarks pass (worker)
         self.closed = False
 
     # --- state -------------------------------------------------------------------------
@@ -556,12 +560,25 @@ class WorkerLog:
         if first is not None:
             raise first
 
+    def pending_shards(self) -> list[_Shard]:
+        """(Worker) The shards with buffered rows."""
+        return list(self._pending_shards.values())
+
     def flush_shard(self, s: _Shard) -> None:
         """(Worker) Write ``s``'s pending rows into its segment before a maintenance step."""
-        try:
-            self._flush_shard(s)
-        except OSError as exc:
-            raise StorageError(f"shard {s.number}: writing buffered rows failed") from exc
+        self.flush_shards([s])
+
+    def flush_shards(self, shards: Sequence[_Shard]) -> None:
+        """(Worker) Write the pending rows of ``shards`` into their segments (in one pass).
+
+        Raises:
+            StorageError: A segment write failed (its rows stay pending; the others were written).
+        """
+        exc = self._flush_shards(shards)
+        if exc is not None:
+            which = ", ".join(str(s.number) for s in shards)
+            which = f"shard {which}" if len(shards) == 1 else f"shards {which}"
+            raise StorageError(f"{which}: writing buffered rows failed") from exc
 
     def checkpoint(self) -> None:
         """Make every segment hold and sync what the journal has; then recycle the journal.
@@ -586,6 +603,9 @@ class WorkerLog:
         if self.failed is not None or self.closed:
             return None
         due = self._interval.deadline()
+        if self.hw_dirty:
+            hw_due = self._hw_flushed_at + HW_FLUSH_INTERVAL_S
+            due = hw_due if due is None else min(due, hw_due)
         if self._pending_since is not None:
             flush_at = self._pending_since + self.buffer_s
             if self._pending_bytes >= self.buffer_bytes:
@@ -617,8 +637,14 @@ class WorkerLog:
             s.rebuild_index()
         self.flush_high_watermarks()
 
-    def flush_high_watermarks(self) -> None:
-        """Write the high watermarks that moved (lazily: idle time and close)."""
+    def flush_high_watermarks(self, *, force: bool = False) -> None:
+        """Write the high watermarks that moved: lazily, when idle at most once per
+        ``HW_FLUSH_INTERVAL_S`` (Kafka's checkpoint interval; a write is two fsyncs per
+        shard), and at close (``force``)."""
+        now = time.monotonic()
+        if not force and now < self._hw_flushed_at + HW_FLUSH_INTERVAL_S:
+            return
+        self._hw_flushed_at = now
         for number in list(self.hw_dirty):
             s = self.hw_dirty.pop(number, None)
             if s is None:
@@ -639,7 +665,7 @@ class WorkerLog:
             return
         self.closed = True
         try:
-            self.flush_high_watermarks()
+            self.flush_high_watermarks(force=True)
             if self.failed is None:
                 self.checkpoint()
         finally:

@@ -146,8 +146,14 @@ class IoPool:
                 first = q.get(timeout=timeout) if timeout is None or timeout > 0 else q.get_nowait()
             except queue.Empty:
                 if deadlines.run_due(time.monotonic()) == 0:
+                    idle = list(touched)
                     self._flush_idle(touched)
                     deadlines.clear()
+                    # What the idle flush leaves for later (rows buffered until their own
+                    # deadline) keeps its deadline: forgetting it would leave them buffered
+                    # until the next write, however long that takes.
+                    for writer in idle:
+                        deadlines.watch(writer)
                 continue
             if first is _STOP:
                 self._flush_idle(touched)

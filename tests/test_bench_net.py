@@ -1,0 +1,54 @@
+"""The network benchmark runs (tiny sizes, no Kafka) so it cannot rot; no timing is asserted."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_net_bench_tiny_run(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.net",
+            "--quick",
+            "--no-kafka",
+            "--sizes",
+            "100",
+            "--records",
+            "3000",
+            "--batch",
+            "500",
+            "--e2e-seconds",
+            "0.5",
+            "--e2e-rate",
+            "5000",
+            "--out",
+            str(tmp_path),
+            "--dir",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    ).stdout
+    assert "| produce | 100 B | 4 senders/16 shards | network Arrow (bench sender) |" in out
+    assert "network Consumer.getmany_arrow" in out and "e2e p99 ms" in out
+    data = json.loads(next(tmp_path.glob("quick-net-*.json")).read_text())
+    rows = {(r["section"], r["shape"], r["system"]): r for r in data["rows"]}
+    for (section, _, system), row in rows.items():
+        if "Kafka" in system:
+            assert row["status"].startswith("skipped"), row
+        else:
+            assert row["status"] == "ok", row
+            assert row["records"] == (3000 if section != "e2e" else row["records"])
+    e2e = [r for r in data["rows"] if r["section"] == "e2e"]
+    assert [r["shape"].split(",")[0] for r in e2e] == ["1 shard", "16 shards"]
+    assert all(r["records"] == 2500 for r in e2e)  # 5000 records/s for 0.5 s, all received
