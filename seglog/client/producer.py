@@ -80,9 +80,9 @@ persisted). Resends are of whole batches, so only batches in flight at the failu
 acknowledged but not yet committed, for a producer restart) can be duplicated; a failed
 future whose error was ambiguous (``ServerUnavailable`` after retries ran out) may also
 have been stored. The idempotent producer (issue 13: a producer id and per-shard sequence
-numbers the leader checks) removes these duplicates. Order within a shard is send order
-unless a retry happens while a later batch of that shard is in flight (``max_in_flight=1``
-keeps strict order).
+numbers the leader checks) removes these duplicates. Order within a shard is send order: a shard has at
+most one request in flight (``max_in_flight`` spreads over shards), and a retried batch is
+retried before the next one of its shard starts.
 
 **Overflow** (``buffer_max_bytes``, counting records accepted and not yet acknowledged):
 ``"block"`` waits for acknowledgements to free room, up to ``request_timeout_ms``, then
@@ -97,6 +97,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import itertools
 import json
 import logging
@@ -380,6 +381,8 @@ class Producer:
         self._wake_writer = asyncio.Event()
         self._unsent: dict[int, deque[_Item]] = {}
         self._ready_shards: deque[int] = deque()
+        # Shards with a request in flight (one at a time per shard keeps send order).
+        self._busy_shards: set[int] = set()
         self._unsent_bytes = 0
         self._wake_sender = asyncio.Event()
         self._batch_full = asyncio.Event()
@@ -967,10 +970,14 @@ class Producer:
         self._wake_sender.set()
 
     async def _sender(self) -> None:
-        """Start requests: one shard's oldest items per request, ``max_in_flight`` at once."""
+        """Start requests: one shard's oldest items per request, ``max_in_flight`` at once.
+
+        At most one request per shard is in flight: two requests of one shard on two
+        connections may be written in either order, and a log keeps send order per shard.
+        """
         linger = self._linger_s if self._eager else 0.0
         while True:
-            while not self._ready_shards:
+            while not any(s not in self._busy_shards for s in self._ready_shards):
                 self._wake_sender.clear()
                 await self._wake_sender.wait()
             if linger and not self._flushing and self._unsent_bytes < self._max_batch_bytes:
@@ -979,12 +986,13 @@ class Producer:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._batch_full.wait(), linger)
             await self._slots.acquire()
-            while self._ready_shards and not self._unsent[self._ready_shards[0]]:
-                self._ready_shards.popleft()  # its batches were dropped meanwhile
-            if not self._ready_shards:
+            for dropped in [s for s in self._ready_shards if not self._unsent[s]]:
+                self._ready_shards.remove(dropped)  # its batches were dropped meanwhile
+            shard = next((s for s in self._ready_shards if s not in self._busy_shards), None)
+            if shard is None:
                 self._slots.release()
                 continue
-            shard = self._ready_shards.popleft()
+            self._ready_shards.remove(shard)
             queue = self._unsent[shard]
             items = [queue.popleft()]
             size = len(items[0].payload)
@@ -994,9 +1002,15 @@ class Producer:
             if queue:
                 self._ready_shards.append(shard)
             self._unsent_bytes -= size
+            self._busy_shards.add(shard)
             task = asyncio.create_task(self._request(shard, items), name=f"seglog-produce-{shard}")
             self._requests.add(task)
             task.add_done_callback(self._requests.discard)
+            task.add_done_callback(functools.partial(self._shard_done, shard))
+
+    def _shard_done(self, shard: int, _task: asyncio.Task[None]) -> None:
+        self._busy_shards.discard(shard)
+        self._wake_sender.set()
 
     async def _request(self, shard: int, items: list[_Item]) -> None:
         try:
