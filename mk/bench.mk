@@ -74,3 +74,10 @@ bench: venv peers
 bench-quick: venv peers
 	$(BIN)/python -m bench.compare --quick --systems $(BENCH_SYSTEMS) --cache $(CACHE) \
 	  --out $(BENCH_OUT)
+
+# Streams: a selective wildcard read through streams vs a filtered full scan, and the append
+# cost of stamping streams against a same-run baseline without (bench/streams.py).
+# `make bench-streams QUICK=1` runs the small version and only prints.
+.PHONY: bench-streams
+bench-streams: venv
+	$(BIN)/python -m bench.streams $(if $(QUICK),--quick)
