@@ -26,8 +26,10 @@ __all__ = [
     "DatabaseExists",
     "DatabaseNotFound",
     "EpochRegression",
+    "ForeignIterator",
     "InvalidArgument",
     "InvalidHeaders",
+    "InvalidIterator",
     "InvalidKey",
     "InvalidName",
     "InvalidRecord",
@@ -57,8 +59,10 @@ __all__ = [
     "StorageError",
     "StoreLocked",
     "StoreNotFound",
+    "StreamFilterMismatch",
     "TierError",
     "UnknownMember",
+    "UnknownStream",
     "UnsupportedContentType",
     "UsageError",
 ]
@@ -142,6 +146,28 @@ class InvalidTimestamp(InvalidRecord):
     The message names the likely unit when the value looks like seconds, milliseconds or
     nanoseconds (see ``DbConfig.min_ts_us``/``max_ts_us``).
     """
+
+
+class InvalidIterator(InvalidArgument):
+    """Iterator bytes that are not an iterator: wrong length, magic, version or CRC.
+
+    ``Iterator.from_bytes`` checks the bytes alone; whether the iterator belongs to the
+    database it is used with is checked when it is used (:class:`ForeignIterator`,
+    :class:`UnknownStream`).
+    """
+
+
+class ForeignIterator(InvalidIterator):
+    """An iterator or stream of another database (or of a dropped and recreated one)."""
+
+
+class UnknownStream(InvalidArgument):
+    """A stream this database does not have: no such shard or stream id, or the id now names
+    another learned structure (an iterator of another shard, or of a log cut back since)."""
+
+
+class StreamFilterMismatch(InvalidArgument):
+    """A topic filter that can match no topic of the stream it was given with."""
 
 
 class InvalidName(UsageError, ValueError):

@@ -56,6 +56,9 @@ _RUNNING_FILE: Final = "RUNNING"
 STORE_FILE: Final = "seglog.json"
 DBS_DIR: Final = "dbs"
 DB_CONFIG_FILE: Final = "config.json"
+# A database's random 64-bit id (16 hex digits): stream iterators carry it, so one of another
+# database, or of a dropped database recreated under the same name, is refused.
+DB_ID_FILE: Final = "id"
 _READ_THREADS: Final = 4
 # Data directories open in this process: LMDB allows one handle per environment per process.
 _OPEN_HERE: set[Path] = set()
@@ -71,6 +74,27 @@ async def _every(interval_s: float, job: Callable[[], Awaitable[object]]) -> Non
     while True:
         await asyncio.sleep(interval_s)
         await job()
+
+
+def db_id(directory: Path) -> int:
+    """The database's id (see :data:`DB_ID_FILE`), created on first use (blocking).
+
+    Raises:
+        StorageError: The id file is unreadable or cannot be written.
+    """
+    path = directory / DB_ID_FILE
+    try:
+        return int(path.read_text().strip(), 16)
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError) as exc:
+        raise StorageError(f"unreadable database id {path}") from exc
+    value = int.from_bytes(os.urandom(8), "big")
+    try:
+        atomic_write(path, f"{value:016x}\n".encode())
+    except OSError as exc:
+        raise StorageError(f"cannot write database id {path}") from exc
+    return value
 
 
 def db_directory(data_dir: Path, name: str) -> Path:
@@ -454,6 +478,7 @@ class Store:
             shutil.rmtree(final)
         staging.mkdir(parents=True)
         atomic_write(staging / DB_CONFIG_FILE, json.dumps(config.to_json(), indent=2).encode())
+        db_id(staging)
         os.replace(staging, final)
         fsync_dir(final.parent)
 
@@ -504,6 +529,7 @@ class Store:
             journal_bytes=self.journal_bytes,
             buffer_ms=self.buffer_ms,
             clock_us=self.clock_us,
+            lts_thresholds=config.lts_thresholds,
         )
         factory = get_engine(config.engine)
         engine: Engine = await asyncio.to_thread(
@@ -511,6 +537,7 @@ class Store:
         )
         tier: TieredStorage | None = None
         try:
+            uid = await asyncio.to_thread(db_id, self._db_dir(name))
             groups = await asyncio.to_thread(GroupStore, self._db_dir(name))
             if self._tier_service is not None:
                 tier = await self._tier_service.open_db(name, self._db_dir(name), engine, self.clock_us)
@@ -526,6 +553,7 @@ class Store:
             persist_config=functools.partial(self._write_config, name),
             quota=_StoreQuota(self),
             tier=tier,
+            uid=uid,
         )
         self._dbs[name] = db
         return db
