@@ -742,39 +742,18 @@ def demo_tables(records: Sequence[Record], batch_records: int) -> list[pa.Table]
     return [table.slice(i, batch_records) for i in range(0, table.num_rows, batch_records)]
 
 
-def _arrow_body(table: pa.Table) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    body: bytes = sink.getvalue().to_pybytes()
-    return body
-
-
 async def _demo_network_produce(
     url: str, db: str, tables: Sequence[pa.Table], *, token: str | None = None
 ) -> int:
-    """Send ``tables`` to ``db`` on the node as Arrow IPC stream requests, a few in flight;
+    """Send ``tables`` to ``db`` on the node with :class:`seglog.client.Producer` (Arrow path);
     return the count the node acknowledged (durably stored)."""
-    from seglog.client._http import NodeSession
+    from seglog.client import Producer
 
-    path = f"{protocol.API_PREFIX}/dbs/{db}/records"
-    todo = iter(tables)
-    acked = 0
-    session = NodeSession(url, token=token, pool_connections=DEMO_NET_IN_FLIGHT)
-
-    async def sender() -> None:
-        nonlocal acked
-        for table in todo:  # shared iterator: each table goes once
-            reply = await session.request(
-                "POST", path, data=_arrow_body(table), content_type=protocol.ARROW_STREAM
-            )
-            acked += int(reply.json()["count"])
-
-    try:
-        await asyncio.gather(*(sender() for _ in range(DEMO_NET_IN_FLIGHT)))
-    finally:
-        await session.close()
-    return acked
+    async with Producer(url, db, token=token, acks="all", max_in_flight=DEMO_NET_IN_FLIGHT) as producer:
+        futures = [await producer.send_arrow(table) for table in tables]
+        await producer.flush()
+        results = [await f for f in futures]
+    return sum(r.num_rows for r in results)
 
 
 async def _demo_network_consume(url: str, db: str, expected: int) -> int:
@@ -882,8 +861,8 @@ async def demo_network(node_dir: Path, records: Sequence[Record], shards: int, b
         await node.kill()
     print(f"{'node':<22}{url} (data in {node_dir}), stopped with SIGTERM")
     print(
-        f"{'produced (HTTP arrow)':<22}{acked:>14,} records in {produce_s:6.2f} s  = "
-        f"{acked / produce_s:>12,.0f} records/s (acknowledged durable, {DEMO_NET_IN_FLIGHT} requests in flight)"
+        f"{'produced (Producer)':<22}{acked:>14,} records in {produce_s:6.2f} s  = "
+        f"{acked / produce_s:>12,.0f} records/s (seglog.client.Producer, acks=all, durable)"
     )
     print(
         f"{'consumed (HTTP arrow)':<22}{consumed:>14,} records in {consume_s:6.2f} s  = "

@@ -344,7 +344,7 @@ def test_demo_network_step(tmp_path: Path) -> None:
     data = tmp_path / "demo"
     for _ in range(2):  # a rerun reuses the node directory it made
         out = ok(sh("demo", str(data), "--records", "3000", "--net-records", "2000", "--no-spark"))
-        assert "produced (HTTP arrow)          2,000 records" in out
+        assert "produced (Producer)            2,000 records" in out
         assert "consumed (HTTP arrow)          2,000 records" in out
         assert "sent = acknowledged = consumed = 2,000" in out and "stopped with SIGTERM" in out
     assert (tmp_path / "demo-node" / ".seglog-demo").is_file()

@@ -18,7 +18,14 @@ from seglog.cluster.context import NODE
 from seglog.cluster.node import ClusterNode
 from seglog.cluster.params import query_int
 from seglog.db import Database
-from seglog.errors import InvalidArgument, InvalidRecord, InvalidRequest, Overloaded, UnsupportedContentType
+from seglog.errors import (
+    AppendFailed,
+    InvalidArgument,
+    InvalidRecord,
+    InvalidRequest,
+    Overloaded,
+    UnsupportedContentType,
+)
 from seglog.isr import Acks
 from seglog.record import Record
 
@@ -211,20 +218,25 @@ async def produce(request: web.Request) -> web.Response:
             return await _produce_replicated(request, node.cluster, db, shard, acks)
         body = await request.read()
         started = time.perf_counter()
-        if content_type == protocol.ARROW_STREAM:
-            table = _parse_arrow(body)
-            result = await db.append_arrow(table, shard=shard)
-            shard_col = result.column("shard").to_numpy()
-            offset_col = result.column("offset").to_numpy()
-        else:
-            fast = ndjson_table(body)
-            if fast is not None:
-                result = await db.append_arrow(fast, shard=shard)
+        try:
+            if content_type == protocol.ARROW_STREAM:
+                table = _parse_arrow(body)
+                result = await db.append_arrow(table, shard=shard)
                 shard_col = result.column("shard").to_numpy()
                 offset_col = result.column("offset").to_numpy()
             else:
-                meta = await db.append(parse_ndjson(body), shard=shard)
-                shard_col, offset_col = meta.shards, meta.offsets
+                fast = ndjson_table(body)
+                if fast is not None:
+                    result = await db.append_arrow(fast, shard=shard)
+                    shard_col = result.column("shard").to_numpy()
+                    offset_col = result.column("offset").to_numpy()
+                else:
+                    meta = await db.append(parse_ndjson(body), shard=shard)
+                    shard_col, offset_col = meta.shards, meta.offsets
+        except AppendFailed as exc:
+            # The parts written (other shards) are durable: make them visible like any other.
+            node.publish(db, sorted(exc.written))
+            raise
         parts = reply_parts(shard_col, offset_col)
         node.publish(db, [p["shard"] for p in parts])
         node.metrics.append_done(db.name, len(shard_col), len(body), time.perf_counter() - started)
