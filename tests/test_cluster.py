@@ -457,3 +457,57 @@ def test_a_leader_cut_off_from_its_followers_acknowledges_nothing(
     finally:
         for proxy in proxies.values():
             proxy.close()
+
+
+def test_producer_follows_leaders_through_a_failover(
+    server_factory: ServerFactory, etcd: EtcdProcess, run: Run[None]
+) -> None:
+    """``Producer(bootstrap=...)`` routes each shard to its leader and re-routes after a kill."""
+    from seglog.client import Producer
+
+    nodes = start_cluster(server_factory, etcd)
+
+    async def main() -> None:
+        admin = NodeSession(nodes[1].url)
+        urls = [p.url for p in nodes.values()]
+        try:
+            await admin.request(
+                "POST",
+                "/v1/dbs",
+                json_body={"name": DB, "shards": 2, "replication_factor": 3, "min_insync": 2},
+            )
+
+            async def led() -> bool:
+                view = await cluster_view(admin)
+                return DB in view["dbs"] and all(s["leader"] > 0 for s in view["dbs"][DB]["state"])
+
+            await until(led, "leaders")
+            sent: list[bytes] = []
+            async with Producer(urls[0], DB, bootstrap=urls[1:], acks="all", retries=None) as producer:
+                first = [await producer.send("t", b"a%d" % i, key=b"k%d" % i) for i in range(200)]
+                metas = [await f for f in first]
+                sent += [b"a%d" % i for i in range(200)]
+                assert {m.shard for m in metas} == {0, 1}
+                view = await cluster_view(admin)
+                victim = int(view["dbs"][DB]["state"][0]["leader"])
+                nodes[victim].kill()
+                second = [await producer.send("t", b"b%d" % i, key=b"k%d" % i) for i in range(200)]
+                await asyncio.wait_for(asyncio.gather(*second), WAIT_S)
+                sent += [b"b%d" % i for i in range(200)]
+            alive = next(i for i in nodes if i != victim)
+            session = NodeSession(nodes[alive].url)
+            try:
+                got: list[bytes] = []
+                for shard in (0, 1):
+                    total = sum(1 for m in metas if m.shard == shard) * 2
+                    records, _ = await until(
+                        lambda shard=shard, total=total: _when_hw(session, shard, total), "HW"
+                    )
+                    got += [v for _, v in records]
+                assert sorted(got) == sorted(sent)  # every acknowledged record, once
+            finally:
+                await session.close()
+        finally:
+            await admin.close()
+
+    run(main())

@@ -104,7 +104,7 @@ import logging
 import os
 import struct
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from ssl import SSLContext
 from types import TracebackType
@@ -123,16 +123,19 @@ from seglog.client._buffer import (
     FsyncPolicy,
     MemoryBuffer,
 )
-from seglog.client._http import NodeSession
+from seglog.client._http import NodeSession, Reply
+from seglog.client._metadata import LeaderCache
 from seglog.cluster import protocol
 from seglog.errors import (
     BufferFull,
     ClosedResourceError,
     ConfigMismatch,
     CorruptBuffer,
+    DatabaseNotFound,
     InvalidArgument,
     RemoteError,
     SeglogError,
+    ServerUnavailable,
     StorageError,
 )
 from seglog.record import (
@@ -294,6 +297,9 @@ class Producer:
         buffer_max_bytes: Most bytes of records accepted and not yet acknowledged.
         overflow: ``"block"``, ``"error"`` or ``"drop_oldest"`` when the buffer is full.
         buffer_fsync: ``"always"``, ``"interval"`` or ``"never"`` (disk buffer only).
+        bootstrap: More nodes of a cluster: each shard's batches then go to its leader,
+            learned from any node (``GET /v1/cluster``) and refreshed after ``NotLeader`` or
+            an unreachable node; ``url`` is one of the bootstrap nodes.
 
     Metrics (attributes): ``dropped_records``, ``dropped_batches`` (``"drop_oldest"``),
     ``failed_batches`` (given up on), ``retried_requests``, ``sent_requests`` (attempts,
@@ -319,6 +325,7 @@ class Producer:
         buffer_max_bytes: int = 64 * MiB,
         overflow: Overflow = "block",
         buffer_fsync: FsyncPolicy = "always",
+        bootstrap: Sequence[str] | None = None,
     ) -> None:
         if not isinstance(db, str) or not db:
             raise InvalidArgument(f"db must be a database name, not {db!r}")
@@ -366,6 +373,12 @@ class Producer:
             url, token=token, ssl_context=ssl, timeout_s=self._timeout_s, pool_connections=max_in_flight + 2
         )
         self._path = f"{protocol.API_PREFIX}/dbs/{db}/records"
+        # A cluster: each shard's batches go to its leader, found through any node.
+        self._leaders = (
+            None
+            if bootstrap is None
+            else LeaderCache([url, *bootstrap], token=token, ssl_context=ssl, timeout_s=self._timeout_s)
+        )
         # Known at start.
         self.shards = 0
         self._max_record_bytes = DEFAULT_MAX_RECORD_BYTES
@@ -492,6 +505,23 @@ class Producer:
         for task in self._tasks:
             task.add_done_callback(_report_crash)
 
+    async def _describe_from_any(self) -> Reply:
+        """The description from ``url``, or (a cluster) from any node that holds the database."""
+        path = f"{protocol.API_PREFIX}/dbs/{self.db}"
+        try:
+            return await self._session.request("GET", path)
+        except (DatabaseNotFound, ServerUnavailable):
+            if self._leaders is None:
+                raise
+        view = await self._leaders.refresh(force=True)
+        last: SeglogError | None = None
+        for url in view.nodes.values():
+            try:
+                return await self._leaders.session(url).request("GET", path)
+            except (DatabaseNotFound, ServerUnavailable) as exc:
+                last = exc
+        raise last or DatabaseNotFound(f"no node holds database {self.db!r}")
+
     async def _describe(self) -> dict[str, Any]:
         """``GET /v1/dbs/{db}``; cached in (and, when the node is down, read from) buffer_dir."""
         meta_path = None if self._buffer_dir is None else self._buffer_dir / _META_NAME
@@ -503,9 +533,7 @@ class Producer:
                     f"buffer_dir {self._buffer_dir} holds batches of database {cached.get('name')!r}, not {self.db!r}"
                 )
         try:
-            desc: dict[str, Any] = (
-                await self._session.request("GET", f"{protocol.API_PREFIX}/dbs/{self.db}")
-            ).json()
+            desc: dict[str, Any] = (await self._describe_from_any()).json()
         except SeglogError as exc:
             if cached is None or not protocol.is_retriable(exc):
                 raise
@@ -602,6 +630,8 @@ class Producer:
             self._io.shutdown(wait=True)
             self._io = None
         await self._session.close()
+        if self._leaders is not None:
+            await self._leaders.close()
 
     def _check_running(self) -> None:
         if self._closed:
@@ -1021,7 +1051,10 @@ class Producer:
             while True:
                 try:
                     self.sent_requests += 1
-                    reply = await self._session.request(
+                    session = self._session
+                    if self._leaders is not None:
+                        session = self._leaders.session(await self._leaders.leader_url(self.db, shard))
+                    reply = await session.request(
                         "POST",
                         self._path,
                         params=params,
@@ -1032,6 +1065,10 @@ class Producer:
                     base = _base_offset(reply.json(), shard, sum(it.count for it in items))
                 except SeglogError as exc:
                     if protocol.is_retriable(exc) and (self._retries is None or attempt < self._retries):
+                        if self._leaders is not None and isinstance(exc, ServerUnavailable):
+                            # The leader moved or died: learn the new one before retrying.
+                            with contextlib.suppress(ServerUnavailable):
+                                await self._leaders.refresh(force=True)
                         attempt += 1
                         self.retried_requests += 1
                         wait = max(delay, getattr(exc, "retry_after_s", None) or 0.0)
