@@ -48,8 +48,15 @@ rootLogger.appenderRef.stdout.ref = STDOUT
 
 
 def _cluster_id() -> str:
-    """A random Kafka cluster id (URL-safe base64 of a UUID, as ``kafka-storage random-uuid``)."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+    """A random Kafka cluster id (URL-safe base64 of a UUID, as ``kafka-storage random-uuid``).
+
+    Never one starting with ``-`` (Kafka's ``Uuid.randomUuid`` avoids them too): the storage
+    tool's argument parser would take it for an option.
+    """
+    while True:
+        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not cid.startswith("-"):
+            return cid
 
 
 class KafkaPeer:
