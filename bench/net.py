@@ -361,25 +361,27 @@ async def kafka_produce(env: Env) -> AsyncIterator[Send]:
         await producer.stop()
 
 
+@asynccontextmanager
+async def producer_arrow(env: Env) -> AsyncIterator[Send]:
+    """``seglog.client.Producer.send_arrow``, each call awaited until acknowledged (acks=all)."""
+    from seglog.client import Producer
+
+    async with Producer(env.url, env.db, acks="all", max_batch_bytes=4 << 20) as producer:
+
+        async def send(table: pa.Table) -> None:
+            await (await producer.send_arrow(table))
+
+        yield send
+
+
 PRODUCE_ROWS: list[ProduceRow] = [
     ProduceRow("embedded append_arrow", embedded_arrow, "embedded", single=True, baseline=True),
+    ProduceRow("network Producer (Arrow)", producer_arrow, "node", single=True),
     ProduceRow("network Arrow (bench sender)", node_arrow, "node", single=True),
     ProduceRow("network JSON lines", node_ndjson, "node"),
     ProduceRow("Kafka aiokafka (acks=all)", kafka_produce, "kafka"),
 ]
-"""Produce rows in table order. A ``seglog.client.Producer`` row is one more opener::
-
-    @asynccontextmanager
-    async def producer_arrow(env: Env) -> AsyncIterator[Send]:
-        from seglog.client import Producer
-
-        async with Producer(env.url, env.db, acks="all") as producer:
-            async def send(table: pa.Table) -> None:
-                await producer.send_arrow(table)  # awaited until acknowledged
-            yield send
-
-    PRODUCE_ROWS.insert(2, ProduceRow("network Producer (Arrow)", producer_arrow, "node", single=True))
-"""
+"""Produce rows in table order (``single``: also run at one sender and one shard)."""
 
 
 # --- measurement -----------------------------------------------------------------------------

@@ -86,3 +86,10 @@ BENCH_NET_ARGS ?=
 .PHONY: bench-net
 bench-net: venv peer-kafka
 	$(BIN)/python -m bench.net --cache $(CACHE) $(BENCH_NET_ARGS)
+
+# Streams: a selective wildcard read through streams vs a filtered full scan, and the append
+# cost of stamping streams against a same-run baseline without (bench/streams.py).
+# `make bench-streams QUICK=1` runs the small version and only prints.
+.PHONY: bench-streams
+bench-streams: venv
+	$(BIN)/python -m bench.streams $(if $(QUICK),--quick)

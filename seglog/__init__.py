@@ -18,6 +18,7 @@ from seglog.errors import (
     StoreLocked,
 )
 from seglog.follower import Follower, follow
+from seglog.iterators import Iterator, Stream
 from seglog.record import Record, RecordMeta, now_us, timestamp_us
 from seglog.store import Store, open
 
@@ -35,6 +36,7 @@ __all__ = [
     "InvalidArgument",
     "InvalidRecord",
     "InvalidTimestamp",
+    "Iterator",
     "OffsetOutOfRange",
     "Record",
     "RecordMeta",
@@ -42,6 +44,7 @@ __all__ = [
     "StorageError",
     "Store",
     "StoreLocked",
+    "Stream",
     "__version__",
     "errors",
     "follow",

@@ -14,7 +14,7 @@ from typing import Any, Final
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["ROUTING_PRIME", "routing_hash", "routing_hashes", "shard_for"]
+__all__ = ["ROUTING_PRIME", "route_rows", "routing_hash", "routing_hashes", "shard_for"]
 
 ROUTING_PRIME: Final = 1099511628211
 _MASK64: Final = (1 << 64) - 1
@@ -88,3 +88,20 @@ def routing_hashes(column: pa.Array) -> np.ndarray[Any, np.dtype[np.uint64]]:
     if nonempty.any():
         sums[nonempty] = np.add.reduceat(terms, starts[nonempty])
     return _fmix(sums)
+
+
+def route_rows(topics: pa.Array, keys: pa.Array, shards: int) -> np.ndarray[Any, np.dtype[np.int32]]:
+    """Shard of every row: the routing hash of its key, or of its topic when the key is null.
+
+    The one routing rule, shared by ``Database.append`` and the network producer so that a
+    client batching by shard and the server agree.
+    """
+    n = np.uint64(shards)
+    if keys.null_count == 0:  # every row keyed (the usual shape): topics are not hashed
+        routes = routing_hashes(keys) % n
+    else:
+        routes = routing_hashes(topics) % n
+        if keys.null_count != len(keys):
+            key_routes = routing_hashes(keys) % n
+            routes = np.where(keys.is_valid().to_numpy(zero_copy_only=False), key_routes, routes)
+    return routes.astype(np.int32)

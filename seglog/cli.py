@@ -5,6 +5,9 @@ errors exit 2, from argparse); ``--debug`` (before or after the command) shows t
 instead. Ctrl-C exits 130; ``produce`` first appends the lines it has read. A closed stdout
 (``seglog consume ... | head``) ends the command quietly with status 0. Read-only commands
 (``consume``, ``stats``, ``groups``, ``inspect``) never create a file or directory.
+
+The network commands (``admin``, and ``produce``/``consume`` with ``--url``) live in
+:mod:`seglog.cli_net`; their errors name the error class (``seglog: DatabaseNotFound: ...``).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import contextlib
 import datetime as dt
 import heapq
 import json
+import logging
 import os
 import random
 import re
@@ -56,6 +60,7 @@ DEMO_SITES = 10
 DEMO_METRICS = ("temp", "humidity", "pressure", "co2")
 DEMO_BATCH_RECORDS = 1000
 DEMO_PRODUCERS = 4
+DEMO_NET_RECORDS = 100_000
 # Written into the directories ``seglog demo`` makes: only those may be wiped by a rerun.
 DEMO_MARK: Final = ".seglog-demo"
 READ_CHUNK_BYTES: Final = 1 << 16
@@ -93,8 +98,8 @@ def _demo_made(directory: Path) -> bool:
     return (directory / DEMO_MARK).is_file()
 
 
-def _demo_prepare(data: Path, tier_dir: Path, chart: Path) -> None:
-    """Check that the demo may use its three paths, then clear what an earlier demo left.
+def _demo_prepare(data: Path, tier_dir: Path, chart: Path, node_dir: Path | None = None) -> None:
+    """Check that the demo may use its paths, then clear what an earlier demo left.
 
     A directory is used only when it is absent, empty, or was made by ``seglog demo`` (it
     holds :data:`DEMO_MARK`); the chart is overwritten only after an earlier demo run.
@@ -102,7 +107,8 @@ def _demo_prepare(data: Path, tier_dir: Path, chart: Path) -> None:
     Raises:
         InvalidArgument: A path holds something the demo did not make (nothing is touched).
     """
-    for d in (data, tier_dir):
+    dirs = (data, tier_dir) if node_dir is None else (data, tier_dir, node_dir)
+    for d in dirs:
         if d.exists() and not d.is_dir():
             raise InvalidArgument(f"refusing to use {d}: it exists and is not a directory")
         if d.is_dir() and not _demo_made(d) and any(d.iterdir()):
@@ -114,7 +120,7 @@ def _demo_prepare(data: Path, tier_dir: Path, chart: Path) -> None:
         raise InvalidArgument(f"refusing to overwrite {chart}: it was not made by `seglog demo`")
     if not data.parent.is_dir():
         raise InvalidArgument(f"cannot create {data}: {data.parent} does not exist")
-    for d in (data, tier_dir):
+    for d in dirs:
         if _demo_made(d):
             shutil.rmtree(d)
         d.mkdir(exist_ok=True)
@@ -125,7 +131,9 @@ async def _demo(args: argparse.Namespace) -> int:
     data = Path(args.data).absolute()
     tier_dir = Path(str(data) + "-tier")
     chart = Path(str(data) + "-sites.png")
-    _demo_prepare(data, tier_dir, chart)
+    # The network step's node serves its own data directory (inside, beside the demo mark).
+    node_dir = None if args.no_network else Path(str(data) + "-node")
+    _demo_prepare(data, tier_dir, chart, node_dir)
     n = args.records
     start_us = 1_767_225_600_000_000  # 2026-01-01T00:00:00Z
     print(f"generating {n:,} records from {DEMO_DEVICES} devices ...")
@@ -199,6 +207,11 @@ async def _demo(args: argparse.Namespace) -> int:
     )
     if not args.no_spark:
         _demo_spark(tier_uri, chart)
+    if node_dir is not None:
+        from seglog import cli_net
+
+        net_n = min(n, args.net_records)
+        await cli_net.demo_network(node_dir / "data", records[:net_n], args.shards, DEMO_BATCH_RECORDS)
     print(f"\ndata directory: {data}")
     return 0
 
@@ -964,7 +977,10 @@ def _int_at_least(minimum: int) -> Callable[[str], int]:
     return parse
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(network: bool = False) -> argparse.ArgumentParser:
+    """The command line; ``network``: ``produce``/``consume`` are their ``--url`` forms."""
+    from seglog import cli_net  # here, not at the top: it imports this module
+
     p = argparse.ArgumentParser(prog="seglog", description="A durable segmented log for MQTT-style data.")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     p.add_argument("--version", action="version", version=f"seglog {seglog.__version__}")
@@ -993,11 +1009,19 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument(
         "data",
         help="new or empty data directory (a rerun reuses one made by the demo; "
-        "DATA-tier and DATA-sites.png are made next to it)",
+        "DATA-tier, DATA-node and DATA-sites.png are made next to it)",
     )
     d.add_argument("--records", type=_int_at_least(1), default=DEMO_RECORDS)
     d.add_argument("--shards", type=_int_at_least(1), default=4)
     d.add_argument("--no-spark", action="store_true", help="skip the PySpark job over the tier")
+    d.add_argument(
+        "--net-records",
+        type=_int_at_least(1),
+        default=DEMO_NET_RECORDS,
+        help="records of the network step: one producer and one consumer through `seglog serve` "
+        f"on DATA-node (default {DEMO_NET_RECORDS:,}, at most --records)",
+    )
+    d.add_argument("--no-network", action="store_true", help="skip the network step")
 
     i = sub.add_parser(
         "inspect", parents=[common, values], help="dump frame headers of a segment file and verify every CRC"
@@ -1006,7 +1030,31 @@ def _parser() -> argparse.ArgumentParser:
     i.add_argument("--quiet", "-q", action="store_true", help="only the summary line")
     i.add_argument("--records", action="store_true", help="also print every record (JSON lines)")
 
-    pr = sub.add_parser("produce", parents=[common, bar], help="append lines of stdin (or --file) as records")
+    if network:
+        cli_net.add_produce_parser(sub, [common])
+        cli_net.add_consume_parser(sub, [common, values])
+    else:
+        _add_produce_consume(sub, common, bar, values)
+    _add_other_commands(sub, common)
+    cli_net.add_admin_parser(sub, [common])
+    return p
+
+
+_NETWORK_EPILOG: Final = (
+    "With --url URL this is the network form (a node started with `seglog serve`): "
+    "`seglog {cmd} --url URL DB ...`; see `seglog {cmd} --url URL --help`."
+)
+
+
+def _add_produce_consume(
+    sub: Any, common: argparse.ArgumentParser, bar: argparse.ArgumentParser, values: argparse.ArgumentParser
+) -> None:
+    pr = sub.add_parser(
+        "produce",
+        parents=[common, bar],
+        help="append lines of stdin (or --file) as records (--url URL: to a node)",
+        epilog=_NETWORK_EPILOG.format(cmd="produce"),
+    )
     pr.add_argument("data", help="data directory (created if missing; its parent must exist)")
     pr.add_argument("db")
     pr.add_argument("--topic", required=True)
@@ -1039,7 +1087,8 @@ def _parser() -> argparse.ArgumentParser:
     co = sub.add_parser(
         "consume",
         parents=[common, values],
-        help="print records of every shard (merged by timestamp), or of one",
+        help="print records of every shard (merged by timestamp), or of one (--url URL: of a node)",
+        epilog=_NETWORK_EPILOG.format(cmd="consume"),
     )
     co.add_argument("data")
     co.add_argument("db")
@@ -1062,6 +1111,8 @@ def _parser() -> argparse.ArgumentParser:
         "(read-only; shards interleaved as records arrive; Ctrl-C to stop)",
     )
 
+
+def _add_other_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     s = sub.add_parser(
         "stats",
         parents=[common],
@@ -1096,6 +1147,22 @@ def _parser() -> argparse.ArgumentParser:
     )
     sv.add_argument("--idle-timeout-s", type=float, help="close a client that stalls this long (default 60)")
     sv.add_argument("--quota-bytes", type=int, help="soft cap on the store's bytes; appends past it get 429")
+    sv.add_argument("--etcd", help="join a cluster: etcd endpoints http://HOST:PORT[,...] (needs --node-id)")
+    sv.add_argument("--node-id", type=int, help="this node's id in the cluster (unique, >= 0)")
+    sv.add_argument(
+        "--advertise", help="URL other nodes and clients reach this node at (default: the bound URL)"
+    )
+    sv.add_argument(
+        "--replica-lag-time-max-ms", type=int, help="drop an ISR member behind for this long (default 30000)"
+    )
+    sv.add_argument("--node-ttl-s", type=int, help="node lease TTL: silent this long = dead (default 6)")
+    sv.add_argument("--peer-token", help="bearer token for requests to other nodes (their --tokens)")
+    sv.add_argument(
+        "--log-level",
+        choices=("debug", "info", "warning", "error"),
+        default="warning",
+        help="stderr log level",
+    )
 
     t = sub.add_parser("tier", parents=[common], help="upload sealed segments of a database to the tier now")
     t.add_argument("data")
@@ -1104,7 +1171,6 @@ def _parser() -> argparse.ArgumentParser:
     for cmd in (s, t):
         cmd.add_argument("--tier", help="tier URI: file:///abs/dir or s3://bucket/prefix")
         cmd.add_argument("--s3-endpoint", help="S3 endpoint (credentials from the AWS_* environment)")
-    return p
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -1131,7 +1197,13 @@ def _serve(args: argparse.Namespace) -> int:
     for name, value in limits.items():
         if value <= 0:
             raise InvalidArgument(f"--{name.replace('_', '-')} must be > 0")
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
     data = _writable_data_dir(args.data)
+    cluster = _cluster_config(args)
     server = NodeServer(
         data,
         host=host,
@@ -1141,11 +1213,45 @@ def _serve(args: argparse.Namespace) -> int:
         limits=ServerLimits(**limits),
         fsync=args.fsync,
         quota_bytes=args.quota_bytes,
+        cluster=cluster,
     )
     return run(server)
 
 
+def _cluster_config(args: argparse.Namespace) -> Any:
+    """The ``ClusterConfig`` of ``serve --etcd ...``, or ``None`` for a standalone node."""
+    from seglog.cluster.node import ClusterConfig
+
+    if args.etcd is None:
+        for flag in ("node_id", "advertise", "replica_lag_time_max_ms", "node_ttl_s", "peer_token"):
+            if getattr(args, flag) is not None:
+                raise InvalidArgument(f"--{flag.replace('_', '-')} needs --etcd")
+        return None
+    if args.node_id is None or args.node_id < 0:
+        raise InvalidArgument("--etcd needs --node-id N (N >= 0)")
+    options: dict[str, Any] = {}
+    if args.replica_lag_time_max_ms is not None:
+        if args.replica_lag_time_max_ms <= 0:
+            raise InvalidArgument("--replica-lag-time-max-ms must be > 0")
+        options["replica_lag_time_max_ms"] = args.replica_lag_time_max_ms
+    if args.node_ttl_s is not None:
+        if args.node_ttl_s < 1:
+            raise InvalidArgument("--node-ttl-s must be >= 1")
+        options["node_ttl_s"] = args.node_ttl_s
+    return ClusterConfig(
+        node_id=args.node_id,
+        advertise_url=args.advertise or "",
+        etcd=tuple(u for u in args.etcd.split(",") if u),
+        token=args.peer_token,
+        **options,
+    )
+
+
 def _run(args: argparse.Namespace) -> int:
+    if getattr(args, "network", None):
+        from seglog import cli_net
+
+        return cli_net.run(args)
     if args.command == "demo":
         return asyncio.run(_demo(args))
     if args.command == "inspect":
@@ -1175,7 +1281,10 @@ def _silence_stdout() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``seglog`` console script."""
-    args = _parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    from seglog import cli_net
+
+    args = _parser(network=cli_net.network_mode(argv)).parse_args(argv)
     try:
         code = _run(args)
         sys.stdout.flush()
@@ -1188,7 +1297,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.debug:
             raise
         sys.stderr.flush()
-        print(f"seglog: error: {exc}", file=sys.stderr)
+        if getattr(args, "network", None):
+            print(cli_net.error_line(exc), file=sys.stderr)
+        else:
+            print(f"seglog: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

@@ -12,11 +12,30 @@ from typing import TYPE_CHECKING, Any, Final, overload
 import numpy as np
 import pyarrow as pa
 
-from seglog._routing import routing_hashes, shard_for
+from seglog._routing import route_rows, shard_for
 from seglog.db_config import DbConfig, validate_db_name
-from seglog.engines.base import Engine, Quota, SegmentedEngine, ShardStats, empty_read_table
-from seglog.errors import ClosedResourceError, ConfigMismatch, InvalidArgument, OffsetOutOfRange
+from seglog.engines.base import (
+    Engine,
+    Quota,
+    SegmentedEngine,
+    ShardStats,
+    StreamEngine,
+    StreamRead,
+    empty_read_table,
+)
+from seglog.errors import (
+    ClosedResourceError,
+    ConfigMismatch,
+    ForeignIterator,
+    InvalidArgument,
+    InvalidIterator,
+    OffsetOutOfRange,
+    StreamFilterMismatch,
+    UnknownStream,
+)
 from seglog.groups import GroupStore, validate_group_name
+from seglog.iterators import Iterator as StreamIterator
+from seglog.iterators import Stream, structure_check
 from seglog.record import (
     MAX_LEADER_EPOCH,
     Record,
@@ -28,6 +47,7 @@ from seglog.record import (
     timestamp_us,
 )
 from seglog.tiering.seam import ManifestEntry, TieredStorage
+from seglog.topics import structure_regex, validate_topic_filter, varying_filter_for
 
 if TYPE_CHECKING:
     from seglog.consumer import Consumer, StartFrom
@@ -36,6 +56,9 @@ __all__ = ["AppendResult", "Database", "DbConfig", "TierShardStats", "shard_for"
 
 # Reads larger than this convert to Record objects off the event loop.
 _INLINE_RECORDS_MAX: Final = 4096
+# Frames one next()/next_arrow() call reads at most (each may hold the stream): a very
+# selective filter returns fewer records (maybe none) and a position further on.
+_NEXT_MAX_FRAMES: Final = 4096
 # Builds RecordMeta tuples without a Python-level __new__ per record.
 _META: Final = functools.partial(tuple.__new__, RecordMeta)
 
@@ -118,8 +141,11 @@ class Database:
         persist_config: Callable[[DbConfig], None] | None = None,
         quota: Quota | None = None,
         tier: TieredStorage | None = None,
+        uid: int = 0,
     ) -> None:
         self.name = name
+        #: The database's random 64-bit id (stream iterators carry it).
+        self.id = uid
         self.config = config
         self._engine = engine
         self._groups = groups
@@ -128,6 +154,7 @@ class Database:
         self._quota = quota
         # What the engine can do beyond Engine, asked once (a structural check is not free).
         self._segmented: SegmentedEngine | None = engine if isinstance(engine, SegmentedEngine) else None
+        self._stream_engine: StreamEngine | None = engine if isinstance(engine, StreamEngine) else None
         if tier is not None and self._segmented is None:
             raise ConfigMismatch(
                 f"database {name!r}: tiering needs the 'segment' engine, not {config.engine!r}"
@@ -283,16 +310,7 @@ class Database:
         self, batch: pa.RecordBatch, explicit: list[int | None]
     ) -> np.ndarray[Any, np.dtype[np.int32]]:
         """Shard of every row: explicit, else the routing hash of the key, else of the topic."""
-        shards = np.uint64(self.config.shards)
-        keys = batch.column("key")
-        if keys.null_count == 0:  # every row keyed (the usual shape): topics are not hashed
-            routes = routing_hashes(keys) % shards
-        else:
-            routes = routing_hashes(batch.column("topic")) % shards
-            if keys.null_count != len(keys):
-                key_routes = routing_hashes(keys) % shards
-                routes = np.where(keys.is_valid().to_numpy(zero_copy_only=False), key_routes, routes)
-        out = routes.astype(np.int32)
+        out = route_rows(batch.column("topic"), batch.column("key"), self.config.shards)
         if explicit:
             forced = np.array([-1 if s is None else s for s in explicit], np.int32)
             out = np.where(forced >= 0, forced, out).astype(np.int32)
@@ -432,6 +450,145 @@ class Database:
             tier = self._tier
             out = [replace(st, start_offset=tier.logical_start(st.shard, st.start_offset)) for st in out]
         return out
+
+    # --- streams -----------------------------------------------------------------------
+
+    @property
+    def streams_enabled(self) -> bool:
+        """Whether appends stamp streams (``DbConfig.lts_thresholds`` is set)."""
+        engine = self._stream_engine
+        return engine is not None and engine.streams_enabled
+
+    def _streams(self) -> StreamEngine:
+        self._check()
+        engine = self._stream_engine
+        if engine is None or not engine.streams_enabled:
+            raise InvalidArgument(
+                f"database {self.name!r} has no streams (created with lts_thresholds=None, "
+                "or before streams existed)"
+            )
+        return engine
+
+    def get_streams(self, topic_filter: str, start_time_us: int | dt.datetime = 0) -> list[Stream]:
+        """The streams that may hold records whose topic matches an MQTT filter.
+
+        A stream is one learned topic structure of one shard (see :class:`~seglog.Stream`);
+        read each with :meth:`make_iterator` and :meth:`next` (streams of different shards,
+        or of one shard, may be read in parallel). MQTT semantics: ``+`` is one level,
+        ``#`` the rest including none (``a/#`` matches ``a``), and topics starting with
+        ``$`` only match filters whose first level names them. A stream may hold topics the
+        filter does not match; the iterator filters them out.
+
+        Args:
+            topic_filter: An MQTT topic filter.
+            start_time_us: Accepted for EMQX's API (µs or a datetime): generations will use
+                it to leave out streams that ended before it; today every matching stream
+                of the one open generation is returned.
+
+        Returns:
+            The streams, by shard and id.
+
+        Raises:
+            InvalidTopicFilter: A malformed filter.
+            InvalidArgument: The database has no streams.
+        """
+        engine = self._streams()
+        validate_topic_filter(topic_filter)
+        timestamp_us(start_time_us, "start_time_us")
+        out: list[Stream] = []
+        for shard in range(self.config.shards):
+            for sid, _vf in engine.match_streams(shard, topic_filter):
+                found = engine.stream_structure(shard, sid)
+                if found is not None:
+                    out.append(Stream(shard, sid, found[0], found[1], self.id))
+        return out
+
+    def _owned_stream(self, db_id: int, shard: int, stream: int, check: int) -> tuple[tuple[str, ...], bool]:
+        """The structure of a stream an iterator or Stream names, after checking it is ours."""
+        engine = self._streams()
+        if db_id != self.id:
+            raise ForeignIterator(
+                f"this stream or iterator belongs to another database (id {db_id:016x}, "
+                f"not {self.name!r}'s {self.id:016x})"
+            )
+        if type(shard) is not int or not 0 <= shard < self.config.shards:
+            raise UnknownStream(f"database {self.name!r} has no shard {shard!r}")
+        found = engine.stream_structure(shard, stream)
+        if found is None or structure_check(*found) != check:
+            raise UnknownStream(
+                f"shard {shard} of database {self.name!r} has no stream {stream} of that structure"
+            )
+        return found
+
+    def make_iterator(
+        self, stream: Stream, topic_filter: str, start_time_us: int | dt.datetime = 0
+    ) -> StreamIterator:
+        """An iterator at the start of ``stream`` for the records matching ``topic_filter``.
+
+        Args:
+            stream: One of :meth:`get_streams`.
+            topic_filter: The MQTT filter the records must match (usually the one given to
+                :meth:`get_streams`; only its varying levels are kept in the iterator).
+            start_time_us: Records with an earlier ``ts`` (µs, or a datetime) are skipped.
+
+        Raises:
+            ForeignIterator: ``stream`` is another database's.
+            UnknownStream: This database has no such stream (any more).
+            StreamFilterMismatch: The filter can match no topic of the stream.
+            InvalidTopicFilter: A malformed filter.
+        """
+        if not isinstance(stream, Stream):
+            raise InvalidArgument(f"make_iterator takes a Stream, not {type(stream).__name__}")
+        structure, special = self._owned_stream(stream.db_id, stream.shard, stream.id, stream.check)
+        vf = varying_filter_for(structure, special, topic_filter)
+        if vf is None:
+            raise StreamFilterMismatch(
+                f"topic filter {topic_filter!r} matches no topic of stream {stream.pattern!r}"
+            )
+        start = timestamp_us(start_time_us, "start_time_us")
+        _check_int("start_time_us", start, minimum=-(1 << 63))
+        return StreamIterator(self.id, stream.shard, stream.id, stream.check, 0, start, tuple(vf))
+
+    async def next_arrow(self, iterator: StreamIterator, n: int = 1000) -> tuple[StreamIterator, pa.Table]:
+        """The next records (at most ``n``) of an iterator's stream that match its filter.
+
+        Records come in offset (append) order, only those at or after the iterator's
+        position, with ``ts`` at or after its start time and a topic matching its filter
+        (the varying levels are checked). An empty table means nothing more yet: the stream
+        may grow (``end_of_stream`` waits for generations and is never set today). The
+        iterator returned goes on after the records returned (or after everything read,
+        which may be further on when a call read many frames without a match).
+
+        Stream reads cover the records kept locally: with a tier, records that are only
+        in the tier are skipped (read them with :meth:`read_arrow`).
+
+        Returns:
+            ``(next iterator, table)``; the table has :meth:`read_arrow`'s columns.
+
+        Raises:
+            ForeignIterator: The iterator is another database's.
+            UnknownStream: This database has no such stream (any more).
+            InvalidArgument: ``n`` is not a positive int.
+        """
+        engine = self._streams()
+        if not isinstance(iterator, StreamIterator):
+            raise InvalidArgument(f"next takes an Iterator, not {type(iterator).__name__}")
+        _check_int("n", n, minimum=1)
+        structure, _special = self._owned_stream(
+            iterator.db_id, iterator.shard, iterator.stream, iterator.check
+        )
+        if len(iterator.varying_filter) != structure.count("+"):
+            raise InvalidIterator("the iterator's filter does not fit its stream")
+        want = StreamRead(
+            iterator.stream, iterator.start_time_us, structure_regex(structure, iterator.varying_filter)
+        )
+        batch = await engine.read_stream(iterator.shard, iterator.position, want, n, _NEXT_MAX_FRAMES)
+        return iterator.advanced(batch.next_offset), batch.table
+
+    async def next(self, iterator: StreamIterator, n: int = 1000) -> tuple[StreamIterator, list[Record]]:
+        """Like :meth:`next_arrow`, as :class:`~seglog.Record` objects (``shard`` and ``offset`` set)."""
+        it, table = await self.next_arrow(iterator, n)
+        return it, await self._to_records(table, iterator.shard)
 
     # --- tiering -----------------------------------------------------------------------
 

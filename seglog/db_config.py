@@ -16,6 +16,7 @@ from seglog.engines.base import DEFAULT_SEGMENT_BYTES, DEFAULT_SEGMENT_MS
 from seglog.engines.registry import get_engine, tiering_engines
 from seglog.errors import ConfigMismatch, InvalidArgument, InvalidName
 from seglog.record import DEFAULT_MAX_RECORD_BYTES, DEFAULT_MAX_TS_US, DEFAULT_MIN_TS_US
+from seglog.topics import DEFAULT_LTS_THRESHOLDS
 
 __all__ = ["MAX_SHARDS", "Compression", "DbConfig", "EngineName", "validate_db_name"]
 
@@ -68,6 +69,18 @@ class DbConfig:
     # value looks like one. Default: 2000-01-01T00:00:00Z .. 2200-01-01T00:00:00Z.
     min_ts_us: int | None = DEFAULT_MIN_TS_US
     max_ts_us: int | None = DEFAULT_MAX_TS_US
+    # Streams (fixed at creation): each shard learns its topics' structure (LTS, EMQX's
+    # rules) and appends stamp every record with its stream, which makes wildcard reads
+    # through ``get_streams``/``make_iterator``/``next`` skip frames of other streams.
+    # Per depth, how many distinct static children a topic level keeps before later tokens
+    # at that level vary (the last value applies to all deeper levels); 0: always varies.
+    # ``None``: no streams (the ``stream`` column stays as given, 0 by default). A config
+    # persisted before streams existed reads as ``None``: its records were never stamped.
+    lts_thresholds: tuple[int, ...] | None = DEFAULT_LTS_THRESHOLDS
+
+    def __post_init__(self) -> None:
+        if isinstance(self.lts_thresholds, list):  # from JSON, or a caller's list
+            object.__setattr__(self, "lts_thresholds", tuple(self.lts_thresholds))
 
     IMMUTABLE: Final = ("shards", "engine")  # type: ignore[misc]
     # What Database.configure may change (``compression`` and ``index_interval_bytes`` are
@@ -122,6 +135,16 @@ class DbConfig:
                 raise InvalidArgument(f"{name} must be None or an int64 (µs since 1970)")
         if self.min_ts_us is not None and self.max_ts_us is not None and self.min_ts_us > self.max_ts_us:
             raise InvalidArgument("min_ts_us must not be greater than max_ts_us")
+        thresholds = self.lts_thresholds
+        if thresholds is not None and (
+            not isinstance(thresholds, tuple)
+            or not 1 <= len(thresholds) <= 64
+            or any(type(t) is not int or not 0 <= t <= 0xFFFFFFFF for t in thresholds)
+        ):
+            raise InvalidArgument(
+                "lts_thresholds must be None or a list of 1..64 ints in 0..2**32-1 "
+                f"(static children per topic level before it varies), not {thresholds!r}"
+            )
         return self
 
     def to_json(self) -> dict[str, Any]:
@@ -132,7 +155,10 @@ class DbConfig:
     def from_json(cls, data: dict[str, Any]) -> DbConfig:
         """Read a persisted config, ignoring unknown keys from newer versions."""
         known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known}).validate()
+        settings = {k: v for k, v in data.items() if k in known}
+        # Written before streams existed: its records carry no stream stamps.
+        settings.setdefault("lts_thresholds", None)
+        return cls(**settings).validate()
 
     def check_compatible(self, requested: dict[str, Any]) -> None:
         """Raise :class:`ConfigMismatch` if ``requested`` changes an immutable setting."""

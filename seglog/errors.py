@@ -15,17 +15,21 @@ from __future__ import annotations
 __all__ = [
     "AppendFailed",
     "AuthenticationFailed",
+    "BufferFull",
     "BusyResourceError",
     "ClosedResourceError",
     "ConfigMismatch",
+    "CorruptBuffer",
     "CorruptCheckpoint",
     "CorruptFrame",
     "CorruptLTS",
     "DatabaseExists",
     "DatabaseNotFound",
     "EpochRegression",
+    "ForeignIterator",
     "InvalidArgument",
     "InvalidHeaders",
+    "InvalidIterator",
     "InvalidKey",
     "InvalidName",
     "InvalidRecord",
@@ -34,6 +38,12 @@ __all__ = [
     "InvalidTopic",
     "InvalidTopicFilter",
     "InvalidValue",
+    "LeaseNotFound",
+    "MetadataError",
+    "NodeIdInUse",
+    "NotEnoughReplicas",
+    "NotEnoughReplicasAfterAppend",
+    "NotLeader",
     "OffsetMismatch",
     "OffsetOutOfRange",
     "Overloaded",
@@ -45,11 +55,14 @@ __all__ = [
     "SeglogError",
     "ServerUnavailable",
     "StaleGeneration",
+    "StaleMetadata",
     "StorageError",
     "StoreLocked",
     "StoreNotFound",
+    "StreamFilterMismatch",
     "TierError",
     "UnknownMember",
+    "UnknownStream",
     "UnsupportedContentType",
     "UsageError",
 ]
@@ -135,6 +148,28 @@ class InvalidTimestamp(InvalidRecord):
     """
 
 
+class InvalidIterator(InvalidArgument):
+    """Iterator bytes that are not an iterator: wrong length, magic, version or CRC.
+
+    ``Iterator.from_bytes`` checks the bytes alone; whether the iterator belongs to the
+    database it is used with is checked when it is used (:class:`ForeignIterator`,
+    :class:`UnknownStream`).
+    """
+
+
+class ForeignIterator(InvalidIterator):
+    """An iterator or stream of another database (or of a dropped and recreated one)."""
+
+
+class UnknownStream(InvalidArgument):
+    """A stream this database does not have: no such shard or stream id, or the id now names
+    another learned structure (an iterator of another shard, or of a log cut back since)."""
+
+
+class StreamFilterMismatch(InvalidArgument):
+    """A topic filter that can match no topic of the stream it was given with."""
+
+
 class InvalidName(UsageError, ValueError):
     """A database name is empty, too long, or could escape the data directory."""
 
@@ -170,8 +205,29 @@ class StoreLocked(BusyResourceError):
     """Another process holds the data directory open."""
 
 
+class NodeIdInUse(BusyResourceError):
+    """Another live process registered this node id in the cluster metadata."""
+
+
+class StaleMetadata(UsageError):
+    """A metadata update was based on a state that changed since (or a deposed controller).
+
+    Re-read the state and decide again.
+    """
+
+
 class QuotaExceeded(UsageError):
     """The append would take the store over its soft quota; nothing was written."""
+
+
+class BufferFull(QuotaExceeded):
+    """A network producer's local buffer (``buffer_max_bytes``) has no room; nothing was enqueued.
+
+    Raised by ``Producer.send`` under ``overflow="error"`` (and under ``"block"`` when no room
+    freed up within the request timeout), and set on the futures of records that
+    ``overflow="drop_oldest"`` dropped. Like :class:`QuotaExceeded` it is a local quota: the
+    same call can succeed once acknowledgements free space.
+    """
 
 
 class InvalidRequest(InvalidArgument):
@@ -242,6 +298,24 @@ class CorruptFrame(StorageError):
     """A frame failed its magic, length or CRC check."""
 
 
+class CorruptBuffer(StorageError):
+    """A producer's disk buffer failed a check that a torn write cannot explain.
+
+    A torn tail (an item cut short, or a bad last item, at the end of the newest segment) is
+    truncated on open; a bad item followed by a good one, a bad item in an older segment, or a
+    bad commit file is damage and raises this (nothing is dropped silently).
+
+    Attributes:
+        path: The damaged file.
+        position: Byte position of the bad item (None for the commit file).
+    """
+
+    def __init__(self, message: str, *, path: str, position: int | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+        self.position = position
+
+
 class CorruptCheckpoint(StorageError):
     """A small checkpoint file (leader epochs, high watermark) failed its format or CRC check.
 
@@ -282,6 +356,49 @@ class ServerUnavailable(RemoteError):
 
 class Overloaded(ServerUnavailable):
     """The server refused the request before doing anything (in-flight cap, queue full): HTTP 503."""
+
+
+class NotLeader(ServerUnavailable):
+    """The node does not lead the shard (or no longer does): ask the metadata and retry there.
+
+    Attributes:
+        shard: The shard.
+        leader: The node id of the leader this node knows of (-1: none), if any.
+        leader_epoch: The leader epoch this node knows of.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        shard: int | None = None,
+        leader: int | None = None,
+        leader_epoch: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.shard = shard
+        self.leader = leader
+        self.leader_epoch = leader_epoch
+
+
+class NotEnoughReplicas(ServerUnavailable):
+    """Fewer in-sync replicas than ``min_insync``: the write was refused before anything was written."""
+
+
+class NotEnoughReplicasAfterAppend(NotEnoughReplicas):
+    """The leader wrote the batch but the ISR shrank below ``min_insync`` before it was replicated.
+
+    The batch may become visible later; retrying can store it twice (the idempotent producer
+    removes that).
+    """
+
+
+class MetadataError(RemoteError):
+    """The metadata store (etcd) could not be reached or refused a request; the cause is chained."""
+
+
+class LeaseNotFound(MetadataError):
+    """An etcd lease expired or was revoked: every key attached to it is gone."""
 
 
 # --- positions -------------------------------------------------------------------------

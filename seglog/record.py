@@ -80,6 +80,7 @@ __all__ = [
     "records_to_batch",
     "table_to_batch",
     "timestamp_us",
+    "validate_record",
     "verify_frame",
 ]
 
@@ -210,13 +211,15 @@ def _check_ts_range(ts: pa.Array, lo: int | None, hi: int | None) -> None:
     if hi is not None:
         bad |= arr > hi
     idx = int(np.argmax(bad))
-    value = int(arr[idx])
+    raise InvalidTimestamp(_ts_range_message(int(arr[idx]), lo, hi), index=idx)
+
+
+def _ts_range_message(value: int, lo: int | None, hi: int | None) -> str:
     low = "-inf" if lo is None else f"{lo} ({_iso(lo)})"
     high = "+inf" if hi is None else f"{hi} ({_iso(hi)})"
-    raise InvalidTimestamp(
+    return (
         f"ts {value} is outside the accepted range [{low}, {high}] of µs since 1970 "
-        f"(DbConfig min_ts_us/max_ts_us){_unit_hint(value, lo, hi)}",
-        index=idx,
+        f"(DbConfig min_ts_us/max_ts_us){_unit_hint(value, lo, hi)}"
     )
 
 
@@ -393,6 +396,69 @@ def _headers_array(headers: Sequence[Any]) -> pa.Array:
                 raise InvalidHeaders("headers must map str to bytes", index=i)
         rows.append(list(h.items()))
     return pa.array(rows, type=HEADERS_TYPE)
+
+
+def validate_record(
+    topic: object,
+    value: object,
+    key: object = None,
+    ts: object = None,
+    headers: object = None,
+    *,
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+    min_ts_us: int | None = None,
+    max_ts_us: int | None = None,
+) -> tuple[int | None, int]:
+    """Check one record's fields by the rules of :func:`records_to_batch`, without Arrow.
+
+    For callers that take records one at a time (the network producer): the same checks and
+    error classes as a one-record :func:`records_to_batch` (messages without the ``record
+    N:`` prefix; ``index`` is None), at a fraction of its cost.
+    ``tests/test_client_producer.py`` holds the two to agreement.
+
+    Returns:
+        ``(ts, size)``: ``ts`` as µs (a datetime converted; ``None`` stays ``None``) and the
+        record's payload bytes (topic UTF-8 + value + key + headers), a buffer-size estimate.
+
+    Raises:
+        InvalidRecord: The subclass :func:`records_to_batch` raises for the same record.
+    """
+    if type(topic) is not str:
+        raise InvalidTopic("topic must be a str")
+    if type(ts) is not int and isinstance(ts, dt.datetime):
+        ts = timestamp_us(ts)
+    if not isinstance(value, bytes):
+        raise InvalidValue(f"value must be bytes, not {type(value).__name__}")
+    if key is not None and not isinstance(key, bytes):
+        raise InvalidKey(f"key must be bytes or None, not {type(key).__name__}")
+    if ts is not None and type(ts) is not int:
+        raise InvalidRecord("ts must be an int (µs since 1970), a datetime or None")
+    try:
+        raw = topic.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidTopic("topic is not valid UTF-8 text (lone surrogate)") from None
+    if not raw:
+        raise InvalidTopic("topic must not be empty")
+    if len(raw) > MAX_TOPIC_BYTES:
+        raise InvalidTopic(f"topic is longer than {MAX_TOPIC_BYTES} UTF-8 bytes")
+    if b"+" in raw or b"#" in raw or b"\0" in raw:
+        raise InvalidTopic("topic name must not contain '+', '#' or U+0000 (wildcards belong in filters)")
+    if len(value) > max_record_bytes:
+        raise RecordTooLarge(f"value is larger than max_record_bytes={max_record_bytes}")
+    if ts is not None:
+        if not -(1 << 63) <= ts < (1 << 63):
+            raise InvalidRecord("ts does not fit in int64")
+        if (min_ts_us is not None and ts < min_ts_us) or (max_ts_us is not None and ts > max_ts_us):
+            raise InvalidTimestamp(_ts_range_message(ts, min_ts_us, max_ts_us))
+    size = len(raw) + len(value) + (0 if key is None else len(key))
+    if headers is not None:
+        if not isinstance(headers, dict):
+            raise InvalidHeaders("headers must be a dict[str, bytes] or None")
+        for k, v in headers.items():
+            if type(k) is not str or not isinstance(v, bytes):
+                raise InvalidHeaders("headers must map str to bytes")
+            size += len(k) + len(v)
+    return ts, size
 
 
 def records_to_batch(

@@ -13,6 +13,7 @@ import shutil
 import uuid
 from collections.abc import Awaitable, Callable, Generator
 from concurrent.futures import ThreadPoolExecutor
+from enum import Enum
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Final
@@ -45,7 +46,7 @@ from seglog.store_config import (
 from seglog.tiering import open_tier_service
 from seglog.tiering.seam import TieredStorage, TierService
 
-__all__ = ["Store", "open"]
+__all__ = ["Shutdown", "Store", "open"]
 
 log = logging.getLogger("seglog.store")
 
@@ -55,6 +56,9 @@ _RUNNING_FILE: Final = "RUNNING"
 STORE_FILE: Final = "seglog.json"
 DBS_DIR: Final = "dbs"
 DB_CONFIG_FILE: Final = "config.json"
+# A database's random 64-bit id (16 hex digits): stream iterators carry it, so one of another
+# database, or of a dropped database recreated under the same name, is refused.
+DB_ID_FILE: Final = "id"
 _READ_THREADS: Final = 4
 # Data directories open in this process: LMDB allows one handle per environment per process.
 _OPEN_HERE: set[Path] = set()
@@ -70,6 +74,27 @@ async def _every(interval_s: float, job: Callable[[], Awaitable[object]]) -> Non
     while True:
         await asyncio.sleep(interval_s)
         await job()
+
+
+def db_id(directory: Path) -> int:
+    """The database's id (see :data:`DB_ID_FILE`), created on first use (blocking).
+
+    Raises:
+        StorageError: The id file is unreadable or cannot be written.
+    """
+    path = directory / DB_ID_FILE
+    try:
+        return int(path.read_text().strip(), 16)
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError) as exc:
+        raise StorageError(f"unreadable database id {path}") from exc
+    value = int.from_bytes(os.urandom(8), "big")
+    try:
+        atomic_write(path, f"{value:016x}\n".encode())
+    except OSError as exc:
+        raise StorageError(f"cannot write database id {path}") from exc
+    return value
 
 
 def db_directory(data_dir: Path, name: str) -> Path:
@@ -123,6 +148,17 @@ class _StoreQuota:
         self._store._freed(nbytes)
 
 
+class Shutdown(Enum):
+    """How the previous owner of a data directory stopped."""
+
+    # close() ran (or the directory is new).
+    CLEAN = "clean"
+    # The process died (SIGKILL, crash): the page cache survived, fsync'd or not.
+    PROCESS_CRASH = "process_crash"
+    # The machine restarted while it was open: writes that were not fsync'd may be gone.
+    MACHINE_RESTART = "machine_restart"
+
+
 class Store:
     """An open data directory. Use ``async with seglog.open(path) as store`` (or ``await``)."""
 
@@ -146,6 +182,8 @@ class Store:
         self._max_items = config.max_items
         self.clock_us = config.clock_us or now_us
         self._state = "new"
+        # How the previous owner of the directory stopped (known once open).
+        self.last_shutdown = Shutdown.CLEAN
         self._lock_fd = -1
         self._dbs: dict[str, Database] = {}
         self._db_lock = asyncio.Lock()
@@ -320,8 +358,10 @@ class Store:
                 # (seglog.index.shard_index); this is only the log line.
                 previous = running.read_text().strip()
                 if previous != boot:
+                    self.last_shutdown = Shutdown.MACHINE_RESTART
                     log.warning("%s was open when the machine restarted; recovering", self.path)
                 else:
+                    self.last_shutdown = Shutdown.PROCESS_CRASH
                     log.warning("%s was not closed cleanly (process crash); recovering", self.path)
             atomic_write(running, boot.encode())
         except OSError as exc:
@@ -438,6 +478,7 @@ class Store:
             shutil.rmtree(final)
         staging.mkdir(parents=True)
         atomic_write(staging / DB_CONFIG_FILE, json.dumps(config.to_json(), indent=2).encode())
+        db_id(staging)
         os.replace(staging, final)
         fsync_dir(final.parent)
 
@@ -488,6 +529,7 @@ class Store:
             journal_bytes=self.journal_bytes,
             buffer_ms=self.buffer_ms,
             clock_us=self.clock_us,
+            lts_thresholds=config.lts_thresholds,
         )
         factory = get_engine(config.engine)
         engine: Engine = await asyncio.to_thread(
@@ -495,6 +537,7 @@ class Store:
         )
         tier: TieredStorage | None = None
         try:
+            uid = await asyncio.to_thread(db_id, self._db_dir(name))
             groups = await asyncio.to_thread(GroupStore, self._db_dir(name))
             if self._tier_service is not None:
                 tier = await self._tier_service.open_db(name, self._db_dir(name), engine, self.clock_us)
@@ -510,6 +553,7 @@ class Store:
             persist_config=functools.partial(self._write_config, name),
             quota=_StoreQuota(self),
             tier=tier,
+            uid=uid,
         )
         self._dbs[name] = db
         return db

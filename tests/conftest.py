@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-pytest_plugins = ["tests.tier_fixtures", "tests.server_fixtures"]
+pytest_plugins = ["tests.tier_fixtures", "tests.server_fixtures", "tests.etcd_fixtures"]
 
 T = TypeVar("T")
 

@@ -8,6 +8,7 @@ import selectors
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,6 +32,7 @@ class ServerProcess:
         self.url = ""
         self.listen = "127.0.0.1:0"
         self.output: list[str] = []
+        self._drain: threading.Thread | None = None
 
     def start(self) -> ServerProcess:
         """Start the child and wait (on its stdout, with a deadline) until it serves."""
@@ -69,9 +71,20 @@ class ServerProcess:
                     self.url = m.group(1)
                     # A restart binds the same port: clients keep their URL.
                     self.listen = "127.0.0.1:" + self.url.rsplit(":", 1)[1]
+                    # Keep draining: a chatty child must never block on a full pipe.
+                    self._drain = threading.Thread(target=self._read_rest, args=(self.proc,), daemon=True)
+                    self._drain.start()
                     return self
 
+    def _read_rest(self, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stdout is not None
+        for line in iter(proc.stdout.readline, b""):
+            self.output.append(line.decode(errors="replace"))
+
     def _collect(self) -> None:
+        if self._drain is not None:
+            self._drain.join(EXIT_TIMEOUT_S)
+            self._drain = None
         if self.proc is not None and self.proc.stdout is not None and not self.proc.stdout.closed:
             self.output.append(self.proc.stdout.read().decode(errors="replace"))
             self.proc.stdout.close()

@@ -20,6 +20,7 @@ from seglog.cluster.server import serve
 from seglog.errors import InvalidArgument, StaleGeneration, UnknownMember
 from tests.server_fixtures import ServerProcess
 
+ROOT = Path(__file__).resolve().parent.parent
 DB = "g"
 KEY = ("db", "grp")
 WAIT_S = 60.0  # generous bound on waits for events; never a measured duration
@@ -172,6 +173,7 @@ class Child:
             group,
             str(session_ms),
             stdout=asyncio.subprocess.PIPE,
+            cwd=ROOT,
         )
         return cls(proc)
 

@@ -35,6 +35,7 @@ def test_readme_shows_every_example_file_verbatim() -> None:
         "store_features.py",
         "tiering.py",
         "spark_read.py",
+        "streams.py",
         "cli_quickstart.sh",
     }
     python_blocks = fenced("python")
@@ -109,3 +110,10 @@ def test_cli_quickstart(tmp_path: Path) -> None:
     assert lines[0].startswith('{"shard": 0, "offset": 0, ') and '"value": "1"' in lines[0]
     assert "21.5" in lines  # consume --shard 3 --format raw
     assert any(line.startswith("dashboards") for line in lines) and "telemetry" in out
+
+
+def test_streams_example(tmp_path: Path) -> None:
+    out = run(sys.executable, str(EXAMPLES / "streams.py"), str(tmp_path / "data"), cwd=tmp_path).splitlines()
+    assert out[0] == "['north/+/temp', 'north/+/temp']"
+    assert out[-2] == "iterator bytes: [46, 46]"
+    assert out[-1] == "the rest after a restart: 30"

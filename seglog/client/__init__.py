@@ -3,5 +3,6 @@
 from __future__ import annotations
 
 from seglog.client.consumer import Consumer
+from seglog.client.producer import Producer
 
-__all__: list[str] = ["Consumer"]
+__all__: list[str] = ["Consumer", "Producer"]

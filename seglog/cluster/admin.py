@@ -8,9 +8,10 @@ from aiohttp import web
 
 from seglog.cluster.auth import Perm, may_read, require
 from seglog.cluster.context import NODE
+from seglog.cluster.metadata import DbMeta
 from seglog.cluster.params import json_body, query_int, shard_param
 from seglog.db import Database
-from seglog.errors import InvalidRequest
+from seglog.errors import DatabaseExists, InvalidRequest
 
 __all__ = ["configure_db", "create_db", "describe_db", "drop_db", "list_dbs", "offset_for_time", "stats"]
 
@@ -51,9 +52,43 @@ async def create_db(request: web.Request) -> web.Response:
     if not isinstance(exist_ok, bool):
         raise InvalidRequest('"exist_ok" must be true or false')
     shards = body.pop("shards", None)
+    if "replication_factor" in body:
+        return web.json_response(await _create_replicated(request, name, shards, exist_ok, body), status=201)
     db = await node.store.create_db(name, shards, exist_ok=exist_ok, **body)
     await node.database(db.name)
     return web.json_response(describe(db), status=201)
+
+
+async def _create_replicated(
+    request: web.Request, name: str, shards: object, exist_ok: bool, body: dict[str, Any]
+) -> dict[str, Any]:
+    """Record a replicated database in the cluster metadata; every replica node creates its copy."""
+    cluster = request.app[NODE].cluster
+    if cluster is None:
+        raise InvalidRequest("replication_factor needs a cluster node (seglog serve --etcd ...)")
+    rf = body.pop("replication_factor")
+    min_insync = body.pop("min_insync", min(2, rf) if isinstance(rf, int) else 1)
+    unclean = body.pop("unclean_election", False)
+    if type(shards) is not int or type(rf) is not int or type(min_insync) is not int:
+        raise InvalidRequest('"shards", "replication_factor" and "min_insync" must be integers')
+    if not isinstance(unclean, bool):
+        raise InvalidRequest('"unclean_election" must be true or false')
+    meta = DbMeta(name, shards, rf, min_insync, unclean, options=body)
+    try:
+        states = await cluster.meta.create_db(meta)
+    except DatabaseExists:
+        if exist_ok and await cluster.meta.get_db(name) == meta:
+            return {"name": name, "shards": shards, "created": False}
+        raise
+    return {
+        "name": name,
+        "shards": shards,
+        "replication_factor": rf,
+        "min_insync": min_insync,
+        "unclean_election": unclean,
+        "placement": [{"replicas": list(s.replicas), "leader": s.leader} for s in states],
+        "created": True,
+    }
 
 
 async def describe_db(request: web.Request) -> web.Response:
@@ -76,6 +111,12 @@ async def drop_db(request: web.Request) -> web.Response:
     node = request.app[NODE]
     name = request.match_info["db"]
     await node.database(name)  # DatabaseNotFound before anything else
+    if node.cluster is not None and node.cluster.replicated(name):
+        # The metadata goes; every replica node drops its copy when it sees that.
+        await node.cluster.meta.drop_db(name)
+        await node.cluster.dropped(name)
+        node.forget(name)
+        return web.json_response({"dropped": name})
     await node.store.drop_db(name)
     node.forget(name)
     return web.json_response({"dropped": name})

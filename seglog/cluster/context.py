@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from aiohttp import web
 
@@ -13,6 +13,9 @@ from seglog.db import Database
 from seglog.db_config import validate_db_name
 from seglog.errors import ClosedResourceError
 from seglog.store import Store
+
+if TYPE_CHECKING:
+    from seglog.cluster.node import ClusterNode
 
 __all__ = ["NODE", "NodeContext", "ServerLimits", "ShardWaiters"]
 
@@ -88,6 +91,8 @@ class NodeContext:
     inflight_appends: int = 0
     closing: bool = False
     idle: asyncio.Event = field(default_factory=asyncio.Event)
+    # Set on a node started with --etcd: replicated databases publish through the ISR.
+    cluster: ClusterNode | None = None
     # Databases this node opened (and published), by name: every request after the first
     # finds its database here, without the store's config read in a thread.
     _open: dict[str, Database] = field(default_factory=dict)
@@ -115,8 +120,14 @@ class NodeContext:
     def publish(self, db: Database, shards: list[int]) -> None:
         """Make what was appended to ``shards`` visible: move the high watermark, wake fetches.
 
-        A standalone node is an ISR of one: everything durable is committed.
+        A standalone node is an ISR of one: everything durable is committed. A cluster
+        database's high watermark moves only through its leader's ISR (the cluster node
+        publishes it); here its long polls are only woken.
         """
+        if self.cluster is not None and self.cluster.replicated(db.name):
+            for shard in shards:
+                self.waiters.wake(db.name, shard)
+            return
         for shard in shards:
             db.update_high_watermark(shard, db.end_offset(shard))
             self.waiters.wake(db.name, shard)

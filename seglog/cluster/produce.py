@@ -15,11 +15,21 @@ from aiohttp import web
 
 from seglog.cluster import protocol
 from seglog.cluster.context import NODE
+from seglog.cluster.node import ClusterNode
 from seglog.cluster.params import query_int
-from seglog.errors import InvalidRecord, InvalidRequest, Overloaded, UnsupportedContentType
+from seglog.db import Database
+from seglog.errors import (
+    AppendFailed,
+    InvalidArgument,
+    InvalidRecord,
+    InvalidRequest,
+    Overloaded,
+    UnsupportedContentType,
+)
+from seglog.isr import Acks
 from seglog.record import Record
 
-__all__ = ["ndjson_table", "parse_ndjson", "produce", "reply_parts"]
+__all__ = ["acks_param", "ndjson_table", "parse_ndjson", "produce", "reply_parts"]
 
 
 def _bytes(value: Any, what: str, index: int) -> bytes:
@@ -79,6 +89,22 @@ def parse_ndjson(body: bytes) -> list[Record]:
             )
         )
     return records
+
+
+def acks_param(request: web.Request) -> Acks:
+    """The ``acks`` query parameter: ``1``, ``quorum`` or ``all`` (the default; ``-1`` too).
+
+    On a database that is not replicated all three wait for the same thing, the node's local
+    write made durable under its fsync policy; on a replicated one ``1`` is the leader's
+    durable write, ``quorum`` a majority of the replicas, ``all`` every in-sync replica.
+
+    Raises:
+        InvalidRequest: Anything else (checked before the body is read).
+    """
+    try:
+        return Acks.parse(request.query.get("acks", Acks.ALL.value))
+    except InvalidArgument as exc:
+        raise InvalidRequest(f"query parameter {exc}") from None
 
 
 _NDJSON_FAST_SCHEMA: Final = pa.schema(
@@ -145,11 +171,36 @@ def reply_parts(shards: np.ndarray[Any, Any], offsets: np.ndarray[Any, Any]) -> 
     ]
 
 
+async def _produce_replicated(
+    request: web.Request, cluster: ClusterNode, db: Database, shard: int | None, acks: Acks
+) -> web.Response:
+    """A produce to a replicated database: one shard, led here, acknowledged per ``acks``."""
+    if shard is None:
+        raise InvalidRequest("a replicated database takes one shard per produce request (?shard=N)")
+    lead = cluster.leader_for_append(db.name, shard, acks)  # before reading or writing anything
+    body = await request.read()
+    started = time.perf_counter()
+    if request.content_type == protocol.ARROW_STREAM:
+        result = await db.append_arrow(_parse_arrow(body), shard=shard, leader_epoch=lead.leader_epoch)
+        offsets = result.column("offset").to_numpy()
+    else:
+        meta = await db.append(parse_ndjson(body), shard=shard, leader_epoch=lead.leader_epoch)
+        offsets = meta.offsets
+    count = len(offsets)
+    base = int(offsets[0]) if count else db.end_offset(shard)
+    await cluster.appended(db, shard, lead, base + count, acks)
+    node = request.app[NODE]
+    node.metrics.append_done(db.name, count, len(body), time.perf_counter() - started)
+    parts = [{"shard": shard, "base_offset": base, "count": count}] if count else []
+    return web.json_response({"count": count, "parts": parts})
+
+
 async def produce(request: web.Request) -> web.Response:
     """Append the body's records; all or nothing per request when validation fails."""
     node = request.app[NODE]
     db = await node.database(request.match_info["db"])
     shard = query_int(request, "shard", None, maximum=db.shards - 1)
+    acks = acks_param(request)
     content_type = request.content_type
     if content_type not in (protocol.ARROW_STREAM, protocol.NDJSON):
         raise UnsupportedContentType(
@@ -163,22 +214,29 @@ async def produce(request: web.Request) -> web.Response:
     node.metrics.inflight_appends.inc()
     node.idle.clear()
     try:
+        if node.cluster is not None and node.cluster.replicated(db.name):
+            return await _produce_replicated(request, node.cluster, db, shard, acks)
         body = await request.read()
         started = time.perf_counter()
-        if content_type == protocol.ARROW_STREAM:
-            table = _parse_arrow(body)
-            result = await db.append_arrow(table, shard=shard)
-            shard_col = result.column("shard").to_numpy()
-            offset_col = result.column("offset").to_numpy()
-        else:
-            fast = ndjson_table(body)
-            if fast is not None:
-                result = await db.append_arrow(fast, shard=shard)
+        try:
+            if content_type == protocol.ARROW_STREAM:
+                table = _parse_arrow(body)
+                result = await db.append_arrow(table, shard=shard)
                 shard_col = result.column("shard").to_numpy()
                 offset_col = result.column("offset").to_numpy()
             else:
-                meta = await db.append(parse_ndjson(body), shard=shard)
-                shard_col, offset_col = meta.shards, meta.offsets
+                fast = ndjson_table(body)
+                if fast is not None:
+                    result = await db.append_arrow(fast, shard=shard)
+                    shard_col = result.column("shard").to_numpy()
+                    offset_col = result.column("offset").to_numpy()
+                else:
+                    meta = await db.append(parse_ndjson(body), shard=shard)
+                    shard_col, offset_col = meta.shards, meta.offsets
+        except AppendFailed as exc:
+            # The parts written (other shards) are durable: make them visible like any other.
+            node.publish(db, sorted(exc.written))
+            raise
         parts = reply_parts(shard_col, offset_col)
         node.publish(db, [p["shard"] for p in parts])
         node.metrics.append_done(db.name, len(shard_col), len(body), time.perf_counter() - started)

@@ -26,8 +26,12 @@ POST     /v1/dbs/{db}/groups/{group}/commit         read       commit offsets (g
 GET      /v1/dbs/{db}/groups/{group}/committed      read       ``{"offsets": {shard: offset}}``
 =======  =========================================  =========  ==========================================
 
-Produce: query ``shard`` (optional, as ``append(shard=)``); body ``application/vnd.apache.arrow.stream``
-(columns as ``append_arrow``) or ``application/x-ndjson`` (one JSON record per line, see
+Produce: query ``shard`` (optional, as ``append(shard=)``; required by a replicated
+database) and ``acks`` (``1``, ``quorum`` or ``all``, the default; anything else is
+``InvalidRequest`` before the body is read; on a database that is not replicated all three
+mean the node's local write, durable under its fsync policy; on a replicated one ``1`` is
+the leader's write, ``quorum`` a majority of the replicas, ``all`` every in-sync replica);
+body ``application/vnd.apache.arrow.stream`` (columns as ``append_arrow``) or ``application/x-ndjson`` (one JSON record per line, see
 :func:`json_record_to_columns`). Reply ``{"count": N, "parts": [{"shard", "base_offset",
 "count"}, ...]}``: the records of one shard got ``base_offset, base_offset+1, ...`` in
 input order.
@@ -130,6 +134,8 @@ _FIELDS: Final = (
     "current",
     "retry_after_s",
     "written",
+    "leader",
+    "leader_epoch",
 )
 
 _RETRIABLE: Final = (errors.ServerUnavailable, errors.QuotaExceeded, errors.ClosedResourceError)

@@ -13,6 +13,7 @@ import logging
 import signal
 import ssl
 import sys
+from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Final
@@ -20,11 +21,12 @@ from typing import Any, Final
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from seglog.cluster import admin, fetch, group_routes, metrics, produce
+from seglog.cluster import admin, fetch, group_routes, metrics, produce, replica_routes
 from seglog.cluster.auth import Need, Perm, TokenTable, auth_middleware
 from seglog.cluster.connections import ConnectionGuard, GuardedSite
 from seglog.cluster.context import NODE, NodeContext, ServerLimits
 from seglog.cluster.http_errors import error_middleware
+from seglog.cluster.node import ClusterConfig, ClusterNode
 from seglog.cluster.protocol import API_PREFIX, DEFAULT_PORT
 from seglog.errors import ClosedResourceError, InvalidArgument
 from seglog.store import Store
@@ -103,6 +105,10 @@ ROUTE_NEEDS: Final[dict[tuple[str, str], Need]] = {
     ("POST", _GROUP + "/leave"): _READ,
     ("POST", _GROUP + "/commit"): _READ,
     ("GET", _GROUP + "/committed"): _READ,
+    # Node to node: a follower's token needs admin (it writes every replica).
+    ("POST", API_PREFIX + "/replica/fetch"): _ADMIN,
+    ("GET", _DB + "/shards/{shard}/epoch-end"): _ADMIN,
+    ("GET", API_PREFIX + "/cluster"): _HANDLER_CHECKS,
 }
 
 
@@ -122,6 +128,7 @@ class NodeServer:
         ssl_context: ssl.SSLContext | None = None,
         tokens: TokenTable | str | Path | None = None,
         store: Store | None = None,
+        cluster: ClusterConfig | None = None,
         **store_options: Any,
     ) -> None:
         """A node for the data directory ``data`` (created if missing), not started yet.
@@ -135,6 +142,8 @@ class NodeServer:
             tokens: Require bearer tokens (a :class:`TokenTable` or a tokens file, see
                 :mod:`seglog.cluster.auth`); without them anyone who can connect may do anything.
             store: An unopened store to serve instead of ``seglog.open(data, **store_options)``.
+            cluster: Join a cluster (metadata in etcd); its ``advertise_url`` may be empty:
+                the bound URL is advertised.
             **store_options: Options of :func:`seglog.open` (``fsync``, ...).
         """
         if tokens is not None and not isinstance(tokens, TokenTable):
@@ -155,6 +164,8 @@ class NodeServer:
         self._site: web.BaseSite | None = None
         self._closed = asyncio.Event()
         self._guard = ConnectionGuard(self.limits.idle_timeout_s)
+        self.cluster_config = cluster
+        self.cluster: ClusterNode | None = None
 
     @property
     def url(self) -> str:
@@ -182,6 +193,7 @@ class NodeServer:
         app.router.add_get(db + "/shards/{shard}/frames", fetch.fetch)
         app.router.add_get(db + "/shards/{shard}/offset", admin.offset_for_time)
         group_routes.add_routes(app, db)
+        replica_routes.add_routes(app, db)
         return app
 
     async def start(self) -> NodeServer:
@@ -209,6 +221,18 @@ class NodeServer:
             raise
         if self.port == 0:
             self.port = int(runner.addresses[0][1])
+        if self.cluster_config is not None:
+            config = self.cluster_config
+            if not config.advertise_url:
+                config = replace(config, advertise_url=self.url)
+            cluster = ClusterNode(config, store, node.waiters)
+            node.cluster = cluster
+            self.cluster = cluster
+            try:
+                await cluster.start()
+            except BaseException:
+                await self._shutdown()
+                raise
         return self
 
     async def close(self) -> None:
@@ -222,6 +246,9 @@ class NodeServer:
         if node is not None:
             node.closing = True
             node.waiters.wake_all()
+        if self.cluster is not None:
+            # Leave first: the controller moves leadership away while we finish.
+            await self.cluster.close()
         try:
             if self._site is not None:
                 await self._site.stop()

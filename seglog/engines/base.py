@@ -12,7 +12,7 @@ import enum
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, Literal, Protocol, runtime_checkable
+from typing import Any, Final, Literal, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 import pyarrow as pa
@@ -36,6 +36,9 @@ __all__ = [
     "ShardCursor",
     "ShardFiles",
     "ShardStats",
+    "StreamBatch",
+    "StreamEngine",
+    "StreamRead",
     "empty_read_table",
     "retention_start",
     "with_offsets",
@@ -132,6 +135,9 @@ class EngineConfig:
     journal_bytes: int = 64 << 20
     buffer_ms: int = 1000
     clock_us: Callable[[], int] = field(default=lambda: 0)
+    # Learned topic structure thresholds (``DbConfig.lts_thresholds``): appends stamp each
+    # record's stream from its shard's LTS; ``None``: no streams (the column stays as given).
+    lts_thresholds: tuple[int, ...] | None = None
 
     @property
     def fsync_policy(self) -> Fsync:
@@ -334,6 +340,48 @@ class SegmentedEngine(Engine, Protocol):
 
     async def seal(self, shard: int) -> bool:
         """Seal the active segment of ``shard`` if it holds data; whether it did."""
+
+
+class StreamRead(NamedTuple):
+    """What one :meth:`StreamEngine.read_stream` asks for."""
+
+    stream: int
+    min_ts: int | None  # rows with a smaller ts are skipped (None: none are)
+    pattern: str | None  # rows whose topic does not match this regex are skipped (None: none are)
+
+
+class StreamBatch(NamedTuple):
+    """The rows of one :meth:`StreamEngine.read_stream` call and where the next one goes on."""
+
+    table: pa.Table  # READ_SCHEMA
+    next_offset: int
+    frames_read: int  # frames decoded (to show that stream reads skip frames)
+
+
+@runtime_checkable
+class StreamEngine(Engine, Protocol):
+    """An engine that stamps records with their shard's learned topic structure (streams).
+
+    Every engine is one; ``streams_enabled`` is false for a database created without
+    ``lts_thresholds`` (the other methods then raise :class:`~seglog.errors.InvalidArgument`).
+    """
+
+    @property
+    def streams_enabled(self) -> bool: ...
+
+    def match_streams(self, shard: int, topic_filter: str) -> list[tuple[int, list[str | None]]]:
+        """``shard``'s streams that may hold topics matching the filter, each with its
+        varying filter (``None``: any token), in stream id order."""
+
+    def stream_structure(self, shard: int, stream: int) -> tuple[tuple[str, ...], bool] | None:
+        """``(learned structure, under the '$' root)`` of a stream; ``None``: no such stream."""
+
+    async def read_stream(
+        self, shard: int, offset: int, want: StreamRead, max_records: int, max_frames: int
+    ) -> StreamBatch:
+        """Up to ``max_records`` rows of ``want.stream`` at or after ``offset`` (local records),
+        reading at most ``max_frames`` frames that may hold the stream; the result says where
+        to go on. ``offset`` below the log start reads from the start."""
 
 
 # --- reading a database another process owns ---------------------------------------------

@@ -13,6 +13,7 @@ import asyncio
 import bisect
 import contextlib
 import functools
+import itertools
 import logging
 import threading
 import time
@@ -30,10 +31,13 @@ from seglog.engines.base import (
     Quota,
     ReadOnlyReason,
     ShardStats,
+    StreamBatch,
+    StreamRead,
     empty_read_table,
     retention_start,
     with_offsets,  # moved to base (readers outside the engines use it); re-exported here
 )
+from seglog.engines.streams import StreamCollector
 from seglog.errors import (
     AppendFailed,
     BusyResourceError,
@@ -55,6 +59,7 @@ from seglog.segment.epoch_cache import (
     end_offset_for_epoch,
     entries_truncated_from_start,
 )
+from seglog.topics.streams import StreamStamper
 
 __all__ = [
     "MAX_FRAME_RECORDS",
@@ -77,6 +82,7 @@ __all__ = [
     "raise_if_failed",
     "shard_end_offset_for_epoch",
     "split_batch",
+    "split_stream_runs",
     "with_offsets",
 ]
 
@@ -219,6 +225,29 @@ def split_batch(batch: pa.RecordBatch, *, frame_bytes: int | None = None) -> lis
     if n <= per_frame:
         return [batch]
     return [batch.slice(i, per_frame) for i in range(0, n, per_frame)]
+
+
+# Rows the log frames itself (buffered rows of many appends) are cut where the stream changes
+# when runs of one stream average at least this many rows: a stream read then skips the
+# frames of other streams. Shorter runs (streams interleaved row by row) are left as they
+# are: frames that small would cost more than skipping saves.
+MIN_STREAM_RUN_ROWS: Final = 64
+
+
+def split_stream_runs(batch: pa.RecordBatch, *, frame_bytes: int | None = None) -> list[pa.RecordBatch]:
+    """:func:`split_batch`, after cutting the rows at stream changes when streams come in runs."""
+    n = batch.num_rows
+    if n < 2 * MIN_STREAM_RUN_ROWS:
+        return split_batch(batch, frame_bytes=frame_bytes)
+    streams = batch.column("stream").to_numpy()
+    cuts = np.flatnonzero(streams[1:] != streams[:-1]) + 1
+    if not len(cuts) or n < MIN_STREAM_RUN_ROWS * (len(cuts) + 1):
+        return split_batch(batch, frame_bytes=frame_bytes)
+    bounds = [0, *cuts.tolist(), n]
+    out: list[pa.RecordBatch] = []
+    for lo, hi in itertools.pairwise(bounds):
+        out.extend(split_batch(batch.slice(lo, hi - lo), frame_bytes=frame_bytes))
+    return out
 
 
 def frame_keys(batch: pa.RecordBatch, base: int) -> list[tuple[bytes, int]]:
@@ -369,6 +398,9 @@ class WriteGenerations:
         self.read_only_reason: ReadOnlyReason | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self._min_gen = 0  # worker thread
+        # The database's stamper (None: no streams): a rewind forgets what refused requests
+        # taught the shard's trie, since their offsets are handed out again.
+        self.stamper: StreamStamper | None = None
 
     def make_read_only(self, exc: BaseException, reason: ReadOnlyReason) -> None:
         """(Worker) Refuse every later write until reopen; ``reason`` completes "read-only after …"."""
@@ -421,6 +453,8 @@ class WriteGenerations:
         if self.gen == gen:
             self.gen = gen + 1
             self.next_offset = end
+            if self.stamper is not None:
+                self.stamper.cut(self.number, end)
 
 
 class IntervalSync:
@@ -496,8 +530,13 @@ async def queue_appends(
     sizes: Sequence[int],
     quota: Quota | None,
     listener: Callable[[int], None] | None,
+    *,
+    admitted: Quota | None = None,
 ) -> list[int]:
     """Admit, assign offsets, queue each shard's encoded frames on its I/O worker, await durability.
+
+    ``admitted``: the quota the caller already admitted ``sizes`` to (failed parts give
+    their bytes back to it, as to ``quota``).
 
     ``encoded`` holds, per shard, the writer's pending item and the offset after it; ``sizes``
     its bytes. The offsets are taken without awaiting, so concurrent appends cannot
@@ -512,6 +551,8 @@ async def queue_appends(
     """
     if quota is not None:
         quota.admit(sum(sizes))
+    else:
+        quota = admitted
     loop = asyncio.get_running_loop()
     bases: list[int] = []
     futures: list[asyncio.Future[Any]] = []
@@ -587,6 +628,11 @@ class FrameTableEngine(abc.ABC):
         self.listener: Callable[[int], None] | None = None
         # Shards a truncate_to is cutting: appends to them are refused until it is done.
         self._truncating: set[int] = set()
+        self._streams: StreamStamper | None = (
+            StreamStamper(config.shards, config.lts_thresholds) if config.lts_thresholds is not None else None
+        )
+        #: Frames decoded by :meth:`read_stream`.
+        self.stream_frames_read = 0
 
     # --- for subclasses ----------------------------------------------------------------
 
@@ -656,6 +702,72 @@ class FrameTableEngine(abc.ABC):
         for (_, idx), base in zip(parts, bases, strict=True):
             offsets[idx] = np.arange(base, base + len(idx), dtype=np.int64)
         return offsets
+
+    # --- streams -----------------------------------------------------------------------
+
+    @property
+    def streams_enabled(self) -> bool:
+        """Whether appends stamp streams (the database has LTS thresholds)."""
+        return self._streams is not None
+
+    def _stamper(self) -> StreamStamper:
+        if self._streams is None:
+            raise InvalidArgument("this database has no streams (created with lts_thresholds=None)")
+        return self._streams
+
+    def match_streams(self, shard: int, topic_filter: str) -> list[tuple[int, list[str | None]]]:
+        self._table(shard)
+        return self._stamper().match(shard, topic_filter)
+
+    def stream_structure(self, shard: int, stream: int) -> tuple[tuple[str, ...], bool] | None:
+        self._table(shard)
+        return self._stamper().structure(shard, stream)
+
+    def _frame_may_hold(self, extra: Any, stream: int) -> bool:
+        """Whether a frame (its ``extra``) may hold records of ``stream`` (without decoding it)."""
+        del extra, stream
+        return True
+
+    def read_stream_blocking(
+        self, shard: int, offset: int, want: StreamRead, max_records: int, max_frames: int
+    ) -> StreamBatch:
+        """Blocking body of :meth:`read_stream`: the frames from ``offset``, filtered."""
+        t = self._table(shard)
+        with t.lock:
+            start, end = t.start, t.end
+            offset = min(max(offset, start), end)  # (see the segment engine's read_stream)
+            picked = t.span(offset, end) if offset < end else []
+        collector = StreamCollector(want, max_records, max_frames)
+        pos = offset
+        try:
+            for (h, extra), buf in zip(picked, self._fetch_lazy(shard, picked), strict=True):
+                if self._frame_may_hold(extra, want.stream):
+                    batch = self._decode(shard, buf(), h)
+                    collector.add(
+                        batch, h.base_offset, max(pos, h.base_offset) - h.base_offset, h.record_count
+                    )
+                pos = h.next_offset
+                if collector.done:
+                    break
+            else:
+                pos = max(pos, end)
+        finally:
+            self.stream_frames_read += collector.frames
+        return collector.result(pos)
+
+    def _fetch_lazy(self, shard: int, frames: Sequence[tuple[FrameHeader, Any]]) -> list[Callable[[], bytes]]:
+        """A getter of each frame's bytes, called only for frames that are decoded."""
+        return [functools.partial(lambda f: self._fetch(shard, [f])[0], f) for f in frames]
+
+    async def read_stream(
+        self, shard: int, offset: int, want: StreamRead, max_records: int, max_frames: int
+    ) -> StreamBatch:
+        """Up to ``max_records`` rows of one stream from ``offset`` (see :class:`StreamEngine`)."""
+        self._stamper()
+        batch: StreamBatch = await self._run(
+            self.read_stream_blocking, shard, offset, want, max_records, max_frames
+        )
+        return batch
 
     # --- common ------------------------------------------------------------------------
 

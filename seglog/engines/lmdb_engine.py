@@ -9,7 +9,7 @@ import hashlib
 import logging
 import os
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any, Final, NamedTuple
@@ -34,6 +34,14 @@ from seglog.engines.frames import (
     parse_frames,
     queue_appends,
     split_batch,
+)
+from seglog.engines.streams import (
+    CLOSE_SNAPSHOT_RECORDS,
+    SnapshotFiles,
+    learn_frames,
+    recover_shard,
+    snapshot_interval,
+    stamp_batch,
 )
 from seglog.errors import ClosedResourceError, CorruptFrame, OffsetOutOfRange, StorageError
 from seglog.io_pool import IoPool
@@ -118,6 +126,34 @@ class _LmdbShard(WriteGenerations):
         # write transaction, when the worker is idle, at close), as Kafka checkpoints it; a
         # crash may bring back an older value, which only hides records.
         self.hw_dirty = False
+        # Streams: ``self.stamper`` (WriteGenerations), the snapshot files and the offset the
+        # shard's snapshot covers up to (worker thread).
+        self.snapshots: SnapshotFiles | None = None
+        self.snap_end = 0
+
+    def save_snapshot(self, upto: int | None = None) -> None:
+        """(Worker) Write the LTS snapshot covering the records below ``upto`` (default:
+        the committed end).
+
+        Raises:
+            OSError: The file could not be written (the old one stays).
+        """
+        if self.stamper is None or self.snapshots is None:
+            return
+        upto = self.table.end if upto is None else upto
+        self.snapshots.save(self.number, self.stamper.snapshot(self.number, upto))
+        self.snap_end = upto
+
+    def maybe_snapshot(self, behind: int | None = None) -> None:
+        """(Worker) Renew the snapshot once it is ``behind`` records behind the committed end."""
+        if behind is None:
+            behind = snapshot_interval()
+        if self.stamper is None or self.table.end - self.snap_end < behind:
+            return
+        try:
+            self.save_snapshot()
+        except OSError as exc:  # only costs replay time at the next open
+            log.warning("shard %d: writing the LTS snapshot failed (%s)", self.number, exc)
 
     def write_batch(self, items: Sequence[_Pending]) -> Sequence[Any]:
         live, results = self.split_stale(items)
@@ -155,6 +191,7 @@ class _LmdbShard(WriteGenerations):
         if self.config.fsync_policy is Fsync.INTERVAL and self._interval.due():
             with contextlib.suppress(StorageError):
                 self._sync()
+        self.maybe_snapshot()
         return self.merge_results(results, [item.base for item in live])
 
     def _sync(self) -> None:
@@ -227,6 +264,16 @@ class _LmdbShard(WriteGenerations):
             t.hw = min(t.hw, new_end)
         if self.config.fsync_policy is not Fsync.ALWAYS:
             self._sync()  # a cut is rare; it must not come undone after it returned
+        if self.stamper is not None:
+            self.stamper.cut(self.number, new_end)
+            if self.snap_end > new_end:
+                # The old snapshot knows topics of records that are gone, whose offsets are
+                # handed out again: it must not be restored.
+                try:
+                    self.save_snapshot(new_end)
+                except OSError as exc:
+                    self.make_read_only(exc, ReadOnlyReason.TRUNCATION_FAILED)
+                    raise StorageError(f"shard {self.number}: rewriting the LTS snapshot failed") from exc
         return new_end
 
     def _delete_frame(self, txn: Any, h: FrameHeader) -> None:
@@ -245,8 +292,18 @@ class _LmdbShard(WriteGenerations):
             txn.delete(k, db=self.frames_db)
 
     def drop_before(self, start: int) -> int:
-        """Delete the frames (and their key entries) wholly below ``start`` in one txn; return bytes freed."""
+        """Delete the frames (and their key entries) wholly below ``start`` in one txn; return bytes freed.
+
+        The LTS snapshot is renewed first when it does not cover what goes.
+        """
         t = self.table
+        if self.stamper is not None and self.snap_end < min(start, t.end):
+            try:
+                self.save_snapshot()
+            except OSError as exc:
+                raise StorageError(
+                    f"shard {self.number}: cannot write the LTS snapshot; records are kept"
+                ) from exc
         with t.lock:
             start = max(t.start, start)
             doomed = t.doomed_before(start)
@@ -350,10 +407,34 @@ class LmdbEngine(FrameTableEngine):
                 table.hw = min(hw, table.end)
                 shard.next_offset = table.end
                 shards.append(shard)
+            engine = cls(config, env, shards, io_pool, executor)
+            stamper = engine._streams
+            if stamper is not None:
+                snapshots = SnapshotFiles(config.directory)
+                for shard in shards:
+                    shard.stamper = stamper
+                    shard.snapshots = snapshots
+                    shard.snap_end = recover_shard(
+                        stamper,
+                        snapshots,
+                        shard.number,
+                        shard.table.start,
+                        shard.table.end,
+                        functools.partial(engine._frame_batches, shard.number),
+                    )
         except (lmdb.Error, CorruptFrame) as exc:
             env.close()
             raise StorageError(f"cannot load LMDB environment {path}") from exc
-        return cls(config, env, shards, io_pool, executor)
+        return engine
+
+    def _frame_batches(self, shard: int, offset: int) -> Iterator[tuple[int, pa.RecordBatch]]:
+        """``(base, batch)`` of the frames holding ``offset`` and after (at open)."""
+        t = self._tables[shard]
+        frames = t.span(offset, t.end) if offset < t.end else []
+        for i in range(0, len(frames), 256):
+            chunk = frames[i : i + 256]
+            for (h, _), buf in zip(chunk, self._fetch(shard, chunk), strict=True):
+                yield h.base_offset, decode_frame(buf, h)
 
     def _shard(self, shard: int) -> _LmdbShard:
         self._table(shard)  # checks closed and range
@@ -387,12 +468,26 @@ class LmdbEngine(FrameTableEngine):
         check_leader_epoch(leader_epoch)
         check_writable(shards)
         self._check_not_truncating([n for n, _ in parts])
-        encoded = [
-            self._encode(s.gen, s.next_offset, batch, leader_epoch)
-            for s, (_, batch) in zip(shards, parts, strict=True)
-        ]
-        sizes = [sum(h.size for h, _d, _k in pending.frames) for pending, _ in encoded]
-        return await queue_appends(self._io_pool, shards, encoded, sizes, quota, self.listener)
+        stamper = self._streams
+        try:
+            if stamper is not None:
+                parts = [
+                    (n, stamp_batch(batch, stamper.stamp(batch.column("topic"), n, s.next_offset)))
+                    for s, (n, batch) in zip(shards, parts, strict=True)
+                ]
+            encoded = [
+                self._encode(s.gen, s.next_offset, batch, leader_epoch)
+                for s, (_, batch) in zip(shards, parts, strict=True)
+            ]
+            sizes = [sum(h.size for h, _d, _k in pending.frames) for pending, _ in encoded]
+            if quota is not None:
+                quota.admit(sum(sizes))
+        except BaseException:
+            if stamper is not None:
+                for s in shards:
+                    stamper.cut(s.number, s.next_offset)
+            raise
+        return await queue_appends(self._io_pool, shards, encoded, sizes, None, self.listener, admitted=quota)
 
     async def append_frames(self, shard: int, frames: Any, *, expected_base: int) -> int:
         """Store frames another node encoded, byte for byte, at the end of ``shard``.
@@ -417,6 +512,8 @@ class LmdbEngine(FrameTableEngine):
             functools.partial(parse_frames, frames, expected_base, shard=shard)
         )
         self._check_append_frames(shard, expected_base)  # after the await: the end may have moved
+        if self._streams is not None:
+            learn_frames(self._streams, shard, encoded, batches)
         pending = _Pending(
             s.gen,
             expected_base,
@@ -541,6 +638,9 @@ class LmdbEngine(FrameTableEngine):
                 for s in self._shards:
                     s.take_hw(txn)
             self._env.sync(True)
+            for s in self._shards:
+                if s.failed is None:
+                    s.maybe_snapshot(CLOSE_SNAPSHOT_RECORDS)
             self._env.close()
         except lmdb.Error as exc:
             raise StorageError("closing the engine failed") from exc

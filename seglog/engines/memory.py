@@ -9,6 +9,7 @@ from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any, Final
 
+import numpy as np
 import pyarrow as pa
 
 from seglog.engines.base import EngineConfig, Quota
@@ -23,6 +24,7 @@ from seglog.engines.frames import (
     parse_frames,
     split_batch,
 )
+from seglog.engines.streams import learn_frames, stamp_batch
 from seglog.errors import OffsetOutOfRange
 from seglog.io_pool import IoPool
 from seglog.record import EncodedFrame, FrameHeader, encode_frame
@@ -32,13 +34,18 @@ __all__ = ["MemoryEngine"]
 
 
 class _MemFrame:
-    """What the memory engine keeps per frame: its bytes and its keyed records."""
+    """What the memory engine keeps per frame: its bytes, its keyed records, its streams."""
 
-    __slots__ = ("data", "keys")
+    __slots__ = ("data", "keys", "streams")
 
-    def __init__(self, data: bytes, keys: list[tuple[bytes, int]]) -> None:
+    def __init__(self, data: bytes, keys: list[tuple[bytes, int]], streams: frozenset[int]) -> None:
         self.data = data
         self.keys = keys
+        self.streams = streams
+
+
+def _frame_streams(batch: pa.RecordBatch) -> frozenset[int]:
+    return frozenset(np.unique(batch.column("stream").to_numpy()).tolist())
 
 
 class MemoryEngine(FrameTableEngine):
@@ -85,25 +92,27 @@ class MemoryEngine(FrameTableEngine):
 
     def _encode(
         self, base: int, batch: pa.RecordBatch, leader_epoch: int
-    ) -> list[tuple[EncodedFrame, list[tuple[bytes, int]]]]:
+    ) -> list[tuple[EncodedFrame, list[tuple[bytes, int]], frozenset[int]]]:
         out = []
         offset = base
         for part in split_batch(batch):
             frame = encode_frame(part, offset, compression=self.config.compression, leader_epoch=leader_epoch)
-            out.append((frame, frame_keys(part, offset)))
+            out.append((frame, frame_keys(part, offset), _frame_streams(part)))
             offset += part.num_rows
         return out
 
-    def _store(self, shard: int, frames: Sequence[tuple[EncodedFrame, list[tuple[bytes, int]]]]) -> None:
+    def _store(
+        self, shard: int, frames: Sequence[tuple[EncodedFrame, list[tuple[bytes, int]], frozenset[int]]]
+    ) -> None:
         """Add encoded frames to ``shard`` and record the epochs they start."""
         t = self._tables[shard]
         keys = self._keys[shard]
         with t.lock:
-            for frame, fkeys in frames:
-                t.add(frame.header, _MemFrame(frame_bytes(frame), fkeys))
+            for frame, fkeys, streams in frames:
+                t.add(frame.header, _MemFrame(frame_bytes(frame), fkeys, streams))
                 for k, o in fkeys:
                     keys.setdefault(k, []).append(o)
-            t.epochs = epochs_with_frames(t.epochs, [f.header for f, _ in frames], t.start)
+            t.epochs = epochs_with_frames(t.epochs, [f.header for f, _, _ in frames], t.start)
 
     async def append_many(
         self,
@@ -118,11 +127,23 @@ class MemoryEngine(FrameTableEngine):
         check_leader_epoch(leader_epoch)
         self._check_not_truncating([n for n, _ in parts])
         # No await between encoding and storing: offsets cannot interleave.
-        encoded = [
-            self._encode(t.end, batch, leader_epoch) for t, (_, batch) in zip(tables, parts, strict=True)
-        ]
-        if quota is not None:
-            quota.admit(sum(f.size for frames in encoded for f, _ in frames))
+        stamper = self._streams
+        try:
+            if stamper is not None:
+                parts = [
+                    (n, stamp_batch(batch, stamper.stamp(batch.column("topic"), n, t.end)))
+                    for t, (n, batch) in zip(tables, parts, strict=True)
+                ]
+            encoded = [
+                self._encode(t.end, batch, leader_epoch) for t, (_, batch) in zip(tables, parts, strict=True)
+            ]
+            if quota is not None:
+                quota.admit(sum(f.size for frames in encoded for f, _, _ in frames))
+        except BaseException:
+            if stamper is not None:
+                for t, (n, _) in zip(tables, parts, strict=True):
+                    stamper.cut(n, t.end)
+            raise
         bases: list[int] = []
         for (n, _), t, frames in zip(parts, tables, encoded, strict=True):
             bases.append(t.end)
@@ -154,8 +175,14 @@ class MemoryEngine(FrameTableEngine):
             functools.partial(parse_frames, frames, expected_base, shard=shard)
         )
         self._check_append_frames(shard, expected_base)  # after the await: the end may have moved
+        if self._streams is not None:
+            learn_frames(self._streams, shard, encoded, batches)
         self._store(
-            shard, [(f, frame_keys(b, f.header.base_offset)) for f, b in zip(encoded, batches, strict=True)]
+            shard,
+            [
+                (f, frame_keys(b, f.header.base_offset), _frame_streams(b))
+                for f, b in zip(encoded, batches, strict=True)
+            ],
         )
         if self.listener is not None:
             self.listener(shard)
@@ -165,6 +192,9 @@ class MemoryEngine(FrameTableEngine):
 
     def _fetch(self, shard: int, frames: Sequence[tuple[FrameHeader, Any]]) -> list[bytes]:
         return [extra.data for _, extra in frames]
+
+    def _frame_may_hold(self, extra: Any, stream: int) -> bool:
+        return stream in extra.streams
 
     def _key_offsets(self, shard: int, key: bytes) -> list[int]:
         t = self._table(shard)
@@ -208,6 +238,8 @@ class MemoryEngine(FrameTableEngine):
             t.cut_end(new_end)
             t.epochs = entries_truncated_from_end(t.epochs, new_end)
             t.hw = min(t.hw, new_end)
+        if self._streams is not None:
+            self._streams.cut(shard, new_end)
         return new_end
 
     async def _cut(self, shard: int, offset: int) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import heapq
 import logging
 import os
 import threading
@@ -30,6 +31,8 @@ from seglog.engines.base import (
     Quota,
     ReadOnlyReason,
     ShardStats,
+    StreamBatch,
+    StreamRead,
     empty_read_table,
     retention_start,
 )
@@ -49,6 +52,15 @@ from seglog.engines.segment_writer import (
     journal_path,
     replay_journals,
 )
+from seglog.engines.streams import (
+    CLOSE_SNAPSHOT_RECORDS,
+    SnapshotFiles,
+    StreamCollector,
+    learn_frames,
+    recover_shard,
+    snapshot_interval,
+    stamp_batch,
+)
 from seglog.errors import (
     BusyResourceError,
     ClosedResourceError,
@@ -57,7 +69,7 @@ from seglog.errors import (
     OffsetOutOfRange,
     StorageError,
 )
-from seglog.index import INDEX_DIR, DbIndex, FrameEntry, ShardIndex
+from seglog.index import INDEX_DIR, DbIndex, FrameEntry, IndexPosition, ShardIndex
 from seglog.io_pool import IoPool
 from seglog.record import (
     FRAME_HEADER_BYTES,
@@ -72,6 +84,7 @@ from seglog.segment.epoch_cache import MAX_EPOCH, UNDEFINED_EPOCH, UNDEFINED_OFF
 from seglog.segment.high_watermark import HighWatermarkCheckpoint
 from seglog.segment.journal import Journal
 from seglog.segment.log_segment import SEGMENT_SUFFIX
+from seglog.topics.streams import StreamStamper
 
 __all__ = ["SegmentEngine", "SegmentRange", "shard_dir_name"]
 
@@ -138,6 +151,35 @@ class _Shard:
         # never writes the file); the high watermark is kept lazily (Kafka's checkpoint).
         self.epochs = LeaderEpochCache(log_.directory)
         self.hw = HighWatermarkCheckpoint(log_.directory)
+        # Streams: the database's stamper (None: no streams), the snapshot files, and the
+        # offset this shard's snapshot covers up to (worker thread).
+        self.streams: StreamStamper | None = None
+        self.snapshots: SnapshotFiles | None = None
+        self.snap_end = 0
+
+    def save_snapshot(self, upto: int | None = None) -> None:
+        """(Worker) Write the shard's LTS snapshot covering the records below ``upto``
+        (default: the durable end; never above it: nothing below it is rolled back).
+
+        Raises:
+            OSError: The file could not be written (the old one stays).
+        """
+        if self.streams is None or self.snapshots is None:
+            return
+        upto = self.durable_end if upto is None else upto
+        self.snapshots.save(self.number, self.streams.snapshot(self.number, upto))
+        self.snap_end = upto
+
+    def maybe_snapshot(self, behind: int | None = None) -> None:
+        """(Worker) Renew the snapshot once it is ``behind`` records behind the durable end."""
+        if behind is None:
+            behind = snapshot_interval()
+        if self.streams is None or self.durable_end - self.snap_end < behind:
+            return
+        try:
+            self.save_snapshot()
+        except OSError as exc:  # only costs replay time at the next open
+            log.warning("shard %d: writing the LTS snapshot failed (%s)", self.number, exc)
 
     @property
     def known_epoch(self) -> int:
@@ -260,7 +302,21 @@ class _Shard:
     # maintenance (the shard's I/O worker) ---------------------------------------------
 
     def drop_before(self, start: int) -> int:
-        """Move the log start to ``start``; delete what it covers; return the bytes freed."""
+        """Move the log start to ``start``; delete what it covers; return the bytes freed.
+
+        The LTS snapshot must cover the records that go (an open learns the rest again from
+        the log): it is renewed first when it does not.
+
+        Raises:
+            StorageError: The LTS snapshot could not be written; nothing was deleted.
+        """
+        if self.streams is not None and self.snap_end < min(start, self.durable_end):
+            try:
+                self.save_snapshot()
+            except OSError as exc:
+                raise StorageError(
+                    f"shard {self.number}: cannot write the LTS snapshot; records are kept"
+                ) from exc
         doomed = self.log.drop_before(start)
         entries = self.epochs.entries()
         if len(entries) > 1 and entries[1][1] <= self.log.log_start_offset:
@@ -377,7 +433,7 @@ class _ReadFlush:
         self.writer.flush_shards(list(shards.values()))
 
 
-def _entry(p: FramePosition, keys: pa.Array, tags: list[int]) -> FrameEntry:
+def _entry(p: FramePosition, keys: pa.Array, tags: np.ndarray[Any, Any]) -> FrameEntry:
     h = p.header
     return FrameEntry(
         h.base_offset, h.next_offset, h.max_ts, p.segment.base_offset, p.pos, h.size, keys, tags
@@ -442,16 +498,27 @@ def _frame_starts_at(seg: LogSegment, pos: int, base_offset: int) -> bool:
         return False
 
 
-def _frame_tags(batch: pa.RecordBatch) -> list[int]:
+# A frame holding more streams than this is tagged MIXED_TAG alone (every stream read reads
+# it): an index entry per (stream, frame) would cost the append path one LMDB put per stream,
+# and a stream read of such interleaved data reads most frames anyway.
+MAX_FRAME_TAGS: Final = 16
+MIXED_TAG: Final = 0xFFFFFFFF  # never a stream id (ids are dense from 0)
+_MIXED: Final = np.array([MIXED_TAG], np.uint32)
+
+
+def _frame_tags(batch: pa.RecordBatch) -> np.ndarray[Any, np.dtype[np.uint32]]:
+    """The index tags of a frame: its distinct stream ids, ascending, or :data:`MIXED_TAG`."""
     streams = batch.column("stream")
     if streams.null_count == 0:
         # numpy on the zero-copy buffer: pyarrow.compute's per-call cost dominates small frames
         values = streams.to_numpy(zero_copy_only=True)
         lo, hi = int(values.min()), int(values.max())
         if lo == hi:
-            return [lo]
-        return [int(v) for v in np.unique(values)]
-    return sorted(pc.unique(streams).drop_null().to_pylist())
+            return np.array([lo], np.uint32)
+        tags = np.unique(values).astype(np.uint32, copy=False)
+    else:
+        tags = np.array(sorted(pc.unique(streams).drop_null().to_pylist()), np.uint32)
+    return _MIXED if len(tags) > MAX_FRAME_TAGS else tags
 
 
 class SegmentEngine:
@@ -468,8 +535,12 @@ class SegmentEngine:
         executor: Executor,
         index: DbIndex,
         next_offsets: np.ndarray[Any, np.dtype[np.int64]],
+        streams: StreamStamper | None = None,
     ) -> None:
         self.config = config
+        self._streams = streams
+        #: Frames decoded by :meth:`read_stream` (stream reads skip frames; tests compare).
+        self.stream_frames_read = 0
         self._shards = shards
         self._next_offsets = next_offsets  # shard n's next offset at [n] (see _Shard)
         self._writers = writers
@@ -507,6 +578,21 @@ class SegmentEngine:
             for shard in shards:
                 _catch_up_index(shard)
                 shard.reconcile_epochs()
+            streams: StreamStamper | None = None
+            if config.lts_thresholds is not None:
+                streams = StreamStamper(config.shards, config.lts_thresholds)
+                snapshots = SnapshotFiles(config.directory)
+                for shard in shards:
+                    shard.streams = streams
+                    shard.snapshots = snapshots
+                    shard.snap_end = recover_shard(
+                        streams,
+                        snapshots,
+                        shard.number,
+                        shard.log.log_start_offset,
+                        shard.log.next_offset,
+                        functools.partial(_frame_batches, shard),
+                    )
         except BaseException:
             with contextlib.suppress(StorageError):
                 db_index.close()  # let go of the environment (its lock and map)
@@ -525,13 +611,14 @@ class SegmentEngine:
                 buffer_ms=config.buffer_ms,
                 compression=config.compression,
                 index=db_index,
+                streams=streams,
             )
             writers.append(writer)
             for s in writer.shards:
                 s.writer = writer
         for stale in sorted((config.directory / "journal").glob("*.journal"))[workers:]:
             stale.unlink()  # an earlier open had more I/O workers; replayed above
-        return cls(config, shards, writers, io_pool, executor, db_index, next_offsets)
+        return cls(config, shards, writers, io_pool, executor, db_index, next_offsets, streams)
 
     def _shard(self, shard: int) -> _Shard:
         if self._closed:
@@ -621,6 +708,7 @@ class SegmentEngine:
         bases_arr = self._next_offsets[ids]
         sorted_offsets = np.repeat(bases_arr - starts, counts) + np.arange(n, dtype=np.int64)
         sorted_shards = (key % nshards).astype(np.int32)
+        stamper = self._streams
         # Groups (one per shard) are cut into one run per worker: shards n % workers.
         worker_of = ids % workers
         runs = np.flatnonzero(worker_of[1:] != worker_of[:-1]) + 1
@@ -633,29 +721,49 @@ class SegmentEngine:
         counts_l = counts.tolist()
         # Requests are built before any offset moves: an encoding error assigns nothing.
         requests: list[tuple[WorkerLog, FrameRequest | RowsRequest, list[_Shard], int]] = []
-        for i, j in zip(run_starts, run_ends, strict=True):
-            writer = shards[i].writer
-            assert writer is not None
-            writer.check_writable(shards[i].number)  # read-only is per worker, not per shard
-            lo = starts_l[i]
-            hi = starts_l[j - 1] + counts_l[j - 1]
-            req: FrameRequest | RowsRequest
-            if j == i + 1:
-                frames, batches = self._encode(bases[i], batch.slice(lo, hi - lo), leader_epoch)
-                req = FrameRequest(writer.gen, shards[i], frames, batches)
-                size = sum(f.size for f in frames)
-            else:
-                part = batch.slice(lo, hi - lo)
-                groups = list(
-                    zip(shards[i:j], [a - lo for a in starts_l[i:j]], counts_l[i:j], bases[i:j], strict=True)
-                )
-                req = RowsRequest(
-                    writer.gen, part, groups, sorted_shards[lo:hi], sorted_offsets[lo:hi], leader_epoch
-                )
-                size = part.nbytes
-            requests.append((writer, req, shards[i:j], size))
-        if quota is not None:
-            quota.admit(sum(r[3] for r in requests))
+        try:
+            if stamper is not None:
+                # Stamped in offset order as the offsets are assigned (nothing awaits until
+                # they are taken); a failure before that forgets what the batch taught.
+                if len(ids) == 1:
+                    stamps = stamper.stamp(batch.column("topic"), shard_ids[0], bases[0])
+                else:
+                    stamps = stamper.stamp(batch.column("topic"), sorted_shards, sorted_offsets)
+                batch = stamp_batch(batch, stamps)
+            for i, j in zip(run_starts, run_ends, strict=True):
+                writer = shards[i].writer
+                assert writer is not None
+                writer.check_writable(shards[i].number)  # read-only is per worker, not per shard
+                lo = starts_l[i]
+                hi = starts_l[j - 1] + counts_l[j - 1]
+                req: FrameRequest | RowsRequest
+                if j == i + 1:
+                    frames, batches = self._encode(bases[i], batch.slice(lo, hi - lo), leader_epoch)
+                    req = FrameRequest(writer.gen, shards[i], frames, batches)
+                    size = sum(f.size for f in frames)
+                else:
+                    part = batch.slice(lo, hi - lo)
+                    groups = list(
+                        zip(
+                            shards[i:j],
+                            [a - lo for a in starts_l[i:j]],
+                            counts_l[i:j],
+                            bases[i:j],
+                            strict=True,
+                        )
+                    )
+                    req = RowsRequest(
+                        writer.gen, part, groups, sorted_shards[lo:hi], sorted_offsets[lo:hi], leader_epoch
+                    )
+                    size = part.nbytes
+                requests.append((writer, req, shards[i:j], size))
+            if quota is not None:
+                quota.admit(sum(r[3] for r in requests))
+        except BaseException:
+            if stamper is not None:
+                for shard_id, base in zip(shard_ids, bases, strict=True):
+                    stamper.cut(shard_id, base)
+            raise
         self._next_offsets[ids] += counts  # ids are distinct: one group per shard
         loop = asyncio.get_running_loop()
         futures = []
@@ -720,6 +828,8 @@ class SegmentEngine:
         writer = s.writer
         assert writer is not None
         new_end = int(encoded[-1].header.next_offset)
+        if self._streams is not None:
+            learn_frames(self._streams, shard, encoded, batches)
         s.next_offset = new_end
         writer.loop = asyncio.get_running_loop()
         outcome = await await_outcomes(
@@ -784,6 +894,16 @@ class SegmentEngine:
                 s.index.truncate_from(new_end)
             except StorageError as exc:
                 s.suspect(f"cutting it back after truncation failed: {exc}")
+            if s.streams is not None:
+                s.streams.cut(shard, new_end)
+                if s.snap_end > new_end:
+                    # The old snapshot knows topics of records that are gone: the offsets
+                    # they had are handed out again, so it must not be restored.
+                    try:
+                        s.save_snapshot(new_end)
+                    except OSError as exc:
+                        writer.make_read_only(exc, ReadOnlyReason.TRUNCATION_FAILED)
+                        raise StorageError(f"shard {shard}: rewriting the LTS snapshot failed") from exc
             return new_end
 
         self._truncating.add(shard)
@@ -903,6 +1023,133 @@ class SegmentEngine:
             )
             offset += part.num_rows
         return frames, batches
+
+    # --- streams -----------------------------------------------------------------------
+
+    @property
+    def streams_enabled(self) -> bool:
+        """Whether appends stamp streams (the database has LTS thresholds)."""
+        return self._streams is not None
+
+    def _stamper(self) -> StreamStamper:
+        if self._streams is None:
+            raise InvalidArgument("this database has no streams (created with lts_thresholds=None)")
+        return self._streams
+
+    def match_streams(self, shard: int, topic_filter: str) -> list[tuple[int, list[str | None]]]:
+        self._shard(shard)
+        return self._stamper().match(shard, topic_filter)
+
+    def stream_structure(self, shard: int, stream: int) -> tuple[tuple[str, ...], bool] | None:
+        self._shard(shard)
+        return self._stamper().structure(shard, stream)
+
+    def read_stream_blocking(
+        self, shard: int, offset: int, want: StreamRead, max_records: int, max_frames: int
+    ) -> StreamBatch:
+        """Blocking body of :meth:`read_stream` (the read executor).
+
+        Frames the index has taken are found through its tag entries (one per distinct
+        stream of a frame); frames past what it has taken, and all frames when it is
+        suspect, are scanned; rows still pending in memory are filtered last.
+        """
+        s = self._shard(shard)
+        end = s.durable_end
+        # Below the start: those records are gone. Past the end: the log was cut back
+        # (truncate_to) and the offsets from its end are new records.
+        offset = min(max(offset, s.log.log_start_offset), end)
+        collector = StreamCollector(want, max_records, max_frames)
+        if offset >= end:
+            return collector.result(offset)
+        mem_start, pending = s.pending_snapshot(end)
+        seg_stop = min(end, mem_start)
+        pos = offset
+        try:
+            if pos < seg_stop and s.index_ready:
+                pos = self._read_stream_indexed(s, pos, seg_stop, collector)
+            if pos < seg_stop and not collector.done:
+                for fp in s.frames(pos, seg_stop):
+                    h = fp.header
+                    collector.add(
+                        s.decode(fp),
+                        h.base_offset,
+                        max(pos, h.base_offset) - h.base_offset,
+                        min(seg_stop, h.next_offset) - h.base_offset,
+                    )
+                    pos = min(seg_stop, h.next_offset)
+                    if collector.done:
+                        break
+                else:
+                    pos = seg_stop
+        except CorruptFrame as exc:
+            raise StorageError(f"shard {shard}: corrupt frame while reading offset {pos}") from exc
+        finally:
+            self.stream_frames_read += collector.frames
+        if collector.done:
+            return collector.result(pos)
+        pos = max(pos, seg_stop)
+        for base, batch, row, count in pending:
+            if base + count <= pos:
+                continue
+            part = batch.slice(row, count)
+            collector.add(part, base, max(pos, base) - base, min(end, base + count) - base)
+            if collector.stop_at is not None:
+                break
+        return collector.result(end)
+
+    def _read_stream_indexed(self, s: _Shard, pos: int, stop: int, collector: StreamCollector) -> int:
+        """Read the frames in ``[pos, stop)`` the tag index names; return where it left off.
+
+        Below the index's end only named frames can hold the stream; past it the caller
+        scans. A tag entry that points at no such frame marks the index suspect (the caller
+        scans from the returned position).
+        """
+        indexed_end = s.index.indexed_end  # before the lookups: later entries are scanned
+        limit = min(stop, indexed_end)
+        if pos >= limit:
+            return pos
+        want = collector.want
+        begin = pos
+        try:
+            if want.min_ts is not None and want.min_ts > 0:
+                lower = s.index.time_lower_bound(want.min_ts)
+                if lower is not None:
+                    begin = max(begin, min(lower, limit))
+            floor = s.index.floor(begin)
+            from_base = floor[0] if floor is not None else 0
+            # The stream's own frames and the mixed ones (too many streams to tag), in order.
+            named = heapq.merge(_tagged(s, want.stream, from_base), _tagged(s, MIXED_TAG, from_base))
+            for base, where in named:
+                if base >= limit:
+                    return limit
+                fp = _frame_at(s, base, where)
+                if fp is None:
+                    s.suspect(f"tag entry for frame {base} points at no such frame")
+                    return pos
+                h = fp.header
+                if h.next_offset <= begin:
+                    continue
+                collector.add(s.decode(fp), base, max(begin, base) - base, min(limit, h.next_offset) - base)
+                pos = min(limit, h.next_offset)
+                if collector.done:
+                    return pos
+            return limit
+        except StorageError as exc:
+            s.suspect(f"stream lookup failed: {exc}")
+            return pos
+
+    async def read_stream(
+        self, shard: int, offset: int, want: StreamRead, max_records: int, max_frames: int
+    ) -> StreamBatch:
+        """Up to ``max_records`` rows of one stream from ``offset`` (see :class:`StreamEngine`)."""
+        self._stamper()
+        try:
+            batch: StreamBatch = await self._run(
+                self.read_stream_blocking, shard, offset, want, max_records, max_frames
+            )
+        finally:
+            self._repair_if_needed(shard)
+        return batch
 
     # --- reads -------------------------------------------------------------------------
 
@@ -1212,6 +1459,9 @@ class SegmentEngine:
                 writer.close()
             except (OSError, StorageError) as exc:
                 errors.append(exc)
+        for s in self._shards:
+            if s.writer is not None and s.writer.failed is None:
+                s.maybe_snapshot(CLOSE_SNAPSHOT_RECORDS)
         for close in [*(s.log.close for s in self._shards), self._index.close]:
             try:
                 close()
@@ -1231,6 +1481,42 @@ class SegmentEngine:
                 return_exceptions=True,
             )
         await self._run(self.close_blocking)
+
+
+_TAG_BATCH: Final = 256  # tag entries fetched per index lookup of a stream read
+
+
+def _tagged(s: _Shard, tag: int, start: int) -> Iterator[tuple[int, IndexPosition]]:
+    """The index's frames with ``tag`` from ``start``, ascending, fetched a batch at a time."""
+    while True:
+        found = s.index.tag_frames(tag, start=start, limit=_TAG_BATCH)
+        yield from found
+        if len(found) < _TAG_BATCH:
+            return
+        start = found[-1][0] + 1
+
+
+def _frame_at(s: _Shard, base: int, where: IndexPosition) -> FramePosition | None:
+    """The frame with base offset ``base`` at an index position, or ``None`` if it is not there."""
+    try:
+        seg = s.log.segment_for(base)
+    except OffsetOutOfRange:
+        return None
+    if seg.base_offset != where.segment_base or not _frame_starts_at(seg, where.pos, base):
+        return None
+    header = parse_header(seg.view(where.pos, where.pos + FRAME_HEADER_BYTES), 0)
+    return FramePosition(seg, where.pos, header)
+
+
+def _frame_batches(s: _Shard, offset: int) -> Iterator[tuple[int, pa.RecordBatch]]:
+    """``(base, batch)`` of the frames of ``s`` holding ``offset`` and after (at open)."""
+    end = s.log.next_offset
+    if offset >= end:
+        return
+    seg, pos = s.locate(offset)
+    for fp in s.log.frames_from(seg, pos, end):
+        if fp.header.next_offset > offset:
+            yield fp.header.base_offset, s.decode(fp)
 
 
 def _catch_up_index(s: _Shard) -> None:

@@ -40,7 +40,7 @@ import numpy as np
 import pyarrow as pa
 
 from seglog.engines.base import Fsync, ReadOnlyReason
-from seglog.engines.frames import IntervalSync, split_batch
+from seglog.engines.frames import IntervalSync, split_stream_runs
 from seglog.errors import CorruptFrame, StorageError
 from seglog.io_pool import ItemError
 from seglog.record import FRAME_SCHEMA, EncodedFrame, encode_frame, parse_header, verify_frame
@@ -52,6 +52,7 @@ from seglog.segment.shard_log import AppendMark
 if TYPE_CHECKING:
     from seglog.engines.segment import _Shard
     from seglog.index import DbIndex
+    from seglog.topics.streams import StreamStamper
 
 __all__ = [
     "DEFAULT_BUFFER_BYTES",
@@ -127,9 +128,11 @@ class WorkerLog:
         buffer_bytes: int = DEFAULT_BUFFER_BYTES,
         compression: int = 0,
         index: DbIndex | None = None,
+        streams: StreamStamper | None = None,
     ) -> None:
         self.worker = worker
         self.index = index
+        self.streams = streams  # the database's stamper (None: no streams)
         self.shards = shards
         self.journal = journal
         self.fsync = Fsync(fsync)
@@ -303,6 +306,13 @@ class WorkerLog:
             self._publish(s)
             written.append((s, list(zip(positions, item.batches, strict=True))))
         self._index(written)
+        if self.streams is not None:
+            for item in items:
+                if isinstance(item, FrameRequest):
+                    item.shard.maybe_snapshot()
+                else:
+                    for s, _lo, _count, _base in item.groups:
+                        s.maybe_snapshot()
         return out
 
     def _note_epochs(self, items: Sequence[FrameRequest | RowsRequest]) -> None:
@@ -404,6 +414,10 @@ class WorkerLog:
             self.gen = gen + 1
             for s in self.shards:
                 s.next_offset = ends[s.number]
+                if self.streams is not None:
+                    # The offsets from the durable end are handed out again: forget what
+                    # the refused requests taught the trie.
+                    self.streams.cut(s.number, ends[s.number])
 
     def _sync_journal(self) -> None:
         if self.fsync is Fsync.ALWAYS:
@@ -480,7 +494,7 @@ class WorkerLog:
             frames: list[EncodedFrame] = []
             batches: list[pa.RecordBatch] = []
             offset = pending[0][0]
-            for part in split_batch(rows, frame_bytes=s.log.segment_bytes // 2):
+            for part in split_stream_runs(rows, frame_bytes=s.log.segment_bytes // 2):
                 frames.append(
                     encode_frame(part, offset, compression=self.compression, leader_epoch=self._pending_epoch)
                 )
@@ -786,7 +800,7 @@ def _replay_rows(
         part = rows.slice(lo + skip, hi - lo - skip)
         offset = end
         frames = []
-        for piece in split_batch(part, frame_bytes=s.log.segment_bytes // 2):
+        for piece in split_stream_runs(part, frame_bytes=s.log.segment_bytes // 2):
             frames.append(encode_frame(piece, offset, compression=compression, leader_epoch=epoch))
             offset += piece.num_rows
         s.log.append(frames)

@@ -118,7 +118,7 @@ class FrameEntry(NamedTuple):
     pos: int
     size: int
     keys: pa.Array | None  # the frame's key column (nullable binary); None: no keys
-    tags: Iterable[int]
+    tags: Iterable[int]  # distinct tags (stream ids) of the frame (a sorted uint32 array is fastest)
 
 
 class IndexTables(NamedTuple):
@@ -284,6 +284,7 @@ class ShardIndex:
         offset_items: list[tuple[bytes, bytes]] = []
         time_items: list[tuple[bytes, bytes]] = []
         tag_items: list[tuple[bytes, bytes]] = []
+        tag_parts: list[tuple[np.ndarray[Any, Any], int, bytes]] = []  # (tags, frame base, position)
         summaries: list[tuple[int, int, int, DistinctKeys]] = []
         interval = self.index_interval_bytes
         since_offset = self._bytes_since_offset_entry
@@ -311,11 +312,14 @@ class ShardIndex:
                 keys = distinct_keys(f.keys)
                 if keys is not None:
                     summaries.append((f.base_offset, f.segment_base, f.next_offset, keys))
-            for tag in f.tags:
-                tag_items.append((prefix + _U32_U64.pack(tag, f.base_offset), position))
+            tags = f.tags if isinstance(f.tags, np.ndarray) else np.fromiter(f.tags, np.uint32)
+            if len(tags):
+                tag_parts.append((tags, f.base_offset, position))
             indexed_end = f.next_offset
         if last_segment is None or indexed_end == self.indexed_end:
             return None
+        if tag_parts:
+            tag_items = self._tag_items(tag_parts)
         return _Plan(
             offset_items,
             time_items,
@@ -328,6 +332,24 @@ class ShardIndex:
             running_max,
         )
 
+    def _tag_items(self, parts: list[tuple[np.ndarray[Any, Any], int, bytes]]) -> list[tuple[bytes, bytes]]:
+        """``(shard | tag | frame base, position)`` of every frame's tags, sorted by key.
+
+        Built with NumPy: a frame of interleaved streams has one entry per stream.
+        """
+        counts = [len(t) for t, _, _ in parts]
+        total = sum(counts)
+        rec = np.empty(total, dtype=[("shard", ">u4"), ("tag", ">u4"), ("base", ">u8")])
+        rec["shard"] = self.number
+        rec["tag"] = np.concatenate([t for t, _, _ in parts]) if len(parts) > 1 else parts[0][0]
+        rec["base"] = np.repeat(np.array([b for _, b, _ in parts], np.uint64), counts)
+        which = np.repeat(np.arange(len(parts)), counts)
+        if len(parts) > 1:
+            order = np.lexsort((rec["base"], rec["tag"]))
+            rec, which = rec[order], which[order]
+        positions = [p for _, _, p in parts]
+        return list(zip(rec.view("V16").tolist(), [positions[i] for i in which.tolist()], strict=True))
+
     def _write(self, txn: Any, plan: _Plan) -> None:
         """Put ``plan`` into the write transaction ``txn``, merging summaries that are due."""
         t = self._t
@@ -336,7 +358,6 @@ class ShardIndex:
         if plan.time_items:
             txn.cursor(t.time).putmulti(plan.time_items)
         if plan.tag_items:
-            plan.tag_items.sort()
             txn.cursor(t.tag).putmulti(plan.tag_items)
         if self._pending is None:
             old = self._load_pending(txn)
@@ -558,8 +579,16 @@ class ShardIndex:
         return out[max(0, first - 1) :]
 
     @_lookup
-    def tag_frames(self, tag: int, *, start: int = 0) -> list[tuple[int, IndexPosition]]:
-        """(frame base offset, position) of frames holding records with ``tag``, ascending."""
+    def tag_frames(
+        self, tag: int, *, start: int = 0, limit: int | None = None
+    ) -> list[tuple[int, IndexPosition]]:
+        """(frame base offset, position) of frames holding records with ``tag``, ascending.
+
+        Args:
+            tag: The tag (a stream id).
+            start: Only frames whose base offset is at least this.
+            limit: At most this many (``None``: all).
+        """
         out: list[tuple[int, IndexPosition]] = []
         with self._t.env.begin(db=self._t.tag) as txn:
             cur = txn.cursor()
@@ -572,6 +601,8 @@ class ShardIndex:
                 if t != tag:
                     break
                 out.append((base, IndexPosition(*_U64_PAIR.unpack(v))))
+                if limit is not None and len(out) >= limit:
+                    break
         return out
 
 

@@ -29,6 +29,8 @@ from __future__ import annotations
 __all__ = [
     "DEFAULT_LTS_THRESHOLDS",
     "LTS",
+    "structure_regex",
+    "varying_filter_for",
     "varying_matches",
 ]
 
@@ -70,6 +72,66 @@ def varying_matches(varying_filter: Sequence[str | None], varying: Sequence[str]
     if len(varying_filter) != len(varying):
         return False
     return all(want is None or want == got for want, got in zip(varying_filter, varying, strict=True))
+
+
+def varying_filter_for(structure: Sequence[str], special: bool, topic_filter: str) -> list[str | None] | None:
+    """The varying filter of ``topic_filter`` for a stream of this learned structure.
+
+    Args:
+        structure: The stream's levels, ``+`` where they vary (:meth:`LTS.structure`).
+        special: Whether the stream lives under the ``$`` root (:meth:`LTS.is_special`).
+        topic_filter: An MQTT topic filter.
+
+    Returns:
+        Per varying level, the token the filter requires there or ``None`` for any (what
+        :meth:`LTS.match` gives for the stream); ``None`` when the filter can match no topic
+        of the stream (EMQX's ``compress_topic`` mismatch).
+
+    Raises:
+        InvalidTopicFilter: If ``topic_filter`` is malformed.
+    """
+    validate_topic_filter(topic_filter)
+    levels = topic_filter.split(_SEP)
+    # '$' topics only match filters that name their first level ('+'/'#' never start with '$').
+    if levels[0].startswith("$") != special:
+        return None
+    vf: list[str | None] = []
+    for i, have in enumerate(structure):
+        if i >= len(levels):
+            return None
+        want = levels[i]
+        if want == _MULTI:
+            vf.extend(None for tok in structure[i:] if tok == _PLUS)
+            return vf
+        if have == _PLUS:
+            vf.append(None if want == _PLUS else want)
+        elif want != _PLUS and want != have:
+            return None
+    if len(levels) == len(structure):
+        return vf
+    if len(levels) == len(structure) + 1 and levels[-1] == _MULTI:
+        return vf  # '#' matches the parent level too
+    return None
+
+
+_REGEX_META = frozenset("\\.+*?()|[]{}^$")
+
+
+def structure_regex(structure: Sequence[str], varying_filter: Sequence[str | None]) -> str | None:
+    """An anchored regex (RE2 and Python ``re``) for the topics of a stream that satisfy a
+    varying filter; ``None`` when the filter constrains nothing (every topic of the stream).
+
+    Only meaningful for topics of that stream: its static levels are matched literally and
+    the ``$`` rule is not applied (the stream's root already decided it).
+    """
+    if all(v is None for v in varying_filter):
+        return None
+    parts: list[str] = []
+    it = iter(varying_filter)
+    for tok in structure:
+        want = next(it) if tok == _PLUS else tok
+        parts.append("[^/]*" if want is None else "".join("\\" + c if c in _REGEX_META else c for c in want))
+    return "(?s)^" + "/".join(parts) + "$"
 
 
 def _check_thresholds(thresholds: Iterable[int]) -> tuple[int, ...]:
@@ -269,6 +331,39 @@ class LTS:
             append(stream)
         return out
 
+    def learn_stream(self, topic: str) -> int:
+        """Returns the stream id of one topic, learning as needed (no varying levels built).
+
+        Raises:
+            InvalidTopic: If ``topic`` is not a valid topic name.
+        """
+        stream = self._cache.get(topic)
+        if stream is None:
+            stream = self._learn_levels(_split_topic(topic))
+            self._remember(topic, stream)
+        return stream
+
+    def learn_valid(self, topics: Sequence[str]) -> tuple[list[int], list[int], list[int]]:
+        """Learns topics already validated as names (:func:`seglog.record` checks appends).
+
+        The lean loop of an append's cache misses: no validation, no cache.
+
+        Returns:
+            ``(streams, node counts, stream counts)``: each topic's stream id, and how many
+            nodes and streams the trie has right after learning it (callers that track
+            which topic created which node compare them).
+        """
+        streams: list[int] = []
+        nodes_after: list[int] = []
+        streams_after: list[int] = []
+        learn = self._learn_levels
+        parents, ends = self._parent, self._stream_node
+        for topic in topics:
+            streams.append(learn(topic.split(_SEP)))
+            nodes_after.append(len(parents))
+            streams_after.append(len(ends))
+        return streams, nodes_after, streams_after
+
     def varying_positions(self, stream: int) -> tuple[int, ...]:
         """Returns the level indices that vary in ``stream`` (its ``+`` positions).
 
@@ -345,6 +440,55 @@ class LTS:
         tokens.reverse()
         return tuple(tokens)
 
+    def is_special(self, stream: int) -> bool:
+        """Whether ``stream`` lives under the ``$`` root (its topics start with ``$``).
+
+        Raises:
+            InvalidArgument: If ``stream`` is not a stream id of this trie.
+        """
+        if not isinstance(stream, int) or not 0 <= stream < len(self._stream_node):
+            raise InvalidArgument(f"no stream {stream!r} in this LTS ({len(self._stream_node)} streams)")
+        node = self._stream_node[stream]
+        while self._parent[node] >= _N_ROOTS:
+            node = self._parent[node]
+        return self._parent[node] == _SPECIAL_ROOT
+
+    def truncate(self, node_count: int, stream_count: int) -> None:
+        """Forgets every node with an id ``>= node_count`` and every stream ``>= stream_count``.
+
+        The trie becomes what it was when it had that many nodes and streams (node and
+        stream ids only grow, and a child's id is larger than its parent's), so this undoes
+        the learning of a suffix of topics, e.g. of records whose write was rolled back. The
+        caller names counts the trie really had at some point (a stream's end node must not
+        be cut while the stream is kept).
+
+        Raises:
+            InvalidArgument: If a count is out of range or a kept stream ends at a cut node.
+        """
+        n_nodes, n_streams = len(self._parent), len(self._stream_node)
+        if not _N_ROOTS <= node_count <= n_nodes or not 0 <= stream_count <= n_streams:
+            raise InvalidArgument(
+                f"cannot truncate an LTS of {n_nodes} nodes and {n_streams} streams "
+                f"to {node_count} nodes and {stream_count} streams"
+            )
+        if any(node >= node_count for node in self._stream_node[:stream_count]):
+            raise InvalidArgument("a kept stream ends at a node that would be cut")
+        for stream in range(stream_count, n_streams):
+            self._eot[self._stream_node[stream]] = _NONE
+        del self._stream_node[stream_count:]
+        del self._plus_positions[stream_count:]
+        for node in range(n_nodes - 1, node_count - 1, -1):
+            parent = self._parent[node]
+            token = self._token[node]
+            if token is None:
+                self._plus[parent] = _NONE
+            else:
+                del self._static[parent][token]
+        for column in (self._static, self._plus, self._eot, self._parent, self._token):
+            del column[node_count:]
+        if stream_count < n_streams or node_count < n_nodes:
+            self._cache.clear()
+
     # --- filter -> streams ------------------------------------------------------------------
 
     def match(self, topic_filter: str) -> list[tuple[int, list[str | None]]]:
@@ -390,6 +534,19 @@ class LTS:
                     stack.append((plus[node], i + 1, (*vf, level)))
         out.sort(key=lambda item: item[0])
         return out
+
+    def varying_filter(self, stream: int, topic_filter: str) -> list[str | None] | None:
+        """Returns the varying filter of ``topic_filter`` for one stream (EMQX compress_topic).
+
+        The same answer :meth:`match` gives for that stream: per varying level, the token
+        the filter requires there or ``None`` for any; ``None`` when the filter can match
+        no topic of the stream.
+
+        Raises:
+            InvalidArgument: If ``stream`` is not a stream id of this trie.
+            InvalidTopicFilter: If ``topic_filter`` is malformed.
+        """
+        return varying_filter_for(self.structure(stream), self.is_special(stream), topic_filter)
 
     def _collect_subtree(
         self, start: int, vf: tuple[str | None, ...], out: list[tuple[int, list[str | None]]]
@@ -445,8 +602,13 @@ class LTS:
             new._add_stream(target)
         return new
 
-    def to_bytes(self) -> bytes:
+    def to_bytes(self, *, node_count: int | None = None, stream_count: int | None = None) -> bytes:
         """Serializes the trie (thresholds, nodes and stream ids; not the cache).
+
+        With ``node_count``/``stream_count``, only the first that many nodes and streams
+        are written: the trie as :meth:`truncate` would leave it (the caller names counts
+        the trie had at some point). Reading only those prefixes of append-only lists, it
+        may run while another thread learns.
 
         Layout (little-endian): ``b"SLTS"``, version u8, CRC-32 u32, then the body:
         thresholds (u32 count, u32 each); node count u32 and, per non-root node in id
@@ -454,15 +616,22 @@ class LTS:
         ``+``); stream count u32 and each stream's end node u32 in stream id order.
         Replaying nodes in id order rebuilds the same ids, hence the same stream ids.
         """
+        n_nodes = len(self._parent) if node_count is None else node_count
+        n_streams = len(self._stream_node) if stream_count is None else stream_count
+        if not _N_ROOTS <= n_nodes <= len(self._parent) or not 0 <= n_streams <= len(self._stream_node):
+            raise InvalidArgument(f"no prefix of {n_nodes} nodes and {n_streams} streams in this LTS")
+        parents = self._parent[:n_nodes]
+        tokens = self._token[:n_nodes]
+        ends = self._stream_node[:n_streams]
         body = bytearray()
         u32 = _U32.pack
         body += u32(len(self._thresholds))
         for thr in self._thresholds:
             body += u32(thr)
-        body += u32(len(self._parent))
-        for node in range(_N_ROOTS, len(self._parent)):
-            body += u32(self._parent[node])
-            token = self._token[node]
+        body += u32(n_nodes)
+        for node in range(_N_ROOTS, n_nodes):
+            body += u32(parents[node])
+            token = tokens[node]
             if token is None:
                 body.append(_EDGE_PLUS)
             else:
@@ -470,8 +639,10 @@ class LTS:
                 body.append(_EDGE_STATIC)
                 body += u32(len(raw))
                 body += raw
-        body += u32(len(self._stream_node))
-        for node in self._stream_node:
+        body += u32(n_streams)
+        for node in ends:
+            if node >= n_nodes:
+                raise InvalidArgument("a stream of the prefix ends at a node outside it")
             body += u32(node)
         crc = zlib.crc32(body, zlib.crc32(_MAGIC + bytes([_VERSION])))
         return _HEADER.pack(_MAGIC, _VERSION, crc) + bytes(body)

@@ -1,0 +1,343 @@
+"""Streams: a selective wildcard read through streams vs a filtered full scan; the append cost of stamping.
+
+    python -m bench.streams [--quick] [--records N] [--topics T] [--repeats R] [--out FILE.md] [--dir DIR]
+
+Topics are ``siteNNN/devNNNNN/temp``: 100 sites, ``T / 100`` devices each (``T`` topics in
+all; 100,000 by default). The database has 4 shards (records routed by topic) and LTS
+thresholds ``[100, 0, 100]`` -- EMQX's documented shape for ``sensor/<clientid>/...``: the
+site level keeps up to 100 static values, the device level always varies -- so each site is
+one stream per shard and ``site042/#`` (1 % of the records) reads 4 streams.
+
+**Selective read.** ``N`` records (1,000,000 by default) appended in batches of 1000, in two
+layouts, each in its own database:
+
+* ``per-site batches``: every append carries one site's records (a gateway per site, or a
+  broker batching per publisher group): each frame holds one stream.
+* ``interleaved``: every append carries records of random topics of all sites: every frame
+  holds every stream, so no frame can be skipped and a stream read saves only the per-row
+  filter.
+
+Each is read with ``site042/#`` through ``get_streams`` / ``make_iterator`` / ``next_arrow``
+(100,000 rows per call) and by a full scan: ``read_arrow`` of every shard (100,000 rows per
+call) filtered with the MQTT filter as a regex (``pyarrow.compute.match_substring_regex``).
+Both read the page cache (the data was just written); the row counts must agree. Best of
+``R`` runs each.
+
+**Append cost.** 1 producer, ``fsync="always"``, ``--append-records`` records (1,000,000) in
+batches of 1000 random topics (every batch: ~1000 distinct topics of the 100,000, the
+cache's worst case), ``append`` (Record objects) and ``append_arrow``, one shard; a database
+with streams against one with ``lts_thresholds=None`` (the same-run baseline). The same
+records go in twice: the first pass meets every topic for the first time (learning), the
+second knows them all. Runs alternate between the two databases; the median of ``R``.
+
+The report goes to ``bench/results/streams-<date>.md`` (and ``.json``); ``--quick`` only
+prints unless ``--out`` is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+import os
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+import seglog
+from bench.compare import _filesystem, _machine
+from seglog.topics import filter_to_regex
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS_DIR = REPO / "bench" / "results"
+SITES = 100
+SHARDS = 4
+BATCH = 1000
+THRESHOLDS = [100, 0, 100]
+READ_SITE = 42
+ROWS_PER_CALL = 100_000
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def topic(site: int, dev: int) -> str:
+    return f"site{site:03d}/dev{dev:05d}/temp"
+
+
+def batches(
+    layout: str, records: int, devices: int, seed: int = 1
+) -> list[tuple[list[str], np.ndarray[Any, Any]]]:
+    """``(topics, ts)`` of each 1000-record append of a layout."""
+    rng = random.Random(seed)
+    out = []
+    ts0 = seglog.now_us()
+    for b in range(records // BATCH):
+        if layout == "per-site":
+            site = b % SITES
+            topics = [topic(site, rng.randrange(devices)) for _ in range(BATCH)]
+        else:
+            topics = [topic(rng.randrange(SITES), rng.randrange(devices)) for _ in range(BATCH)]
+        out.append((topics, np.arange(ts0 + b * BATCH, ts0 + (b + 1) * BATCH, dtype=np.int64)))
+    return out
+
+
+VALUE = b"x" * 100
+
+
+async def fill(db: seglog.Database, plan: list[tuple[list[str], np.ndarray[Any, Any]]]) -> None:
+    values = pa.array([VALUE] * BATCH, pa.binary())
+    for topics, ts in plan:
+        await db.append_arrow(pa.table({"ts": ts, "topic": pa.array(topics, pa.string()), "value": values}))
+
+
+async def read_streams(db: seglog.Database, topic_filter: str) -> tuple[int, float, int]:
+    eng: Any = db._engine
+    frames_before = eng.stream_frames_read
+    t0 = time.perf_counter()
+    rows = 0
+    for stream in db.get_streams(topic_filter):
+        it = db.make_iterator(stream, topic_filter)
+        while True:
+            it, table = await db.next_arrow(it, ROWS_PER_CALL)
+            if not table.num_rows:
+                break
+            rows += table.num_rows
+    return rows, time.perf_counter() - t0, eng.stream_frames_read - frames_before
+
+
+async def full_scan(db: seglog.Database, topic_filter: str) -> tuple[int, float]:
+    regex = filter_to_regex(topic_filter)
+    t0 = time.perf_counter()
+    rows = 0
+    for shard in range(db.shards):
+        offset = db.start_offset(shard)
+        end = db.end_offset(shard)
+        while offset < end:
+            table = await db.read_arrow(shard, offset, ROWS_PER_CALL)
+            offset += table.num_rows
+            picked = table.filter(pc.match_substring_regex(table.column("topic"), regex))
+            rows += picked.num_rows
+    return rows, time.perf_counter() - t0
+
+
+def _frames(db: seglog.Database) -> int:
+    eng: Any = db._engine
+    return sum(
+        len(list(s.log.frames_from(s.log.segments_snapshot()[0], 0, s.durable_end))) for s in eng._shards
+    )
+
+
+def read_filter(records: int) -> str:
+    """``site042/#``, or a site the per-site layout has when there are fewer than 43 batches."""
+    return f"site{READ_SITE % max(1, min(SITES, records // BATCH)):03d}/#"
+
+
+async def read_rows(base: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
+    devices = max(1, args.topics // SITES)
+    rows = []
+    READ_FILTER = read_filter(args.records)
+    for layout in ("per-site", "interleaved"):
+        directory = base / f"read-{layout}"
+        plan = batches(layout, args.records, devices)
+        async with seglog.open(directory, fsync="never") as store:
+            db = await store.create_db("r", shards=SHARDS, lts_thresholds=THRESHOLDS)
+            t0 = time.perf_counter()
+            await fill(db, plan)
+            _log(f"{layout}: {args.records:,} records appended in {time.perf_counter() - t0:.1f} s")
+        async with seglog.open(directory, fsync="never") as store:
+            db = await store.open_db("r")
+            total_frames = _frames(db)
+            streams = db.get_streams(READ_FILTER)
+            s_times, f_times = [], []
+            s_rows = f_rows = frames_read = 0
+            for _ in range(args.repeats):
+                s_rows, s_t, frames_read = await read_streams(db, READ_FILTER)
+                f_rows, f_t = await full_scan(db, READ_FILTER)
+                s_times.append(s_t)
+                f_times.append(f_t)
+            if s_rows != f_rows:
+                raise AssertionError(f"{layout}: streams read {s_rows} rows, the scan {f_rows}")
+            row = {
+                "layout": layout,
+                "records": args.records,
+                "topics": devices * SITES,
+                "streams_total": len(db.get_streams("#")),
+                "streams_read": len(streams),
+                "rows": s_rows,
+                "share": s_rows / args.records,
+                "frames": total_frames,
+                "frames_read": frames_read,
+                "streams_s": min(s_times),
+                "scan_s": min(f_times),
+                "speedup": min(f_times) / min(s_times),
+            }
+            _log(f"  {row}")
+            rows.append(row)
+    return rows
+
+
+async def append_once(
+    directory: Path, streams: bool, api: str, plan: list[tuple[list[str], Any]]
+) -> tuple[float, float]:
+    """records/s of two passes over the same plan: the first learns the topics, the second knows them."""
+    shutil.rmtree(directory, ignore_errors=True)
+    rates = []
+    async with seglog.open(directory, fsync="always") as store:
+        db = await store.create_db("a", lts_thresholds=THRESHOLDS if streams else None)
+        values = pa.array([VALUE] * BATCH, pa.binary())
+        for _ in range(2):
+            if api == "append":
+                work: list[Any] = [
+                    [seglog.Record(t, VALUE, ts=int(x)) for t, x in zip(topics, ts.tolist(), strict=True)]
+                    for topics, ts in plan
+                ]
+            else:
+                work = [
+                    pa.table({"ts": ts, "topic": pa.array(topics), "value": values}) for topics, ts in plan
+                ]
+            t0 = time.perf_counter()
+            for item in work:
+                if api == "append":
+                    await db.append(item)
+                else:
+                    await db.append_arrow(item)
+            rates.append(len(plan) * BATCH / (time.perf_counter() - t0))
+    shutil.rmtree(directory, ignore_errors=True)
+    return rates[0], rates[1]
+
+
+async def append_rows(base: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
+    devices = max(1, args.topics // SITES)
+    plan = batches("interleaved", args.append_records, devices, seed=2)
+    out = []
+    for api in ("append", "append_arrow"):
+        runs: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
+        for _ in range(args.repeats):
+            for streams in (False, True):  # alternating: drifts of the shared VM hit both sides
+                runs[streams].append(await append_once(base / "append", streams, api, plan))
+        for phase, label in ((0, "first pass: learns the topics"), (1, "second pass: topics known")):
+            without = statistics.median(r[phase] for r in runs[False])
+            with_ = statistics.median(r[phase] for r in runs[True])
+            row = {
+                "api": api,
+                "phase": label,
+                "records": len(plan) * BATCH,
+                "distinct_topics": len({t for topics, _ in plan for t in topics}),
+                "without_streams": without,
+                "with_streams": with_,
+                "ratio": with_ / without,
+                "runs_without": [r[phase] for r in runs[False]],
+                "runs_with": [r[phase] for r in runs[True]],
+            }
+            _log(f"  {row}")
+            out.append(row)
+    return out
+
+
+def render(meta: dict[str, Any], reads: list[dict[str, Any]], appends: list[dict[str, Any]]) -> str:
+    lines = [
+        f"# seglog streams benchmark, {meta['date']}{' (quick)' if meta['quick'] else ''}",
+        "",
+        f"Machine: {meta['machine']}; data dir filesystem: {meta['filesystem']}; {meta['load']}.",
+        "",
+        f"Topics `siteNNN/devNNNNN/temp` ({meta['topics']:,}: {SITES} sites), {SHARDS} shards routed by topic, "
+        f"LTS thresholds {THRESHOLDS}; read `{meta['filter']}` (1 % of the records). Streams: "
+        f"`get_streams` + `next_arrow` ({ROWS_PER_CALL:,} rows per call); scan: `read_arrow` of every shard "
+        "+ the filter as a regex. Page cache, best of "
+        f"{meta['repeats']}.",
+        "",
+        "| layout | records | frames | streams read | rows | frames read via streams | streams s "
+        "| full scan s | speedup |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in reads:
+        lines.append(
+            f"| {r['layout']} | {r['records']:,} | {r['frames']:,} | {r['streams_read']} of {r['streams_total']} "
+            f"| {r['rows']:,} ({r['share']:.1%}) | {r['frames_read']:,} | {r['streams_s']:.4f} | {r['scan_s']:.3f} "
+            f"| **{r['speedup']:.1f}x** |"
+        )
+    lines += [
+        "",
+        f'Append: 1 producer, fsync="always", 1000-record batches of random topics of the {meta["topics"]:,} '
+        "(100 B values; every batch ~1000 distinct topics), one shard; the same records twice into one "
+        "database: the first pass meets each topic for the first time, the second knows them all. "
+        f"Median of {meta['repeats']} alternating runs each.",
+        "",
+        "| api | pass | records (distinct topics) | records/s without streams | records/s with streams "
+        "| with ÷ without |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for r in appends:
+        lines.append(
+            f"| {r['api']} | {r['phase']} | {r['records']:,} ({r['distinct_topics']:,}) "
+            f"| {r['without_streams']:,.0f} | {r['with_streams']:,.0f} | **{r['ratio']:.2f}** |"
+        )
+    lines.append("")
+    return "\n".join(lines)
+
+
+async def run(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    load_start = os.getloadavg()[0]
+    base = Path(tempfile.mkdtemp(prefix="seglog-bench-streams-", dir=args.dir))
+    try:
+        reads = await read_rows(base, args)
+        appends = await append_rows(base, args)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    meta = {
+        "date": dt.date.today().isoformat(),
+        "quick": args.quick,
+        "machine": ", ".join(f"{k} {v}" for k, v in _machine().items()),
+        "filesystem": _filesystem(Path(args.dir) if args.dir else Path(tempfile.gettempdir())),
+        "load": f"1-min load average {load_start:.1f} at start, {os.getloadavg()[0]:.1f} at end",
+        "topics": max(1, args.topics // SITES) * SITES,
+        "filter": read_filter(args.records),
+        "repeats": args.repeats,
+        "args": {k: v for k, v in vars(args).items() if k != "out"},
+    }
+    report = render(meta, reads, appends)
+    return report, {"meta": meta, "reads": reads, "appends": appends}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="small sizes; print only (unless --out)")
+    p.add_argument("--records", type=int, default=None, help="records per read layout (1,000,000)")
+    p.add_argument("--append-records", type=int, default=None, help="records per append pass (1,000,000)")
+    p.add_argument("--topics", type=int, default=None, help="distinct topics (100,000)")
+    p.add_argument("--repeats", type=int, default=None, help="runs per figure (3)")
+    p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--dir", default=None, help="where to put temporary data (default: system temp)")
+    args = p.parse_args(argv)
+    quick = args.quick
+    args.records = args.records or (100_000 if quick else 1_000_000)
+    args.append_records = args.append_records or (50_000 if quick else 1_000_000)
+    args.topics = args.topics or (10_000 if quick else 100_000)
+    args.repeats = args.repeats or (1 if quick else 3)
+    report, data = asyncio.run(run(args))
+    print(report)
+    out = args.out
+    if out is None and not quick:
+        out = RESULTS_DIR / f"streams-{data['meta']['date']}.md"
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(report)
+        out.with_suffix(".json").write_text(json.dumps(data, indent=2) + "\n")
+        _log(f"wrote {out} and {out.with_suffix('.json')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,513 @@
+"""A 3-node cluster on real processes and a real etcd: replication, acks, failover, rejoin."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
+
+import pytest
+
+from seglog.client._http import NodeSession
+from seglog.cluster import protocol
+from seglog.errors import DatabaseNotFound, NotEnoughReplicas, NotLeader, SeglogError
+from seglog.record import decode_frames
+from tests.etcd_fixtures import EtcdProcess
+from tests.server_fixtures import ServerFactory, ServerProcess
+
+T = TypeVar("T")
+Run = Callable[[Coroutine[Any, Any, T]], T]
+DB = "telemetry"
+WAIT_S = 60.0
+POLL_S = 0.05
+
+
+async def until(check: Callable[[], Awaitable[T | None]], what: str, timeout_s: float = WAIT_S) -> T:
+    """Poll a remote condition until it holds (a deadline, not a fixed sleep)."""
+    deadline = time.monotonic() + timeout_s
+    last: object = None
+    while time.monotonic() < deadline:
+        try:
+            value = await check()
+            if value is not None and value is not False:
+                return value
+        except SeglogError as exc:
+            last = exc
+        await asyncio.sleep(POLL_S)
+    raise AssertionError(f"timed out waiting for {what} (last error: {last!r})")
+
+
+def start_cluster(server_factory: ServerFactory, etcd: EtcdProcess, n: int = 3) -> dict[int, ServerProcess]:
+    return {
+        i: server_factory(
+            "--etcd",
+            etcd.url,
+            "--node-id",
+            str(i),
+            "--node-ttl-s",
+            "2",
+            "--replica-lag-time-max-ms",
+            "1500",
+            "--log-level",
+            "info",
+        )
+        for i in range(1, n + 1)
+    }
+
+
+async def cluster_view(session: NodeSession) -> dict[str, Any]:
+    reply = await session.request("GET", "/v1/cluster")
+    view: dict[str, Any] = reply.json()
+    return view
+
+
+async def produce(session: NodeSession, shard: int, values: list[str], acks: str = "all") -> dict[str, Any]:
+    body = "".join(json.dumps({"topic": "dev/1", "value": v}) + "\n" for v in values).encode()
+    reply = await session.request(
+        "POST",
+        f"/v1/dbs/{DB}/records",
+        params={"shard": shard, "acks": acks},
+        data=body,
+        content_type=protocol.NDJSON,
+    )
+    out: dict[str, Any] = reply.json()
+    return out
+
+
+async def read_all(session: NodeSession, shard: int) -> tuple[list[tuple[int, bytes]], int]:
+    """Every record below the node's high watermark: (offset, value), and that watermark."""
+    out: list[tuple[int, bytes]] = []
+    offset = 0
+    while True:
+        reply = await session.request(
+            "GET", f"/v1/dbs/{DB}/shards/{shard}/frames", params={"offset": offset, "max_bytes": 1 << 20}
+        )
+        hw = int(reply.headers[protocol.HEADER_HIGH_WATERMARK])
+        if not reply.body:
+            return out, hw
+        table = decode_frames(reply.body, offset, hw)
+        for o, v in zip(table.column("offset").to_pylist(), table.column("value").to_pylist(), strict=True):
+            out.append((o, v))
+        if not len(table):
+            return out, hw
+        offset = out[-1][0] + 1
+
+
+def test_replication_failover_and_rejoin(
+    server_factory: ServerFactory, etcd: EtcdProcess, run: Run[None]
+) -> None:
+    nodes = start_cluster(server_factory, etcd)
+
+    async def main() -> None:
+        sessions = {i: NodeSession(p.url) for i, p in nodes.items()}
+        try:
+            await sessions[1].request(
+                "POST",
+                "/v1/dbs",
+                json_body={"name": DB, "shards": 2, "replication_factor": 3, "min_insync": 2},
+            )
+
+            async def leader_of(shard: int, among: list[int]) -> tuple[int, int] | None:
+                for i in among:
+                    view = await cluster_view(sessions[i])
+                    if DB not in view["dbs"]:
+                        return None
+                    state = view["dbs"][DB]["state"][shard]
+                    if state["leader"] in among:
+                        lead_view = await cluster_view(sessions[state["leader"]])
+                        if any(p["db"] == DB and p["shard"] == shard for p in lead_view["leading"]):
+                            return int(state["leader"]), int(state["leader_epoch"])
+                return None
+
+            leader, epoch = await until(lambda: leader_of(0, [1, 2, 3]), "a leader of shard 0")
+            acked: list[str] = []
+            for b in range(20):
+                values = [f"a{b}-{i}" for i in range(50)]
+                reply = await produce(sessions[leader], 0, values)
+                assert reply["parts"] == [{"shard": 0, "base_offset": b * 50, "count": 50}]
+                acked.extend(values)
+            # acks=all: every ISR member already holds them; all three serve them below the HW.
+            for i in (1, 2, 3):
+                records, _ = await until(
+                    lambda i=i: _when_hw(sessions[i], 0, 1000), f"node {i} to reach the high watermark"
+                )
+                assert [v.decode() for _, v in records] == acked, i
+            # A produce to a follower is refused with the leader's id.
+            follower = next(i for i in (1, 2, 3) if i != leader)
+            with pytest.raises(NotLeader) as err:
+                await produce(sessions[follower], 0, ["nope"])
+            assert err.value.leader == leader
+
+            # The leader crashes: a new leader from the ISR, a higher epoch, nothing acked lost.
+            nodes[leader].kill()
+            await sessions[leader].close()
+            alive = [i for i in (1, 2, 3) if i != leader]
+            new_leader, new_epoch = await until(
+                lambda: _new_leader(leader_of, alive, epoch), "a new leader of shard 0"
+            )
+            assert new_leader in alive and new_epoch > epoch
+            more = [f"b{i}" for i in range(100)]
+            await until(lambda: _produce_ok(sessions[new_leader], more), "a produce to the new leader")
+            acked.extend(more)
+
+            # The old leader restarts: it follows, truncates by epoch, catches up and rejoins.
+            nodes[leader].restart()
+            sessions[leader] = NodeSession(nodes[leader].url)
+
+            async def rejoined() -> bool:
+                view = await cluster_view(sessions[new_leader])
+                return len(view["dbs"][DB]["state"][0]["isr"]) == 3
+
+            await until(rejoined, "the restarted node back in the ISR")
+            for i in (1, 2, 3):
+                records, _ = await until(
+                    lambda i=i: _when_hw(sessions[i], 0, len(acked)), f"node {i} caught up"
+                )
+                values = [v.decode() for _, v in records]
+                assert values == acked, i  # no acked write lost, none duplicated, same order
+                assert [o for o, _ in records] == list(range(len(acked)))
+        finally:
+            for s in sessions.values():
+                await s.close()
+
+    run(main())
+
+
+async def _when_hw(session: NodeSession, shard: int, hw: int) -> tuple[list[tuple[int, bytes]], int] | None:
+    records, got = await read_all(session, shard)
+    return (records, got) if got >= hw else None
+
+
+async def _new_leader(
+    leader_of: Callable[[int, list[int]], Awaitable[tuple[int, int] | None]], alive: list[int], old_epoch: int
+) -> tuple[int, int] | None:
+    found = await leader_of(0, alive)
+    return found if found is not None and found[1] > old_epoch else None
+
+
+async def _produce_ok(session: NodeSession, values: list[str]) -> bool:
+    try:
+        await produce(session, 0, values)
+    except (NotLeader, NotEnoughReplicas):
+        return False
+    return True
+
+
+def test_acks_all_refused_below_min_insync(
+    server_factory: ServerFactory, etcd: EtcdProcess, run: Run[None]
+) -> None:
+    nodes = start_cluster(server_factory, etcd, 2)
+
+    async def main() -> None:
+        sessions = {i: NodeSession(p.url) for i, p in nodes.items()}
+        try:
+            await sessions[1].request(
+                "POST",
+                "/v1/dbs",
+                json_body={"name": DB, "shards": 1, "replication_factor": 2, "min_insync": 2},
+            )
+
+            async def leader() -> int | None:
+                for i in (1, 2):
+                    view = await cluster_view(sessions[i])
+                    if any(p["db"] == DB for p in view["leading"]):
+                        return i
+                return None
+
+            lead = await until(leader, "a leader")
+            await until(lambda: _produce_ok(sessions[lead], ["x"]), "a first acks=all produce")
+            other = 3 - lead
+            nodes[other].kill()
+
+            async def isr_of_one() -> bool:
+                view = await cluster_view(sessions[lead])
+                return view["dbs"][DB]["state"][0]["isr"] == [lead]
+
+            await until(isr_of_one, "the dead follower out of the ISR")
+            before, hw_before = await read_all(sessions[lead], 0)
+            with pytest.raises(NotEnoughReplicas):
+                await produce(sessions[lead], 0, ["refused"])
+            # acks=1 is written, but the high watermark stays (strict min ISR): nobody sees it.
+            await produce(sessions[lead], 0, ["local-only"], acks="1")
+            after, hw_after = await read_all(sessions[lead], 0)
+            assert (after, hw_after) == (before, hw_before)
+            # The follower returns: it catches up, rejoins, and the acks=1 record becomes visible.
+            nodes[other].restart()
+            records, _ = await until(
+                lambda: _when_hw(sessions[lead], 0, hw_before + 1), "the HW to move again"
+            )
+            assert [v for _, v in records] == [b"x", b"local-only"]
+        finally:
+            for s in sessions.values():
+                await s.close()
+
+    run(main())
+
+
+def test_a_deposed_leaders_unreplicated_tail_is_truncated(
+    server_factory: ServerFactory, etcd: EtcdProcess, run: Run[None]
+) -> None:
+    """KIP-101 on processes: a tail only the old leader had is cut when it rejoins.
+
+    With ``min_insync=1`` and unclean election enabled (both opt-in), the leader alone
+    acknowledges a tail, dies, and an out-of-sync replica is elected: the tail is lost (what
+    those settings trade) and must also vanish from the old leader's own log.
+    """
+    nodes = start_cluster(server_factory, etcd)
+
+    async def main() -> None:
+        sessions = {i: NodeSession(p.url) for i, p in nodes.items()}
+        try:
+            await sessions[1].request(
+                "POST",
+                "/v1/dbs",
+                json_body={
+                    "name": DB,
+                    "shards": 1,
+                    "replication_factor": 3,
+                    "min_insync": 1,
+                    "unclean_election": True,
+                },
+            )
+
+            async def leader(among: list[int], above: int = -1) -> tuple[int, int] | None:
+                for i in among:
+                    view = await cluster_view(sessions[i])
+                    state = view["dbs"].get(DB, {}).get("state", [{}])[0]
+                    leads = any(p["db"] == DB for p in view["leading"])
+                    if leads and state.get("leader") == i and state["leader_epoch"] > above:
+                        return i, int(state["leader_epoch"])
+                return None
+
+            old, epoch = await until(lambda: leader([1, 2, 3]), "a leader")
+            shared = [f"a{i}" for i in range(10)]
+            await until(lambda: _produce_ok(sessions[old], shared), "acks=all produce")
+            followers = [i for i in (1, 2, 3) if i != old]
+            for i in followers:
+                nodes[i].kill()
+                await sessions[i].close()
+
+            async def alone() -> bool:
+                view = await cluster_view(sessions[old])
+                return view["dbs"][DB]["state"][0]["isr"] == [old]
+
+            await until(alone, "the ISR down to the leader")
+            await produce(sessions[old], 0, [f"stale{i}" for i in range(5)])  # acks=all, ISR of one
+            nodes[old].kill()
+            await sessions[old].close()
+            for i in followers:
+                nodes[i].restart()
+                sessions[i] = NodeSession(nodes[i].url)
+            new, _ = await until(lambda: leader(followers, epoch), "an unclean leader")
+            fresh = [f"b{i}" for i in range(7)]
+            await until(lambda: _produce_ok(sessions[new], fresh), "a produce to the new leader")
+            nodes[old].restart()
+            sessions[old] = NodeSession(nodes[old].url)
+            expected = shared + fresh
+            for i in (1, 2, 3):
+                records, _ = await until(lambda i=i: _when_hw(sessions[i], 0, len(expected)), f"node {i}")
+                assert [v.decode() for _, v in records] == expected, i
+            # The stale tail is gone from the old leader's log itself, not only hidden by the HW.
+            described = await sessions[old].request("GET", f"/v1/dbs/{DB}")
+            assert described.json()["offsets"][0]["end"] == len(expected)
+        finally:
+            for s in sessions.values():
+                await s.close()
+
+    run(main())
+
+
+def test_clients_find_leaders_from_any_node(
+    server_factory: ServerFactory, etcd: EtcdProcess, run: Run[None]
+) -> None:
+    from seglog.client._metadata import LeaderCache
+
+    nodes = start_cluster(server_factory, etcd)
+
+    async def main() -> None:
+        cache = LeaderCache([nodes[2].url, "http://127.0.0.1:9"])
+        try:
+            admin = cache.session(nodes[1].url)
+            await admin.request(
+                "POST",
+                "/v1/dbs",
+                json_body={"name": DB, "shards": 3, "replication_factor": 2, "min_insync": 1},
+            )
+
+            async def all_led() -> bool:
+                view = await cache.refresh(force=True)
+                return DB in view.leaders and all(leader > 0 for leader, _ in view.leaders[DB])
+
+            await until(all_led, "leaders for every shard")
+            urls = {i: p.url for i, p in nodes.items()}
+            for shard in range(3):
+                url = await cache.leader_url(DB, shard)
+                leader = next(i for i, u in urls.items() if u == url)
+                assert cache.view.leaders[DB][shard][0] == leader
+                await until(
+                    lambda url=url, shard=shard: _produce_shard_ok(cache, url, shard), f"produce {shard}"
+                )
+            with pytest.raises(DatabaseNotFound):
+                await cache.leader_url("nope", 0)
+            # The leader of shard 0 dies: after a refresh the cache names a live node.
+            first = await cache.leader_url(DB, 0)
+            dead = next(i for i, u in urls.items() if u == first)
+            nodes[dead].kill()
+
+            async def moved() -> str | None:
+                await cache.refresh(force=True)
+                url = await cache.leader_url(DB, 0)
+                return url if url != urls[dead] else None
+
+            url = await until(moved, "shard 0 to move")
+            await until(lambda: _produce_shard_ok(cache, url, 0), "a produce to the new leader")
+        finally:
+            await cache.close()
+
+    run(main())
+
+
+async def _produce_shard_ok(cache: Any, url: str, shard: int) -> bool:
+    body = (json.dumps({"topic": "t", "value": "x"}) + "\n").encode()
+    try:
+        await cache.session(url).request(
+            "POST", f"/v1/dbs/{DB}/records", params={"shard": shard}, data=body, content_type=protocol.NDJSON
+        )
+    except (NotLeader, NotEnoughReplicas):
+        return False
+    return True
+
+
+def test_a_leader_cut_off_from_its_followers_acknowledges_nothing(
+    server_factory: ServerFactory, etcd: EtcdProcess, run: Run[None]
+) -> None:
+    """The leader keeps its etcd lease and its producer but loses its followers (a partition)."""
+    from tests.fault_proxy import FaultProxy
+
+    proxies = {i: FaultProxy() for i in (1, 2, 3)}
+    try:
+        nodes = {
+            i: server_factory(
+                "--etcd",
+                etcd.url,
+                "--node-id",
+                str(i),
+                "--node-ttl-s",
+                "2",
+                "--replica-lag-time-max-ms",
+                "1500",
+                "--advertise",
+                proxies[i].url,  # peers reach each node only through its proxy
+            )
+            for i in (1, 2, 3)
+        }
+        for i, proxy in proxies.items():
+            proxy.set_target(nodes[i].url)
+
+        async def main() -> None:
+            sessions = {i: NodeSession(p.url) for i, p in nodes.items()}
+            try:
+                await sessions[1].request(
+                    "POST",
+                    "/v1/dbs",
+                    json_body={"name": DB, "shards": 1, "replication_factor": 3, "min_insync": 2},
+                )
+
+                async def leader() -> int | None:
+                    for i in (1, 2, 3):
+                        view = await cluster_view(sessions[i])
+                        if any(p["db"] == DB for p in view["leading"]):
+                            return i
+                    return None
+
+                lead = await until(leader, "a leader")
+                before = [f"a{i}" for i in range(20)]
+                await until(lambda: _produce_ok(sessions[lead], before), "acks=all before the cut")
+                proxies[lead].cut()
+
+                async def isolated() -> bool:
+                    view = await cluster_view(sessions[lead])
+                    return view["dbs"][DB]["state"][0]["isr"] == [lead]
+
+                await until(isolated, "the followers dropped from the leader's ISR")
+                # The producer still reaches the leader, which acknowledges nothing.
+                with pytest.raises(NotEnoughReplicas):
+                    await produce(sessions[lead], 0, ["during"])
+                proxies[lead].heal()
+
+                async def whole() -> bool:
+                    view = await cluster_view(sessions[lead])
+                    return sorted(view["dbs"][DB]["state"][0]["isr"]) == [1, 2, 3]
+
+                await until(whole, "the followers back in the ISR")
+                after = [f"b{i}" for i in range(5)]
+                await until(lambda: _produce_ok(sessions[lead], after), "acks=all after healing")
+                for i in (1, 2, 3):
+                    records, _ = await until(
+                        lambda i=i: _when_hw(sessions[i], 0, len(before) + len(after)), f"node {i}"
+                    )
+                    assert [v.decode() for _, v in records] == before + after, i
+            finally:
+                for s in sessions.values():
+                    await s.close()
+
+        run(main())
+    finally:
+        for proxy in proxies.values():
+            proxy.close()
+
+
+def test_producer_follows_leaders_through_a_failover(
+    server_factory: ServerFactory, etcd: EtcdProcess, run: Run[None]
+) -> None:
+    """``Producer(bootstrap=...)`` routes each shard to its leader and re-routes after a kill."""
+    from seglog.client import Producer
+
+    nodes = start_cluster(server_factory, etcd)
+
+    async def main() -> None:
+        admin = NodeSession(nodes[1].url)
+        urls = [p.url for p in nodes.values()]
+        try:
+            await admin.request(
+                "POST",
+                "/v1/dbs",
+                json_body={"name": DB, "shards": 2, "replication_factor": 3, "min_insync": 2},
+            )
+
+            async def led() -> bool:
+                view = await cluster_view(admin)
+                return DB in view["dbs"] and all(s["leader"] > 0 for s in view["dbs"][DB]["state"])
+
+            await until(led, "leaders")
+            sent: list[bytes] = []
+            async with Producer(urls[0], DB, bootstrap=urls[1:], acks="all", retries=None) as producer:
+                first = [await producer.send("t", b"a%d" % i, key=b"k%d" % i) for i in range(200)]
+                metas = [await f for f in first]
+                sent += [b"a%d" % i for i in range(200)]
+                assert {m.shard for m in metas} == {0, 1}
+                view = await cluster_view(admin)
+                victim = int(view["dbs"][DB]["state"][0]["leader"])
+                nodes[victim].kill()
+                second = [await producer.send("t", b"b%d" % i, key=b"k%d" % i) for i in range(200)]
+                await asyncio.wait_for(asyncio.gather(*second), WAIT_S)
+                sent += [b"b%d" % i for i in range(200)]
+            alive = next(i for i in nodes if i != victim)
+            session = NodeSession(nodes[alive].url)
+            try:
+                got: list[bytes] = []
+                for shard in (0, 1):
+                    total = sum(1 for m in metas if m.shard == shard) * 2
+                    records, _ = await until(
+                        lambda shard=shard, total=total: _when_hw(session, shard, total), "HW"
+                    )
+                    got += [v for _, v in records]
+                assert sorted(got) == sorted(sent)  # every acknowledged record, once
+            finally:
+                await session.close()
+        finally:
+            await admin.close()
+
+    run(main())

@@ -1,0 +1,181 @@
+"""Jepsen-style: a 3-node cluster under kills and pauses, checked like Jepsen's queue checker.
+
+A client sends unique values with ``acks="all"`` to whichever node leads, never retrying a
+send whose outcome is unknown; a nemesis SIGKILLs and restarts nodes and SIGSTOPs leaders past
+their lease. At the end every node is healed and the log is drained from each of them.
+Checked: no acknowledged value is lost (lost-write/unseen), no value sits at two offsets
+(duplicate), an acknowledged offset holds the acknowledged value (inconsistent-offsets), a
+send refused before writing never appears (G1a), and every replica holds the same log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+from seglog.client._http import NodeSession
+from seglog.cluster import protocol
+from seglog.errors import NotEnoughReplicas, NotEnoughReplicasAfterAppend, NotLeader, SeglogError
+from tests.etcd_fixtures import EtcdProcess
+from tests.server_fixtures import ServerFactory, ServerProcess
+from tests.test_cluster import DB, cluster_view, read_all, start_cluster, until
+
+T = TypeVar("T")
+Run = Callable[[Coroutine[Any, Any, T]], T]
+NEMESIS_S = 20.0
+SEED = int(os.environ.get("SEGLOG_FAULT_SEED", "20261125"))
+
+
+def test_kills_and_pauses_lose_nothing_acknowledged(
+    server_factory: ServerFactory, etcd: EtcdProcess, run: Run[None]
+) -> None:
+    nodes = start_cluster(server_factory, etcd)
+    rng = random.Random(SEED)
+
+    async def main() -> None:
+        sessions = {i: NodeSession(p.url, timeout_s=5) for i, p in nodes.items()}
+        acked: dict[str, int] = {}  # value -> offset
+        refused: set[str] = set()  # definitely not written
+        unknown: set[str] = set()
+        stop = asyncio.Event()
+        try:
+            await sessions[1].request(
+                "POST",
+                "/v1/dbs",
+                json_body={"name": DB, "shards": 1, "replication_factor": 3, "min_insync": 2},
+            )
+
+            async def current_leader() -> int | None:
+                for i in (1, 2, 3):
+                    if not _alive(nodes[i]):
+                        continue
+                    try:
+                        view = await cluster_view(sessions[i])
+                    except SeglogError:
+                        continue
+                    state = view["dbs"].get(DB, {}).get("state", [{}])[0]
+                    leader = state.get("leader")
+                    if leader in nodes and _alive(nodes[leader]):
+                        return int(leader)
+                return None
+
+            async def client() -> None:
+                n = 0
+                while not stop.is_set():
+                    leader = await current_leader()
+                    if leader is None:
+                        await asyncio.sleep(0.05)  # no leader to talk to yet: poll the metadata
+                        continue
+                    value = f"v{n}"
+                    n += 1
+                    body = (json.dumps({"topic": "t", "value": value}) + "\n").encode()
+                    try:
+                        reply = await sessions[leader].request(
+                            "POST",
+                            f"/v1/dbs/{DB}/records",
+                            params={"shard": 0, "acks": "all"},
+                            data=body,
+                            content_type=protocol.NDJSON,
+                        )
+                        acked[value] = int(reply.json()["parts"][0]["base_offset"])
+                    except (NotLeader, NotEnoughReplicas) as exc:
+                        if isinstance(exc, NotEnoughReplicasAfterAppend):
+                            unknown.add(value)
+                        elif isinstance(exc, NotLeader) and "no longer leads" in str(exc):
+                            unknown.add(value)  # resigned while waiting: written, maybe kept
+                        else:
+                            refused.add(value)
+                    except SeglogError:
+                        unknown.add(value)  # timeout, connection lost: outcome unknown
+
+            async def nemesis() -> None:
+                deadline = time.monotonic() + NEMESIS_S
+                while time.monotonic() < deadline:
+                    await asyncio.sleep(rng.uniform(0.5, 1.5))  # fault schedule, not synchronisation
+                    leader = await current_leader()
+                    if rng.random() < 0.5:
+                        victim = (
+                            leader if leader is not None and rng.random() < 0.7 else rng.choice([1, 2, 3])
+                        )
+                        nodes[victim].kill()
+                        await asyncio.sleep(rng.uniform(0.5, 3.0))
+                        nodes[victim].restart()
+                        await sessions[victim].close()
+                        sessions[victim] = NodeSession(nodes[victim].url, timeout_s=5)
+                    elif leader is not None:
+                        proc = nodes[leader].proc
+                        assert proc is not None
+                        proc.send_signal(signal.SIGSTOP)  # a paused leader, past its lease
+                        await asyncio.sleep(rng.uniform(2.5, 4.0))
+                        proc.send_signal(signal.SIGCONT)
+                stop.set()
+
+            await asyncio.gather(client(), nemesis())
+
+            # Heal: everyone back in the ISR, then drain every replica.
+            async def healed() -> bool:
+                leader = await current_leader()
+                if leader is None:
+                    return False
+                view = await cluster_view(sessions[leader])
+                state = view["dbs"].get(DB, {}).get("state", [{}])[0]
+                return sorted(state.get("isr", [])) == [1, 2, 3]
+
+            await until(healed, "all three replicas back in the ISR", timeout_s=90)
+            leader = await current_leader()
+            assert leader is not None
+            final, hw = await read_all(sessions[leader], 0)
+            logs = {}
+            for i in (1, 2, 3):
+                logs[i], _ = await until(
+                    lambda i=i: _at_least(sessions[i], hw), f"node {i} at the high watermark", timeout_s=60
+                )
+            values = [v.decode() for _, v in final]
+            where: dict[str, list[int]] = {}
+            for offset, v in final:
+                where.setdefault(v.decode(), []).append(offset)
+            lost = [v for v in acked if v not in where]
+            duplicated = {v: o for v, o in where.items() if len(o) > 1}
+            inconsistent = {v: (o, where[v]) for v, o in acked.items() if v in where and where[v] != [o]}
+            g1a = [v for v in refused if v in where]
+            assert len(acked) > 50, f"too few acknowledged sends to mean anything: {len(acked)}"
+            by_offset = dict(final)
+            if lost:
+                for i in (1, 2, 3):
+                    d = (await sessions[i].request("GET", f"/v1/dbs/{DB}")).json()["offsets"]
+                    print(f"node {i}: {d} {await cluster_view(sessions[i])}")
+                    print("".join(nodes[i].output[-80:]))
+            assert not lost, (
+                f"lost-write: {[(v, acked[v], by_offset.get(acked[v])) for v in lost[:10]]} of {len(acked)} "
+                f"acknowledged; high watermark {hw}, log {len(final)}"
+            )
+            assert not duplicated, f"duplicate: {list(duplicated.items())[:5]}"
+            assert not inconsistent, f"inconsistent-offsets: {list(inconsistent.items())[:5]}"
+            assert not g1a, f"G1a (refused but visible): {g1a[:10]}"
+            assert set(values) <= set(acked) | unknown, "a value nobody sent"
+            for i in (1, 2, 3):
+                assert logs[i][: len(final)] == final, f"node {i} diverges"
+            print(
+                f"acked {len(acked)}, refused {len(refused)}, unknown {len(unknown)} "
+                f"({len(unknown & set(where))} visible), final log {len(final)}"
+            )
+        finally:
+            for s in sessions.values():
+                await s.close()
+
+    run(main())
+
+
+def _alive(proc: ServerProcess) -> bool:
+    return proc.proc is not None and proc.proc.poll() is None
+
+
+async def _at_least(session: NodeSession, hw: int) -> tuple[list[tuple[int, bytes]], int] | None:
+    records, got = await read_all(session, 0)
+    return (records, got) if got >= hw else None

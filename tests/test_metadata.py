@@ -1,0 +1,213 @@
+"""Cluster metadata in a real etcd: placement, node leases, shard CAS, controller fencing, ids."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Callable, Coroutine
+from dataclasses import replace
+from typing import Any, TypeVar
+
+import pytest
+
+from seglog.cluster.etcd import EtcdClient, WatchEventType
+from seglog.cluster.metadata import (
+    NO_LEADER,
+    ClusterMetadata,
+    DbMeta,
+    NodeInfo,
+    ShardState,
+    place_replicas,
+)
+from seglog.errors import (
+    DatabaseExists,
+    DatabaseNotFound,
+    InvalidArgument,
+    InvalidName,
+    MetadataError,
+    NodeIdInUse,
+    StaleMetadata,
+)
+from tests.etcd_fixtures import EtcdProcess
+
+T = TypeVar("T")
+Run = Callable[[Coroutine[Any, Any, T]], T]
+WAIT_S = 20.0
+
+
+@pytest.mark.parametrize(("shards", "rf", "nodes"), [(12, 3, 3), (16, 3, 5), (7, 2, 4), (1, 1, 1)])
+def test_placement_is_spread_and_leaders_balanced(shards: int, rf: int, nodes: int) -> None:
+    ids = [10 * i + 1 for i in range(nodes)]
+    placement = place_replicas(shards, rf, ids)
+    assert len(placement) == shards
+    assert all(len(set(r)) == rf and set(r) <= set(ids) for r in placement)
+    leaders = Counter(r[0] for r in placement)
+    holds = Counter(n for r in placement for n in r)
+    assert max(leaders.values()) - min(leaders.get(n, 0) for n in ids) <= 1
+    assert max(holds.values()) - min(holds.get(n, 0) for n in ids) <= 1
+
+
+def test_placement_needs_enough_nodes() -> None:
+    with pytest.raises(InvalidArgument, match="2 are registered"):
+        place_replicas(4, 3, [1, 2])
+
+
+def test_shard_state_invariants() -> None:
+    ShardState((1, 2, 3), 1, 0, (1, 2)).validate()
+    ShardState((1, 2, 3), NO_LEADER, 4, ()).validate()
+    for bad in (
+        ShardState((1, 2), 3, 0, (1, 2)),  # leader outside the isr
+        ShardState((1, 2), 1, 0, (1, 4)),  # isr outside the replicas
+        ShardState((1, 1), 1, 0, (1,)),  # duplicate replicas
+    ):
+        with pytest.raises(InvalidArgument):
+            bad.validate()
+    with pytest.raises(MetadataError):
+        ShardState.from_json(
+            b'{"replicas": [1], "leader": 2, "leader_epoch": 0, "isr": [1], "partition_epoch": 0}'
+        )
+    state = ShardState((1, 2), 2, 5, (2,), 9)
+    assert ShardState.from_json(state.to_json()) == state
+
+
+def test_nodes_register_under_leases(etcd: EtcdProcess, run: Run[None]) -> None:
+    async def main() -> None:
+        async with EtcdClient(etcd.url) as client:
+            meta = ClusterMetadata(client, b"/c1/")
+            one = await meta.register_node(NodeInfo(1, "http://127.0.0.1:7001"), ttl_s=30)
+            await meta.register_node(NodeInfo(2, "http://127.0.0.1:7002"), ttl_s=1)
+            assert sorted(await meta.live_nodes()) == [1, 2]
+            with pytest.raises(NodeIdInUse):
+                await meta.register_node(NodeInfo(1, "http://elsewhere"), ttl_s=30)
+            assert (await meta.live_nodes())[1].url == "http://127.0.0.1:7001"
+            # Node 2 never refreshes its lease: it disappears once the lease expires.
+            _, revision = await client.get_prefix(b"/c1/nodes/")
+
+            async def gone() -> None:
+                async for events in client.watch_prefix(b"/c1/nodes/", start_revision=revision + 1):
+                    if any(e.type is WatchEventType.DELETE and e.kv.key == b"/c1/nodes/2" for e in events):
+                        return
+
+            await asyncio.wait_for(gone(), WAIT_S)
+            assert sorted(await meta.live_nodes()) == [1]
+            # Leaving revokes the lease: the id is free again at once.
+            await one.close()
+            assert await meta.live_nodes() == {}
+            again = await meta.register_node(NodeInfo(1, "http://127.0.0.1:7003"), ttl_s=30)
+            await again.close()
+
+    run(main())
+
+
+def test_keepalive_outlives_the_ttl(etcd: EtcdProcess, run: Run[None]) -> None:
+    async def main() -> None:
+        async with EtcdClient(etcd.url) as client:
+            meta = ClusterMetadata(client)
+            node = await meta.register_node(NodeInfo(3, "http://n3"), ttl_s=1)
+            node.start_keepalive()
+            # Three TTLs pass (waiting on the loss event, which must not fire).
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(node.lost.wait(), 3.5)
+            assert 3 in await meta.live_nodes()
+            # Revoked behind its back: the keep-alive notices and reports the loss.
+            await client.lease_revoke(node.lease)
+            await asyncio.wait_for(node.lost.wait(), WAIT_S)
+            await node.close(revoke=False)
+
+    run(main())
+
+
+def test_databases(etcd: EtcdProcess, run: Run[None]) -> None:
+    async def main() -> None:
+        async with EtcdClient(etcd.url) as client:
+            meta = ClusterMetadata(client)
+            for n in (1, 2, 3):
+                await meta.register_node(NodeInfo(n, f"http://n{n}"), ttl_s=30)
+            states = await meta.create_db(DbMeta("telemetry", 300, 3, 2))
+            assert len(states) == 300  # more shard keys than one etcd transaction takes
+            stored = await meta.shards("telemetry")
+            assert [stored[s][0] for s in range(300)] == states
+            assert all(s.leader == s.replicas[0] and s.isr == s.replicas for s in states)
+            assert await meta.get_db("telemetry") == DbMeta("telemetry", 300, 3, 2)
+            with pytest.raises(DatabaseExists):
+                await meta.create_db(DbMeta("telemetry", 1, 1, 1))
+            with pytest.raises(InvalidArgument):
+                await meta.create_db(DbMeta("big", 2, 4, 2))  # 4 replicas, 3 nodes
+            with pytest.raises(InvalidArgument):
+                await meta.create_db(DbMeta("bad", 2, 3, 4))  # min_insync > rf
+            with pytest.raises(InvalidName):
+                await meta.create_db(DbMeta("../x", 2, 3, 2))
+            assert await meta.list_dbs() == ["telemetry"]
+            await meta.drop_db("telemetry")
+            assert await meta.list_dbs() == []
+            assert await meta.shards("telemetry") == {}
+            with pytest.raises(DatabaseNotFound):
+                await meta.get_db("telemetry")
+            with pytest.raises(DatabaseNotFound):
+                await meta.drop_db("telemetry")
+
+    run(main())
+
+
+def test_shard_updates_are_compare_and_swap(etcd: EtcdProcess, run: Run[None]) -> None:
+    async def main() -> None:
+        async with EtcdClient(etcd.url) as client:
+            meta = ClusterMetadata(client)
+            await meta.create_db(DbMeta("d", 1, 3, 2), nodes=[1, 2, 3])
+            state, rev = await meta.shard("d", 0)
+            assert state == ShardState((1, 2, 3), 1, 0, (1, 2, 3), 0)
+            # Two deciders read the same state; the first write wins, the second is fenced.
+            shrink = replace(state, isr=(1, 2))
+            elect = replace(state, leader=2, leader_epoch=1, isr=(2, 3))
+            await meta.update_shard("d", 0, state, rev, shrink)
+            with pytest.raises(StaleMetadata):
+                await meta.update_shard("d", 0, state, rev, elect)
+            now, rev2 = await meta.shard("d", 0)
+            assert now == ShardState((1, 2, 3), 1, 0, (1, 2), 1)
+            with pytest.raises(InvalidArgument, match="bump leader_epoch"):
+                await meta.update_shard("d", 0, now, rev2, replace(now, leader=2))
+            with pytest.raises(InvalidArgument):
+                await meta.update_shard("d", 0, now, rev2, replace(now, leader=3, leader_epoch=1))
+            await meta.update_shard("d", 0, now, rev2, replace(now, leader=2, leader_epoch=1))
+            final, rev3 = await meta.shard("d", 0)
+            assert (final.leader, final.leader_epoch, final.partition_epoch) == (2, 1, 2)
+            with pytest.raises(InvalidArgument, match="go back"):
+                await meta.update_shard("d", 0, final, rev3, replace(final, leader_epoch=0))
+
+    run(main())
+
+
+def test_controller_election_and_fencing(etcd: EtcdProcess, run: Run[None]) -> None:
+    async def main() -> None:
+        async with EtcdClient(etcd.url) as client:
+            meta = ClusterMetadata(client)
+            await meta.create_db(DbMeta("d", 1, 2, 1), nodes=[1, 2])
+            lease1 = await client.lease_grant(30)
+            lease2 = await client.lease_grant(30)
+            first = await meta.campaign(1, lease1)
+            assert first is not None
+            assert await meta.campaign(2, lease2) is None
+            assert await meta.controller() == (1, first.epoch)
+            state, rev = await meta.shard("d", 0)
+            rev = await meta.update_shard("d", 0, state, rev, replace(state, isr=(1,)), controller=first)
+            state, _ = await meta.shard("d", 0)
+            # The controller's lease is gone (it was paused past its TTL): it is deposed and
+            # its next write fails even though the shard did not change under it.
+            await client.lease_revoke(lease1)
+            second = await meta.campaign(2, lease2)
+            assert second is not None and second.epoch > first.epoch
+            with pytest.raises(StaleMetadata, match="deposed"):
+                await meta.update_shard("d", 0, state, rev, replace(state, isr=(1, 2)), controller=first)
+            await meta.update_shard("d", 0, state, rev, replace(state, isr=(1, 2)), controller=second)
+
+    run(main())
+
+
+def test_producer_ids_are_unique_under_contention(etcd: EtcdProcess, run: Run[None]) -> None:
+    async def main() -> None:
+        async with EtcdClient(etcd.url) as client:
+            meta = ClusterMetadata(client)
+            ids = await asyncio.gather(*(meta.allocate_producer_id() for _ in range(20)))
+            assert sorted(ids) == list(range(20))
+
+    run(main())
