@@ -131,7 +131,9 @@ class StreamStamper:
         # np.take on flat indices: several times faster than 2-D fancy indexing.
         eq = np.take(self._b_key, pos, axis=0) == keys[:, None]
         way = eq.argmax(axis=1)
-        entry = np.take(self._b_entry.reshape(-1), pos * _WAYS + way).astype(np.int64)
+        entry: np.ndarray[Any, np.dtype[np.int64]] = np.take(
+            self._b_entry.reshape(-1), pos * _WAYS + way
+        ).astype(np.int64)
         missing = ~np.take(eq.reshape(-1), np.arange(0, n * _WAYS, _WAYS) + way)
         if missing.any():
             entry[missing] = -1
