@@ -4,7 +4,7 @@ Usage: python -m tests.streams_child DATA_DIR MODE (12 shards; ``frames``: each 
 shard, written as frames; ``keyed``: a key on every record, spread over the shards: the
 journal's rows path). Topics are
 drawn so that tries keep learning (small thresholds, new topics all along) and LTS snapshots
-are written every few hundred records. Each acknowledged record is printed as
+are written every 60 records of a shard. Each acknowledged record is printed as
 ``shard offset topic_id seq`` after the append returned (after fdatasync: fsync="always").
 """
 
@@ -54,7 +54,7 @@ async def producer(db: seglog.Database, p: int, keyed: bool) -> None:
 
 
 async def main(data: str, mode: str) -> None:
-    engine_streams.SNAPSHOT_EVERY_RECORDS = 400
+    engine_streams.SNAPSHOT_EVERY_RECORDS = 60
     keyed = mode == "keyed"
     async with seglog.open(data, fsync="always", buffer_ms=3_600_000 if keyed else 1000) as store:
         db = await store.create_db(

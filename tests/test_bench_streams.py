@@ -1,0 +1,35 @@
+"""The streams benchmark runs (a tiny quick mode) so it cannot rot; no timing is asserted."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_streams_bench_quick_runs(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.streams",
+            "--quick",
+            "--records",
+            "20000",
+            "--append-records",
+            "4000",
+            "--topics",
+            "2000",
+            "--dir",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    ).stdout
+    assert "| per-site | 20,000 |" in out and "| interleaved | 20,000 |" in out
+    assert "second pass: topics known" in out
