@@ -515,19 +515,22 @@ def test_lts_thresholds_config(run, data_dir: Path) -> None:
             db = await store.create_db("y", lts_thresholds=[100, 0, 100])
             assert db.config.lts_thresholds == (100, 0, 100)
             default = await store.create_db("z")
-            assert default.config.lts_thresholds == (100, 10)
+            assert default.config.lts_thresholds is None  # opt-in: stamping costs appends
+            assert not default.streams_enabled
+            emqx = await store.create_db("w", lts_thresholds=seglog.topics.DEFAULT_LTS_THRESHOLDS)
+            assert emqx.config.lts_thresholds == (100, 10) and emqx.streams_enabled
             with pytest.raises(seglog.ConfigMismatch):
                 await db.configure(lts_thresholds=[1])
         config = json.loads((data_dir / "dbs" / "y" / "config.json").read_text())
         assert config["lts_thresholds"] == [100, 0, 100]
         # A config written before streams existed: its records were never stamped.
-        path = data_dir / "dbs" / "z" / "config.json"
+        path = data_dir / "dbs" / "w" / "config.json"
         old = json.loads(path.read_text())
         del old["lts_thresholds"]
         path.write_text(json.dumps(old))
         async with seglog.open(data_dir) as store:
             assert (await store.open_db("y")).config.lts_thresholds == (100, 0, 100)
-            assert not (await store.open_db("z")).streams_enabled
+            assert not (await store.open_db("w")).streams_enabled
 
     run(go())
 
