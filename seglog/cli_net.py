@@ -32,7 +32,7 @@ from typing import IO, TYPE_CHECKING, Any, Final
 
 import pyarrow as pa
 
-from seglog.cli import _Input, _int_at_least, _parse_time, _write
+from seglog.cli import _RECORD_PREFIX, _BadLine, _Input, _int_at_least, _parse_time, _write
 from seglog.cluster import protocol
 from seglog.db_config import validate_db_name
 from seglog.errors import (
@@ -65,7 +65,6 @@ DEFAULT_BATCH_BYTES: Final = 1 << 20
 # Retries of a produce request the node refused as overloaded (503 Overloaded: nothing written).
 OVERLOADED_RETRIES: Final = 10
 _RETRY_MAX_S: Final = 5.0
-_RECORD_PREFIX: Final = re.compile(r"^record \d+: ")
 _URL_FLAGS: Final = ("--u", "--ur", "--url")  # argparse accepts unique prefixes
 
 
@@ -436,13 +435,6 @@ def _created(desc: dict[str, Any]) -> str:
 
 
 # --- produce ---------------------------------------------------------------------------
-
-
-class _BadLine(Exception):
-    def __init__(self, line: int, message: str) -> None:
-        super().__init__(message)
-        self.line = line
-        self.message = message
 
 
 class _NetProducer:
