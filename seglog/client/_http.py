@@ -12,7 +12,7 @@ import aiohttp
 from multidict import CIMultiDictProxy
 
 from seglog.cluster import protocol
-from seglog.errors import ClosedResourceError, InvalidArgument, RemoteError, SeglogError, ServerUnavailable
+from seglog.errors import ClosedResourceError, InvalidArgument, SeglogError, ServerUnavailable
 
 __all__ = ["DEFAULT_REQUEST_TIMEOUT_S", "NodeSession", "Reply"]
 
@@ -108,7 +108,9 @@ class NodeSession:
             ) as response:
                 body = await response.read()
                 if response.status >= 400:
-                    raise _error(response.status, body, response.headers)
+                    raise protocol.error_from_reply(
+                        response.status, body, response.headers.get("Retry-After")
+                    )
                 return Reply(response.status, response.headers, body, response.content_type)
         except SeglogError:
             raise
@@ -121,15 +123,3 @@ class NodeSession:
         if self._session is not None:
             await self._session.close()
             self._session = None
-
-
-def _error(status: int, body: bytes, headers: Mapping[str, str]) -> SeglogError:
-    try:
-        payload = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        return RemoteError(f"HTTP {status} from the server, not a seglog reply: {body[:200]!r}")
-    exc = protocol.error_from_payload(status, payload)
-    retry = headers.get("Retry-After")
-    if isinstance(exc, ServerUnavailable) and retry is not None and retry.isdigit():
-        exc.retry_after_s = float(retry)
-    return exc

@@ -526,7 +526,7 @@ class ClusterNode:
             ) as resp:
                 data = await resp.read()
                 if resp.status >= 400:
-                    raise _remote_error(resp.status, data)
+                    raise protocol.error_from_reply(resp.status, data)
                 return data
         except SeglogError:
             raise
@@ -544,7 +544,7 @@ class ClusterNode:
             ) as resp:
                 data = await resp.read()
                 if resp.status >= 400:
-                    raise _remote_error(resp.status, data)
+                    raise protocol.error_from_reply(resp.status, data)
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             raise ServerUnavailable(f"GET {fetcher.url}{path}: {exc}") from exc
         obj = json.loads(data)
@@ -655,11 +655,3 @@ def _state_json(state: ShardState) -> dict[str, Any]:
         "partition_epoch": state.partition_epoch,
         "elr": list(state.elr),
     }
-
-
-def _remote_error(status: int, data: bytes) -> SeglogError:
-    try:
-        payload = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        return ServerUnavailable(f"HTTP {status} from a peer node: {data[:200]!r}")
-    return protocol.error_from_payload(status, payload)

@@ -66,6 +66,7 @@ cap are 503 ``Overloaded`` and over the store quota 429 ``QuotaExceeded``, both 
 from __future__ import annotations
 
 import base64
+import json
 from typing import Any, Final
 
 from seglog import errors
@@ -81,6 +82,7 @@ __all__ = [
     "JSON",
     "NDJSON",
     "error_from_payload",
+    "error_from_reply",
     "error_payload",
     "is_retriable",
     "json_bytes",
@@ -186,6 +188,22 @@ def error_from_payload(status: int, payload: object) -> errors.SeglogError:
             setattr(exc, field, value)
     if isinstance(exc, errors.AppendFailed) and not hasattr(exc, "failed"):
         exc.failed = {}
+    return exc
+
+
+def error_from_reply(status: int, body: bytes, retry_after: str | None = None) -> errors.SeglogError:
+    """The exception a non-2xx reply names (its JSON body), as the embedded API would raise it.
+
+    A body that is not a seglog error becomes :class:`~seglog.errors.RemoteError`; a
+    ``Retry-After`` header (seconds) fills ``retry_after_s`` of a ``ServerUnavailable``.
+    """
+    try:
+        payload = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return errors.RemoteError(f"HTTP {status} from the server, not a seglog reply: {body[:200]!r}")
+    exc = error_from_payload(status, payload)
+    if isinstance(exc, errors.ServerUnavailable) and retry_after is not None and retry_after.isdigit():
+        exc.retry_after_s = float(retry_after)
     return exc
 
 
