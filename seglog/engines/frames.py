@@ -37,7 +37,7 @@ from seglog.engines.base import (
     retention_start,
     with_offsets,  # moved to base (readers outside the engines use it); re-exported here
 )
-from seglog.engines.streams import StreamCollector
+from seglog.engines.streams import StreamCollector, StreamLookups
 from seglog.errors import (
     AppendFailed,
     BusyResourceError,
@@ -615,7 +615,7 @@ def _notify(listener: Callable[[int], None], shard: int, _fut: asyncio.Future[An
     listener(shard)
 
 
-class FrameTableEngine(abc.ABC):
+class FrameTableEngine(StreamLookups, abc.ABC):
     """Reads of the engine protocol over :class:`FrameTable` shards (see the module docstring)."""
 
     name: str = "frames"
@@ -667,10 +667,10 @@ class FrameTableEngine(abc.ABC):
         """The offset after the last one handed to an append (queued ones included)."""
         return self._tables[shard].end
 
-    def _check_writable(self, shard: int) -> None:  # noqa: B027 - engines without a failure state accept
+    def _check_writable(self, shard: int) -> None:
         """Raise :class:`StorageError` if ``shard`` takes no writes."""
 
-    def _hw_moved(self, shard: int) -> None:  # noqa: B027 - nothing to persist unless the engine says
+    def _hw_moved(self, shard: int) -> None:
         """The high watermark of ``shard`` moved up (an engine may persist it lazily)."""
 
     def _check_not_truncating(self, shards: Sequence[int]) -> None:
@@ -705,23 +705,8 @@ class FrameTableEngine(abc.ABC):
 
     # --- streams -----------------------------------------------------------------------
 
-    @property
-    def streams_enabled(self) -> bool:
-        """Whether appends stamp streams (the database has LTS thresholds)."""
-        return self._streams is not None
-
-    def _stamper(self) -> StreamStamper:
-        if self._streams is None:
-            raise InvalidArgument("this database has no streams (created with lts_thresholds=None)")
-        return self._streams
-
-    def match_streams(self, shard: int, topic_filter: str) -> list[tuple[int, list[str | None]]]:
+    def _check_shard_number(self, shard: int) -> None:
         self._table(shard)
-        return self._stamper().match(shard, topic_filter)
-
-    def stream_structure(self, shard: int, stream: int) -> tuple[tuple[str, ...], bool] | None:
-        self._table(shard)
-        return self._stamper().structure(shard, stream)
 
     def _frame_may_hold(self, extra: Any, stream: int) -> bool:
         """Whether a frame (its ``extra``) may hold records of ``stream`` (without decoding it)."""
@@ -998,5 +983,5 @@ class FrameTableEngine(abc.ABC):
         self._hw_moved(shard)
         return True
 
-    def reconfigure(self, *, segment_bytes: int, segment_ms: int) -> None:  # noqa: B027 - a no-op on purpose
+    def reconfigure(self, *, segment_bytes: int, segment_ms: int) -> None:
         """No segments to roll: accepted and ignored."""

@@ -56,6 +56,7 @@ from seglog.engines.streams import (
     CLOSE_SNAPSHOT_RECORDS,
     SnapshotFiles,
     StreamCollector,
+    StreamLookups,
     learn_frames,
     recover_shard,
     snapshot_interval,
@@ -521,7 +522,7 @@ def _frame_tags(batch: pa.RecordBatch) -> np.ndarray[Any, np.dtype[np.uint32]]:
     return _MIXED if len(tags) > MAX_FRAME_TAGS else tags
 
 
-class SegmentEngine:
+class SegmentEngine(StreamLookups):
     """Segment files per shard, LMDB indexes, writes through the shared :class:`IoPool`."""
 
     name: Final = "segment"
@@ -1026,23 +1027,8 @@ class SegmentEngine:
 
     # --- streams -----------------------------------------------------------------------
 
-    @property
-    def streams_enabled(self) -> bool:
-        """Whether appends stamp streams (the database has LTS thresholds)."""
-        return self._streams is not None
-
-    def _stamper(self) -> StreamStamper:
-        if self._streams is None:
-            raise InvalidArgument("this database has no streams (created with lts_thresholds=None)")
-        return self._streams
-
-    def match_streams(self, shard: int, topic_filter: str) -> list[tuple[int, list[str | None]]]:
+    def _check_shard_number(self, shard: int) -> None:
         self._shard(shard)
-        return self._stamper().match(shard, topic_filter)
-
-    def stream_structure(self, shard: int, stream: int) -> tuple[tuple[str, ...], bool] | None:
-        self._shard(shard)
-        return self._stamper().structure(shard, stream)
 
     def read_stream_blocking(
         self, shard: int, offset: int, want: StreamRead, max_records: int, max_frames: int

@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 
 from seglog._fs import atomic_write, makedirs_durable
 from seglog.engines.base import READ_SCHEMA, StreamBatch, StreamRead
-from seglog.errors import CorruptLTS
+from seglog.errors import CorruptLTS, InvalidArgument
 from seglog.record import FRAME_SCHEMA, EncodedFrame
 from seglog.topics.streams import StreamStamper
 
@@ -37,6 +37,7 @@ __all__ = [
     "STREAM_FIELD",
     "SnapshotFiles",
     "StreamCollector",
+    "StreamLookups",
     "learn_frames",
     "picked_rows",
     "recover_shard",
@@ -238,3 +239,34 @@ class StreamCollector:
         """The batch, continuing at ``stop_at`` when full, else after what was scanned."""
         table = pa.Table.from_batches(self.batches, schema=READ_SCHEMA)
         return StreamBatch(table, self.stop_at if self.stop_at is not None else scanned_to, self.frames)
+
+
+class StreamLookups:
+    """The stream questions every engine answers alike, from its :class:`StreamStamper`.
+
+    An engine sets ``_streams`` and implements ``_check_shard_number`` (its own check
+    that ``shard`` exists, raising as its other methods do).
+    """
+
+    _streams: StreamStamper | None
+
+    def _check_shard_number(self, shard: int) -> None:
+        raise NotImplementedError
+
+    @property
+    def streams_enabled(self) -> bool:
+        """Whether appends stamp streams (the database has LTS thresholds)."""
+        return self._streams is not None
+
+    def _stamper(self) -> StreamStamper:
+        if self._streams is None:
+            raise InvalidArgument("this database has no streams (created with lts_thresholds=None)")
+        return self._streams
+
+    def match_streams(self, shard: int, topic_filter: str) -> list[tuple[int, list[str | None]]]:
+        self._check_shard_number(shard)
+        return self._stamper().match(shard, topic_filter)
+
+    def stream_structure(self, shard: int, stream: int) -> tuple[tuple[str, ...], bool] | None:
+        self._check_shard_number(shard)
+        return self._stamper().structure(shard, stream)
