@@ -63,6 +63,23 @@ async def cluster_view(session: NodeSession) -> dict[str, Any]:
     return view
 
 
+async def create_replicated(
+    session: NodeSession, shards: int, rf: int, min_insync: int, **extra: Any
+) -> None:
+    """Create the test database on the cluster (``extra``: more create settings)."""
+    body = {"name": DB, "shards": shards, "replication_factor": rf, "min_insync": min_insync, **extra}
+    await session.request("POST", "/v1/dbs", json_body=body)
+
+
+async def leading_node(sessions: dict[int, NodeSession], among: list[int]) -> int | None:
+    """The node among ``among`` that leads shard 0 of the test database by its own account."""
+    for i in among:
+        view = await cluster_view(sessions[i])
+        if any(p["db"] == DB for p in view["leading"]):
+            return i
+    return None
+
+
 async def produce(session: NodeSession, shard: int, values: list[str], acks: str = "all") -> dict[str, Any]:
     body = "".join(json.dumps({"topic": "dev/1", "value": v}) + "\n" for v in values).encode()
     reply = await session.request(
@@ -103,11 +120,7 @@ def test_replication_failover_and_rejoin(
     async def main() -> None:
         sessions = {i: NodeSession(p.url) for i, p in nodes.items()}
         try:
-            await sessions[1].request(
-                "POST",
-                "/v1/dbs",
-                json_body={"name": DB, "shards": 2, "replication_factor": 3, "min_insync": 2},
-            )
+            await create_replicated(sessions[1], 2, 3, 2)
 
             async def leader_of(shard: int, among: list[int]) -> tuple[int, int] | None:
                 for i in among:
@@ -203,20 +216,9 @@ def test_acks_all_refused_below_min_insync(
     async def main() -> None:
         sessions = {i: NodeSession(p.url) for i, p in nodes.items()}
         try:
-            await sessions[1].request(
-                "POST",
-                "/v1/dbs",
-                json_body={"name": DB, "shards": 1, "replication_factor": 2, "min_insync": 2},
-            )
+            await create_replicated(sessions[1], 1, 2, 2)
 
-            async def leader() -> int | None:
-                for i in (1, 2):
-                    view = await cluster_view(sessions[i])
-                    if any(p["db"] == DB for p in view["leading"]):
-                        return i
-                return None
-
-            lead = await until(leader, "a leader")
+            lead = await until(lambda: leading_node(sessions, list((1, 2))), "a leader")
             await until(lambda: _produce_ok(sessions[lead], ["x"]), "a first acks=all produce")
             other = 3 - lead
             nodes[other].kill()
@@ -260,17 +262,7 @@ def test_a_deposed_leaders_unreplicated_tail_is_truncated(
     async def main() -> None:
         sessions = {i: NodeSession(p.url) for i, p in nodes.items()}
         try:
-            await sessions[1].request(
-                "POST",
-                "/v1/dbs",
-                json_body={
-                    "name": DB,
-                    "shards": 1,
-                    "replication_factor": 3,
-                    "min_insync": 1,
-                    "unclean_election": True,
-                },
-            )
+            await create_replicated(sessions[1], 1, 3, 1, unclean_election=True)
 
             async def leader(among: list[int], above: int = -1) -> tuple[int, int] | None:
                 for i in among:
@@ -330,11 +322,7 @@ def test_clients_find_leaders_from_any_node(
         cache = LeaderCache([nodes[2].url, "http://127.0.0.1:9"])
         try:
             admin = cache.session(nodes[1].url)
-            await admin.request(
-                "POST",
-                "/v1/dbs",
-                json_body={"name": DB, "shards": 3, "replication_factor": 2, "min_insync": 1},
-            )
+            await create_replicated(admin, 3, 2, 1)
 
             async def all_led() -> bool:
                 view = await cache.refresh(force=True)
@@ -409,20 +397,9 @@ def test_a_leader_cut_off_from_its_followers_acknowledges_nothing(
         async def main() -> None:
             sessions = {i: NodeSession(p.url) for i, p in nodes.items()}
             try:
-                await sessions[1].request(
-                    "POST",
-                    "/v1/dbs",
-                    json_body={"name": DB, "shards": 1, "replication_factor": 3, "min_insync": 2},
-                )
+                await create_replicated(sessions[1], 1, 3, 2)
 
-                async def leader() -> int | None:
-                    for i in (1, 2, 3):
-                        view = await cluster_view(sessions[i])
-                        if any(p["db"] == DB for p in view["leading"]):
-                            return i
-                    return None
-
-                lead = await until(leader, "a leader")
+                lead = await until(lambda: leading_node(sessions, list((1, 2, 3))), "a leader")
                 before = [f"a{i}" for i in range(20)]
                 await until(lambda: _produce_ok(sessions[lead], before), "acks=all before the cut")
                 proxies[lead].cut()
@@ -471,11 +448,7 @@ def test_producer_follows_leaders_through_a_failover(
         admin = NodeSession(nodes[1].url)
         urls = [p.url for p in nodes.values()]
         try:
-            await admin.request(
-                "POST",
-                "/v1/dbs",
-                json_body={"name": DB, "shards": 2, "replication_factor": 3, "min_insync": 2},
-            )
+            await create_replicated(admin, 2, 3, 2)
 
             async def led() -> bool:
                 view = await cluster_view(admin)

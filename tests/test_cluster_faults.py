@@ -24,7 +24,7 @@ from seglog.cluster import protocol
 from seglog.errors import NotEnoughReplicas, NotEnoughReplicasAfterAppend, NotLeader, SeglogError
 from tests.etcd_fixtures import EtcdProcess
 from tests.server_fixtures import ServerFactory, ServerProcess
-from tests.test_cluster import DB, cluster_view, read_all, start_cluster, until
+from tests.test_cluster import DB, cluster_view, create_replicated, read_all, start_cluster, until
 
 T = TypeVar("T")
 Run = Callable[[Coroutine[Any, Any, T]], T]
@@ -45,11 +45,7 @@ def test_kills_and_pauses_lose_nothing_acknowledged(
         unknown: set[str] = set()
         stop = asyncio.Event()
         try:
-            await sessions[1].request(
-                "POST",
-                "/v1/dbs",
-                json_body={"name": DB, "shards": 1, "replication_factor": 3, "min_insync": 2},
-            )
+            await create_replicated(sessions[1], 1, 3, 2)
 
             async def current_leader() -> int | None:
                 for i in (1, 2, 3):
