@@ -241,13 +241,19 @@ class Database:
         return AppendResult(shard_col, offset_col, batch.column("ts").to_numpy())
 
     async def append_arrow(
-        self, data: pa.Table | pa.RecordBatch, *, shard: int | None = None, leader_epoch: int = 0
+        self,
+        data: pa.Table | pa.RecordBatch,
+        *,
+        shard: int | None = None,
+        shards: np.ndarray[Any, Any] | pa.Array | None = None,
+        leader_epoch: int = 0,
     ) -> pa.Table:
         """Append columns ``ts, topic, key, value[, headers][, stream]`` durably.
 
         ``topic`` and ``value`` are required; ``ts`` (int64 µs, or any Arrow timestamp) and
         ``key`` may be missing or null; routing, ``ts`` stamping and ``leader_epoch`` are as
-        in :meth:`append`.
+        in :meth:`append`. ``shards`` (one integer per row, instead of ``shard``) sends each
+        row to its own shard, as a record's ``shard`` attribute does in :meth:`append`.
 
         Returns:
             A table with columns ``shard`` (int32) and ``offset`` (int64), one row per input
@@ -262,26 +268,46 @@ class Database:
             raise InvalidArgument("append_arrow takes a pyarrow Table or RecordBatch")
         if shard is not None:
             self._check_shard(shard)
+        explicit = np.empty(0, np.int32) if shards is None else self._row_shards(shards, data.num_rows, shard)
         cfg = self.config
         batch = table_to_batch(
             data, max_record_bytes=cfg.max_record_bytes, min_ts_us=cfg.min_ts_us, max_ts_us=cfg.max_ts_us
         )
-        shard_col, offset_col = await self._append_routed(engine, batch, shard, [], leader_epoch)
+        shard_col, offset_col = await self._append_routed(engine, batch, shard, explicit, leader_epoch)
         return pa.table({"shard": pa.array(shard_col), "offset": pa.array(offset_col)})
+
+    def _row_shards(
+        self, shards: np.ndarray[Any, Any] | pa.Array, rows: int, shard: int | None
+    ) -> np.ndarray[Any, np.dtype[np.int32]]:
+        """``append_arrow(shards=)`` checked: one shard number per row, each in range."""
+        if shard is not None:
+            raise InvalidArgument("pass shard= or shards=, not both")
+        if isinstance(shards, pa.Array | pa.ChunkedArray):
+            if shards.null_count:
+                raise InvalidArgument("shards must not hold nulls")
+            shards = shards.to_numpy()
+        if not isinstance(shards, np.ndarray) or shards.ndim != 1 or shards.dtype.kind not in "iu":
+            raise InvalidArgument("shards must be a 1-D integer numpy or Arrow array")
+        if len(shards) != rows:
+            raise InvalidArgument(f"shards has {len(shards)} entries for {rows} rows")
+        if rows and (int(shards.min()) < 0 or int(shards.max()) >= self.config.shards):
+            bad = int(shards.min()) if int(shards.min()) < 0 else int(shards.max())
+            raise InvalidArgument(f"shard must be an int in 0..{self.config.shards - 1}, not {bad}")
+        return shards.astype(np.int32, copy=False)
 
     async def _append_routed(
         self,
         engine: Engine,
         batch: pa.RecordBatch,
         shard: int | None,
-        explicit: list[int | None],
+        explicit: list[int | None] | np.ndarray[Any, np.dtype[np.int32]],
         leader_epoch: int = 0,
     ) -> tuple[np.ndarray[Any, np.dtype[np.int32]], np.ndarray[Any, np.dtype[np.int64]]]:
         """Split a validated batch by shard, append the parts concurrently, return positions."""
         n = batch.num_rows
         if n == 0:
             return np.empty(0, np.int32), np.empty(0, np.int64)
-        if shard is None and self.config.shards == 1 and not explicit:
+        if shard is None and self.config.shards == 1 and not len(explicit):
             shard = 0
         if shard is not None:
             (base,) = await engine.append_many([(shard, batch)], self._quota, leader_epoch=leader_epoch)
@@ -307,9 +333,13 @@ class Database:
         return shard_for(data, self.config.shards)
 
     def _routes(
-        self, batch: pa.RecordBatch, explicit: list[int | None]
+        self, batch: pa.RecordBatch, explicit: list[int | None] | np.ndarray[Any, np.dtype[np.int32]]
     ) -> np.ndarray[Any, np.dtype[np.int32]]:
         """Shard of every row: explicit, else the routing hash of the key, else of the topic."""
+        if isinstance(explicit, np.ndarray):
+            if len(explicit):
+                return explicit
+            explicit = []
         out = route_rows(batch.column("topic"), batch.column("key"), self.config.shards)
         if explicit:
             forced = np.array([-1 if s is None else s for s in explicit], np.int32)

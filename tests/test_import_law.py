@@ -45,6 +45,7 @@ LAYERS: Final[dict[str, int]] = {
     "seglog": 5,  # the package itself (only exactly: it re-exports the embedded API)
     # The wire contract: what server and client share (no I/O, only errors below it).
     "seglog.cluster.protocol": 1,
+    "seglog.cluster.fetch_wire": 1,
     # Replication bookkeeping on top of the replica log seam.
     "seglog.isr": 6,
     # The node server on top of the store; the network client beside it.

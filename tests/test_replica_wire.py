@@ -4,14 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from seglog.cluster.replica_wire import (
-    FetchPart,
-    PartRequest,
-    decode_reply,
-    decode_request,
-    encode_reply,
-    encode_request,
-)
+from seglog.cluster.fetch_wire import FetchPart, decode_reply, encode_reply
+from seglog.cluster.replica_wire import PartRequest, decode_request, encode_request
 from seglog.errors import InvalidRequest, NotLeader, OffsetOutOfRange
 
 

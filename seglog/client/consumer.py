@@ -3,12 +3,13 @@
 ``async with Consumer(url, db, group="g") as c: async for rec in c: ...``. Names follow
 aiokafka's ``AIOKafkaConsumer`` with shards for partitions.
 
-How it reads: one fetch loop per owned shard long-polls the node (``wait_ms``), so a record
-appended after the consumer caught up arrives as soon as the node publishes it, without a
-sleep loop; the loops share the session's connection pool (at most
-``max_concurrent_fetches`` polls at once, leaving connections for heartbeats and commits).
-Each shard keeps at most two fetched replies buffered. Replies are the stored frames: they
-are checked (CRC) and decoded zero-copy into Arrow by :func:`seglog.record.decode_frames`.
+How it reads: ``max_concurrent_fetches`` fetch loops (default one) each long-poll the node
+for their share of the owned shards in one request (``POST .../fetch``, ``wait_ms``), so a
+record appended after the consumer caught up arrives as soon as the node publishes it,
+without a sleep loop, and one append that reaches every shard wakes one poll, not one per
+shard. Each shard keeps at most two fetched replies buffered; a shard with a full buffer is
+left out of the next poll. Replies are the stored frames: they are checked (CRC) and decoded
+zero-copy into Arrow by :func:`seglog.record.decode_frames`.
 
 Groups: the consumer joins at start, heartbeats from a task, and adopts a new assignment
 when a heartbeat reports a new generation (buffered records of lost shards are dropped,
@@ -32,8 +33,9 @@ from typing import Any, Final, Literal
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from seglog.client._http import DEFAULT_REQUEST_TIMEOUT_S, NodeSession, Reply
-from seglog.cluster import protocol
+from seglog.client._http import DEFAULT_REQUEST_TIMEOUT_S, NodeSession
+from seglog.cluster import fetch_wire, protocol
+from seglog.cluster.fetch_wire import FetchPart
 from seglog.errors import (
     ClosedResourceError,
     InvalidArgument,
@@ -80,7 +82,8 @@ class Consumer:
         heartbeat_interval_ms: Time between heartbeats (below ``session_timeout_ms``).
         max_wait_ms: Longest long poll of one fetch.
         fetch_max_bytes: Most bytes of frames one fetch asks for.
-        max_concurrent_fetches: Polls in flight at once (over all shards).
+        max_concurrent_fetches: Fetch loops, each polling its share of the shards in one
+            request (more overlaps decoding with fetching when draining a backlog).
         request_timeout_s: Timeout of a request beyond its long poll.
     """
 
@@ -99,7 +102,7 @@ class Consumer:
         heartbeat_interval_ms: int = 3_000,
         max_wait_ms: int = 500,
         fetch_max_bytes: int = 1 << 20,
-        max_concurrent_fetches: int = 32,
+        max_concurrent_fetches: int = 1,
         request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
     ) -> None:
         if not isinstance(db, str):
@@ -141,15 +144,16 @@ class Consumer:
             timeout_s=request_timeout_s,
             pool_connections=max_concurrent_fetches + _SPARE_CONNECTIONS,
         )
-        self._fetch_slots = asyncio.Semaphore(max_concurrent_fetches)
+        self._fetch_loops = max_concurrent_fetches
         self._base = f"{protocol.API_PREFIX}/dbs/{db}"
         self._shard_count = 0
         self._assignment: list[int] = []
         self._positions: dict[int, int] = {}
         self._fetch_at: dict[int, int] = {}
         self._chunks: dict[int, deque[pa.Table]] = {}
-        self._room: dict[int, asyncio.Event] = {}
-        self._fetchers: dict[int, asyncio.Task[None]] = {}
+        # Set (and replaced) whenever a reader takes buffered rows: full shards have room again.
+        self._room = asyncio.Event()
+        self._fetchers: list[asyncio.Task[None]] = []
         # ``async for``: records taken from the chunks but not yet yielded (positions move per yield).
         self._iter: deque[tuple[int, pa.Table, list[Record], int]] = deque()
         self._next_shard = 0
@@ -205,7 +209,7 @@ class Consumer:
         self._stopping.set()
         self._data.set()  # wake readers: they end
         self._changed.set()  # and wait_for_assignment: it raises ClosedResourceError
-        tasks = [*self._fetchers.values()]
+        tasks = list(self._fetchers)
         if self._heartbeat_task is not None:
             tasks.append(self._heartbeat_task)
         for task in tasks:
@@ -269,19 +273,15 @@ class Consumer:
             for shard in gained:
                 self._positions[shard] = self._fetch_at[shard] = starts[shard]
                 self._chunks[shard] = deque()
-                self._room[shard] = asyncio.Event()
-                self._start_fetcher(shard)
             self._assignment = new
+            if lost or gained:
+                self._restart_fetchers()
             self._generation = generation
             changed, self._changed = self._changed, asyncio.Event()
             changed.set()
 
     def _drop_shard(self, shard: int) -> None:
-        task = self._fetchers.pop(shard, None)
-        if task is not None:
-            task.cancel()
         self._chunks.pop(shard, None)
-        self._room.pop(shard, None)
         self._positions.pop(shard, None)
         self._fetch_at.pop(shard, None)
         self._iter = deque(p for p in self._iter if p[0] != shard)
@@ -367,14 +367,14 @@ class Consumer:
         self._move(shard, offset)
 
     def _move(self, shard: int, offset: int) -> None:
+        self._reset(shard, offset)
+        # A poll parked at the old position would hold the new one back up to max_wait_ms.
+        self._restart_fetchers()
+
+    def _reset(self, shard: int, offset: int) -> None:
         self._positions[shard] = self._fetch_at[shard] = offset
         self._chunks[shard].clear()
         self._iter = deque(p for p in self._iter if p[0] != shard)
-        # A poll parked at the old position would hold the new one back up to max_wait_ms.
-        task = self._fetchers.pop(shard, None)
-        if task is not None and task is not asyncio.current_task():
-            task.cancel()
-        self._start_fetcher(shard)
 
     async def seek_to_beginning(self, *shards: int) -> None:
         """Move ``shards`` (default: all assigned) to their first readable offset."""
@@ -480,48 +480,77 @@ class Consumer:
 
     # --- fetching ------------------------------------------------------------------------
 
-    def _start_fetcher(self, shard: int) -> None:
-        self._fetchers[shard] = asyncio.create_task(self._fetch_loop(shard), name=f"seglog-fetch-{shard}")
+    def _restart_fetchers(self) -> None:
+        """Cancel the fetch loops (their parked polls) and start them over the assignment now."""
+        for task in self._fetchers:
+            task.cancel()
+        if self._stopping.is_set():
+            self._fetchers = []
+            return
+        loops = min(self._fetch_loops, len(self._assignment))
+        self._fetchers = [
+            asyncio.create_task(self._fetch_loop(k, loops), name=f"seglog-fetch-{k}") for k in range(loops)
+        ]
 
-    async def _fetch_loop(self, shard: int) -> None:
-        path = f"{self._base}/shards/{shard}/frames"
+    async def _fetch_loop(self, k: int, loops: int) -> None:
+        """Poll shards ``assignment[k::loops]`` in one request per round, until cancelled."""
+        path = f"{self._base}/fetch"
         backoff = _RETRY_MIN_S
+        turn = 0
         while not self._stopping.is_set():
-            room = self._room[shard]
-            while len(self._chunks[shard]) >= _PREFETCH_REPLIES:
-                room.clear()
-                await room.wait()
-            offset = self._fetch_at[shard]
-            params = {"offset": offset, "max_bytes": self._fetch_max_bytes, "wait_ms": self._max_wait_ms}
+            mine = [s for s in self._assignment[k::loops] if len(self._chunks[s]) < _PREFETCH_REPLIES]
+            if not mine:
+                await self._room.wait()
+                continue
+            # Rotate which shard comes first: the node spends max_bytes in request order.
+            turn = (turn + 1) % len(mine)
+            sent = {s: self._fetch_at[s] for s in mine[turn:] + mine[:turn]}
+            body = fetch_wire.encode_shards_request(
+                sent, wait_ms=self._max_wait_ms, max_bytes=self._fetch_max_bytes
+            )
             try:
-                async with self._fetch_slots:
-                    reply = await self._session.request(
-                        "GET", path, params=params, timeout_s=self._poll_timeout_s
-                    )
-            except OffsetOutOfRange as exc:
-                target = exc.start if self._reset_to == "earliest" else exc.end
-                log.warning(
-                    "shard %d: offset %d is outside [%d, %d] (retention?); resetting to %s offset %d",
-                    shard, offset, exc.start, exc.end, self._reset_to, target,
-                )  # fmt: skip
-                self._move(shard, target)
-                return  # _move started the shard's next loop
+                reply = await self._session.request(
+                    "POST", path, data=body, content_type=protocol.JSON, timeout_s=self._poll_timeout_s
+                )
+                parts = fetch_wire.decode_reply(reply.body)
             except SeglogError as exc:
                 if not protocol.is_retriable(exc):
-                    self._failure = exc
-                    self._data.set()
+                    self._fail(exc)
                     return
-                log.warning("shard %d: fetch failed (%s); retrying in %.2f s", shard, exc, backoff)
+                log.warning("fetch of shards %s failed (%s); retrying in %.2f s", list(sent), exc, backoff)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stopping.wait(), backoff)
                 backoff = min(backoff * 2, _RETRY_MAX_S)
                 continue
             backoff = _RETRY_MIN_S
-            table = _decode(reply, offset)
-            if table.num_rows:
-                self._chunks[shard].append(table)
-                self._fetch_at[shard] = int(table.column("offset")[-1].as_py()) + 1
+            got = False
+            for part in parts:
+                shard, offset = part.shard, sent.get(part.shard)
+                if offset is None or self._fetch_at.get(shard) != offset:
+                    continue  # not asked, or moved while the poll was out
+                if isinstance(part.error, OffsetOutOfRange):
+                    gone = part.error
+                    target = gone.start if self._reset_to == "earliest" else gone.end
+                    log.warning(
+                        "shard %d: offset %d is outside [%d, %d] (retention?); resetting to %s offset %d",
+                        shard, offset, gone.start, gone.end, self._reset_to, target,
+                    )  # fmt: skip
+                    self._reset(shard, target)
+                    continue
+                if part.error is not None:
+                    self._fail(part.error)
+                    return
+                table = _decode(part, offset)
+                if table.num_rows:
+                    self._chunks[shard].append(table)
+                    self._fetch_at[shard] = int(table.column("offset")[-1].as_py()) + 1
+                    got = True
+            if got:
                 self._data.set()
+
+    def _fail(self, exc: SeglogError) -> None:
+        self._failure = exc
+        self._data.set()
 
     # --- reading -------------------------------------------------------------------------
 
@@ -580,8 +609,10 @@ class Consumer:
                 out.setdefault(shard, []).append(table)
                 n += take
             self._positions[shard] = int(out[shard][-1].column("offset")[-1].as_py()) + 1
-            self._room[shard].set()
             self._next_shard = (first + i + 1) % len(shards)
+        if out:
+            room, self._room = self._room, asyncio.Event()
+            room.set()
         return out
 
     def _check_limits(self, timeout_ms: int | None, max_records: int | None) -> None:
@@ -652,11 +683,10 @@ class Consumer:
         return f"<Consumer {self.url} db={self.db!r} group={self.group!r} assignment={self._assignment}>"
 
 
-def _decode(reply: Reply, offset: int) -> pa.Table:
-    """A fetch reply as rows ``[offset, high watermark)`` (frames CRC-checked, zero-copy)."""
-    hw = int(reply.headers[protocol.HEADER_HIGH_WATERMARK])
-    if reply.content_type == protocol.ARROW_STREAM:
+def _decode(part: FetchPart, offset: int) -> pa.Table:
+    """A fetched part as rows ``[offset, high watermark)`` (frames CRC-checked, zero-copy)."""
+    if part.arrow:
         # Tiered data below the node's local log: the rows themselves, already bounded.
-        table = pa.ipc.open_stream(reply.body).read_all()
+        table = pa.ipc.open_stream(part.frames).read_all()
         return table.filter(pc.greater_equal(table.column("offset"), offset))
-    return decode_frames(reply.body, offset, hw)
+    return decode_frames(part.frames, offset, part.high_watermark)

@@ -16,10 +16,14 @@ How a record travels:
    rule (:func:`seglog._routing.route_rows`: the key's hash, else the topic's, modulo the
    shard count from ``GET /v1/dbs/{db}``), and splits it into one item per shard: an Arrow
    IPC record-batch message, appended to the buffer.
-3. A sender takes the items of one shard at a time (up to ``max_batch_bytes``, oldest
-   first) and POSTs them as one Arrow IPC stream to ``/v1/dbs/{db}/records?shard=N&acks=A``;
-   at most ``max_in_flight`` requests are in flight at once. The reply's ``base_offset``
-   gives every record its offset (``base_offset + i`` in order).
+3. A sender takes the oldest items of every shard with no request in flight (up to
+   ``max_batch_bytes`` in all) and POSTs them as one Arrow IPC stream to
+   ``/v1/dbs/{db}/records?shards=a,b,...&acks=A`` (item ``i`` to shard ``shards[i]``: one
+   request per round whatever the shard count, so the node pays one request, one append
+   and one sync for all of them); a replicated database, or a producer routing to leaders,
+   sends one shard per request (``?shard=N``). At most ``max_in_flight`` requests are in
+   flight at once. The reply's per-shard ``base_offset`` gives every record its offset
+   (``base_offset + i`` in order).
 4. Retriable failures (:func:`seglog.cluster.protocol.is_retriable`: the node unreachable,
    the connection lost, 503 ``Overloaded``/shutting down, 429) are retried with exponential
    backoff (``retry_backoff_ms`` doubling up to ``retry_backoff_max_ms``, at least the
@@ -381,6 +385,7 @@ class Producer:
         )
         # Known at start.
         self.shards = 0
+        self._shard_per_request = False
         self._max_record_bytes = DEFAULT_MAX_RECORD_BYTES
         self._min_ts_us: int | None = None
         self._max_ts_us: int | None = None
@@ -462,6 +467,8 @@ class Producer:
         assert self._loop is not None
         desc = await self._describe()
         self.shards = int(desc["shards"])
+        # Leaders differ per shard, and a replicated database takes one shard per request.
+        self._shard_per_request = self._leaders is not None or bool(desc.get("replicated", False))
         config = desc.get("config", {})
         self._max_record_bytes = int(config.get("max_record_bytes", DEFAULT_MAX_RECORD_BYTES))
         self._min_ts_us = config.get("min_ts_us")
@@ -540,7 +547,12 @@ class Producer:
             log.warning("producer: node unreachable (%s); using the description cached in %s", exc, meta_path)
             return cached
         if meta_path is not None:
-            keep = {"name": desc["name"], "shards": desc["shards"], "config": desc.get("config", {})}
+            keep = {
+                "name": desc["name"],
+                "shards": desc["shards"],
+                "config": desc.get("config", {}),
+                "replicated": desc.get("replicated", False),
+            }
             if cached is not None and cached.get("shards") != keep["shards"]:
                 raise ConfigMismatch(
                     f"buffer_dir {self._buffer_dir} was written for {cached.get('shards')} shards,"
@@ -1000,7 +1012,7 @@ class Producer:
         self._wake_sender.set()
 
     async def _sender(self) -> None:
-        """Start requests: one shard's oldest items per request, ``max_in_flight`` at once.
+        """Start requests: the free shards' oldest items per request, ``max_in_flight`` at once.
 
         At most one request per shard is in flight: two requests of one shard on two
         connections may be written in either order, and a log keeps send order per shard.
@@ -1018,34 +1030,48 @@ class Producer:
             await self._slots.acquire()
             for dropped in [s for s in self._ready_shards if not self._unsent[s]]:
                 self._ready_shards.remove(dropped)  # its batches were dropped meanwhile
-            shard = next((s for s in self._ready_shards if s not in self._busy_shards), None)
-            if shard is None:
+            free = [s for s in self._ready_shards if s not in self._busy_shards]
+            if not free:
                 self._slots.release()
                 continue
-            self._ready_shards.remove(shard)
-            queue = self._unsent[shard]
-            items = [queue.popleft()]
-            size = len(items[0].payload)
-            while queue and size + len(queue[0].payload) <= self._max_batch_bytes:
-                items.append(queue.popleft())
-                size += len(items[-1].payload)
-            if queue:
-                self._ready_shards.append(shard)
+            groups: list[tuple[int, list[_Item]]] = []
+            size = 0
+            for shard in free[:1] if self._shard_per_request else free:
+                if groups and size >= self._max_batch_bytes:
+                    break
+                self._ready_shards.remove(shard)
+                queue = self._unsent[shard]
+                items = [queue.popleft()]
+                size += len(items[0].payload)
+                while queue and size + len(queue[0].payload) <= self._max_batch_bytes:
+                    items.append(queue.popleft())
+                    size += len(items[-1].payload)
+                if queue:
+                    self._ready_shards.append(shard)
+                self._busy_shards.add(shard)
+                groups.append((shard, items))
             self._unsent_bytes -= size
-            self._busy_shards.add(shard)
-            task = asyncio.create_task(self._request(shard, items), name=f"seglog-produce-{shard}")
+            task = asyncio.create_task(self._request(groups), name=f"seglog-produce-{groups[0][0]}")
             self._requests.add(task)
             task.add_done_callback(self._requests.discard)
-            task.add_done_callback(functools.partial(self._shard_done, shard))
+            task.add_done_callback(functools.partial(self._shards_done, [g[0] for g in groups]))
 
-    def _shard_done(self, shard: int, _task: asyncio.Task[None]) -> None:
-        self._busy_shards.discard(shard)
+    def _shards_done(self, shards: list[int], _task: asyncio.Task[None]) -> None:
+        self._busy_shards.difference_update(shards)
         self._wake_sender.set()
 
-    async def _request(self, shard: int, items: list[_Item]) -> None:
+    async def _request(self, groups: list[tuple[int, list[_Item]]]) -> None:
         try:
+            items = [it for _, its in groups for it in its]
+            shard = groups[0][0]
             body = b"".join([_SCHEMA_MESSAGE, *(it.message for it in items), _EOS])
-            params: dict[str, str | int] = {"shard": shard, "acks": self._acks}
+            params: dict[str, str | int] = {"acks": self._acks}
+            if len(groups) == 1:
+                params["shard"] = shard
+            else:
+                params["shards"] = ",".join([str(it.shard) for it in items])
+            expected = {s: sum(it.count for it in its) for s, its in groups}
+            which = f"shard {shard}" if len(groups) == 1 else f"shards {sorted(expected)}"
             attempt = 0
             delay = self._backoff_s
             while True:
@@ -1062,7 +1088,7 @@ class Producer:
                         content_type=protocol.ARROW_STREAM,
                         timeout_s=self._timeout_s,
                     )
-                    base = _base_offset(reply.json(), shard, sum(it.count for it in items))
+                    bases = _base_offsets(reply.json(), expected)
                 except SeglogError as exc:
                     if protocol.is_retriable(exc) and (self._retries is None or attempt < self._retries):
                         if self._leaders is not None and isinstance(exc, ServerUnavailable):
@@ -1073,8 +1099,8 @@ class Producer:
                         self.retried_requests += 1
                         wait = max(delay, getattr(exc, "retry_after_s", None) or 0.0)
                         log.info(
-                            "producer: shard %d request failed (%s); retry %d in %.2f s",
-                            shard,
+                            "producer: %s request failed (%s); retry %d in %.2f s",
+                            which,
                             exc,
                             attempt,
                             wait,
@@ -1083,15 +1109,17 @@ class Producer:
                         delay = min(delay * 2, self._backoff_max_s)
                         continue
                     self.failed_batches += len(items)
-                    log.warning("producer: giving up on %d batches of shard %d: %r", len(items), shard, exc)
+                    log.warning("producer: giving up on %d batches of %s: %r", len(items), which, exc)
                     for item in items:
                         self._fail_item(item, exc)
                         self._finish(item)
                     return
-                for item in items:
-                    self._complete(item, shard, base)
-                    base += item.count
-                    self._finish(item)
+                for s, its in groups:
+                    base = bases[s]
+                    for item in its:
+                        self._complete(item, s, base)
+                        base += item.count
+                        self._finish(item)
                 return
         finally:
             self._slots.release()
@@ -1174,15 +1202,17 @@ def _payload(shard: int, batch: pa.RecordBatch) -> bytes:
     return _ITEM.pack(_ITEM_MAGIC, _ITEM_VERSION, shard, batch.num_rows) + message
 
 
-def _base_offset(reply: Any, shard: int, count: int) -> int:
+def _base_offsets(reply: Any, expected: dict[int, int]) -> dict[int, int]:
+    """Each shard's base offset from a produce reply, checked against the records sent."""
     try:
-        (part,) = reply["parts"]
-        if part["shard"] != shard or part["count"] != count:
+        parts = reply["parts"]
+        got = {int(p["shard"]): int(p["count"]) for p in parts}
+        if got != expected:
             raise ValueError
-        return int(part["base_offset"])
+        return {int(p["shard"]): int(p["base_offset"]) for p in parts}
     except (KeyError, TypeError, ValueError):
         raise RemoteError(
-            f"unexpected produce reply for {count} records of shard {shard}: {reply!r:.200}"
+            f"unexpected produce reply for {expected} (shard: records): {reply!r:.200}"
         ) from None
 
 

@@ -94,7 +94,10 @@ async def _create_replicated(
 async def describe_db(request: web.Request) -> web.Response:
     """``GET /v1/dbs/{db}``."""
     node = request.app[NODE]
-    return web.json_response(describe(await node.database(request.match_info["db"])))
+    db = await node.database(request.match_info["db"])
+    return web.json_response(
+        describe(db) | {"replicated": node.cluster is not None and node.cluster.replicated(db.name)}
+    )
 
 
 async def configure_db(request: web.Request) -> web.Response:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
@@ -53,6 +55,8 @@ class ShardWaiters:
 
     def __init__(self) -> None:
         self._events: dict[tuple[str, int], asyncio.Event] = {}
+        # Many-shard polls: one event each, under every shard it watches (see ``watching``).
+        self._watchers: dict[tuple[str, int], set[asyncio.Event]] = {}
 
     def event(self, db: str, shard: int) -> asyncio.Event:
         """The event the next move of ``db``/``shard`` sets."""
@@ -62,22 +66,49 @@ class ShardWaiters:
             event = self._events[key] = asyncio.Event()
         return event
 
+    @contextlib.contextmanager
+    def watching(self, keys: Iterable[tuple[str, int]]) -> Iterator[asyncio.Event]:
+        """One event the next move of any of ``keys`` (database, shard) sets, while the block runs."""
+        event = asyncio.Event()
+        keys = list(keys)
+        for key in keys:
+            self._watchers.setdefault(key, set()).add(event)
+        try:
+            yield event
+        finally:
+            for key in keys:
+                watchers = self._watchers.get(key)
+                if watchers is not None:
+                    watchers.discard(event)
+                    if not watchers:
+                        del self._watchers[key]
+
     def wake(self, db: str, shard: int) -> None:
         """Wake every long poll on ``db``/``shard``."""
-        event = self._events.pop((db, shard), None)
+        key = (db, shard)
+        event = self._events.pop(key, None)
         if event is not None:
             event.set()
+        for watcher in self._watchers.get(key, ()):
+            watcher.set()
 
     def wake_db(self, db: str) -> None:
         """Wake every long poll on ``db`` (dropped)."""
         for key in [k for k in self._events if k[0] == db]:
             self._events.pop(key).set()
+        for key, watchers in self._watchers.items():
+            if key[0] == db:
+                for watcher in watchers:
+                    watcher.set()
 
     def wake_all(self) -> None:
         """Wake everything (shutdown, a dropped database)."""
         events, self._events = self._events, {}
         for event in events.values():
             event.set()
+        for watchers in self._watchers.values():
+            for watcher in watchers:
+                watcher.set()
 
 
 @dataclass

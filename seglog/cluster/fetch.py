@@ -1,4 +1,9 @@
-"""``GET /v1/dbs/{db}/shards/{shard}/frames``: stored frames byte for byte, long-polled."""
+"""Fetch: stored frames byte for byte, long-polled, of one shard or of many in one request.
+
+``GET /v1/dbs/{db}/shards/{shard}/frames`` answers for one shard; ``POST /v1/dbs/{db}/fetch``
+for every shard a consumer reads (:mod:`seglog.cluster.fetch_wire`), so that one append
+that reaches all of them wakes one poll, not one per shard.
+"""
 
 from __future__ import annotations
 
@@ -8,13 +13,14 @@ import contextlib
 import pyarrow as pa
 from aiohttp import web
 
-from seglog.cluster import protocol
-from seglog.cluster.context import NODE
+from seglog.cluster import fetch_wire, protocol
+from seglog.cluster.context import NODE, NodeContext
+from seglog.cluster.fetch_wire import FetchPart
 from seglog.cluster.params import query_int, shard_param
 from seglog.db import Database
-from seglog.errors import OffsetOutOfRange
+from seglog.errors import InvalidArgument, OffsetOutOfRange, UnsupportedContentType
 
-__all__ = ["DEFAULT_FETCH_BYTES", "fetch"]
+__all__ = ["DEFAULT_FETCH_BYTES", "fetch", "fetch_many"]
 
 DEFAULT_FETCH_BYTES = 1 << 20
 
@@ -62,14 +68,84 @@ async def fetch(request: web.Request) -> web.Response:
         node.metrics.fetch_done(db.name, 0, lag)
         return web.Response(body=b"", content_type=protocol.FRAMES, headers=headers)
     if offset < db.local_start_offset(shard):
-        # Tiered: no stored frames here; the rows, as Arrow (rare: a consumer far behind).
-        table = await db.read_arrow(shard, offset, max(1, max_bytes // 128), upper=hw)
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, table.schema) as writer:
-            writer.write_table(table)
-        body = sink.getvalue().to_pybytes()
+        body = await _tiered_rows(db, shard, offset, max_bytes, hw)
         node.metrics.fetch_done(db.name, len(body), lag)
         return web.Response(body=body, content_type=protocol.ARROW_STREAM, headers=headers)
     frames = await db.read_frames(shard, offset, max_bytes)
     node.metrics.fetch_done(db.name, len(frames), lag)
     return web.Response(body=frames, content_type=protocol.FRAMES, headers=headers)
+
+
+async def _tiered_rows(db: Database, shard: int, offset: int, max_bytes: int, hw: int) -> bytes:
+    """Rows from ``offset`` below the node's local log, as an Arrow IPC stream (no stored frames
+    here; rare: a consumer far behind)."""
+    table = await db.read_arrow(shard, offset, max(1, max_bytes // 128), upper=hw)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()  # type: ignore[no-any-return]
+
+
+def _has_news(db: Database, offsets: dict[int, int]) -> bool:
+    """Whether a poll of ``offsets`` has something to answer: records or an error."""
+    for shard, offset in offsets.items():
+        if offset < db.high_watermark(shard) or not db.start_offset(shard) <= offset <= db.end_offset(shard):
+            return True
+    return False
+
+
+async def _read_parts(
+    node: NodeContext, db: Database, offsets: dict[int, int], max_bytes: int
+) -> list[FetchPart]:
+    """The parts of the shards with records (or an error) for ``offsets``, in request order.
+
+    Shards are read in the order asked (the client rotates it) until ``max_bytes`` is spent;
+    the first read flushes every tailed shard's buffered rows, so the rest read from memory.
+    """
+    parts = []
+    budget = max_bytes
+    total = lag = 0
+    for shard, offset in offsets.items():
+        start, end, hw = db.start_offset(shard), db.end_offset(shard), db.high_watermark(shard)
+        if not start <= offset <= end:
+            parts.append(FetchPart(db.name, shard, error=OffsetOutOfRange(offset, start, end, shard=shard)))
+            continue
+        lag += end - offset
+        if offset >= hw or budget <= 0:
+            continue
+        arrow = offset < db.local_start_offset(shard)
+        if arrow:
+            body = await _tiered_rows(db, shard, offset, budget, hw)
+        else:
+            body = await db.read_frames(shard, offset, budget)
+        budget -= len(body)
+        total += len(body)
+        parts.append(FetchPart(db.name, shard, body, hw, start, end, arrow=arrow))
+    node.metrics.fetch_done(db.name, total, lag)
+    return parts
+
+
+async def fetch_many(request: web.Request) -> web.Response:
+    """``POST /v1/dbs/{db}/fetch``: frames of many shards, once any has records or ``wait_ms`` ran out.
+
+    The reply lists only the shards with records below their high watermark (their frames,
+    or Arrow rows for tiered data) and those whose offset is out of range (an
+    ``OffsetOutOfRange`` part); an empty list when the wait ran out.
+    """
+    node = request.app[NODE]
+    db = await node.database(request.match_info["db"])
+    if request.content_type != protocol.JSON:
+        raise UnsupportedContentType(f"fetch takes {protocol.JSON}, not {request.content_type}")
+    offsets, wait_ms, max_bytes = fetch_wire.decode_shards_request(await request.read())
+    bad = next((s for s in offsets if s >= db.shards), None)
+    if bad is not None:
+        raise InvalidArgument(f"shard must be an int in 0..{db.shards - 1}, not {bad}")
+    wait_ms = min(wait_ms, node.limits.max_wait_ms)
+    max_bytes = min(max_bytes, node.limits.max_fetch_bytes)
+    if wait_ms and not node.closing and not _has_news(db, offsets):
+        with node.waiters.watching((db.name, s) for s in offsets) as moved:
+            if not _has_news(db, offsets):  # re-checked once armed: no lost wake-up
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(moved.wait(), wait_ms / 1000)
+    parts = await _read_parts(node, db, offsets, max_bytes)
+    return web.Response(body=fetch_wire.encode_reply(parts), content_type=fetch_wire.FETCH_REPLY)

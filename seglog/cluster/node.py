@@ -26,12 +26,13 @@ from typing import Any, Final
 
 import aiohttp
 
-from seglog.cluster import protocol, replica_wire
+from seglog.cluster import fetch_wire, protocol, replica_wire
 from seglog.cluster.context import ShardWaiters
 from seglog.cluster.controller import Controller
 from seglog.cluster.etcd import EtcdClient
+from seglog.cluster.fetch_wire import FetchPart
 from seglog.cluster.metadata import NO_LEADER, ClusterMetadata, DbMeta, NodeInfo, NodeLease, ShardState
-from seglog.cluster.replica_wire import FetchPart, PartRequest
+from seglog.cluster.replica_wire import PartRequest
 from seglog.db import Database
 from seglog.errors import (
     DatabaseNotFound,
@@ -398,17 +399,13 @@ class ClusterNode:
         """Answer a follower's fetch: per shard, frames from its offset (long-polled when none)."""
         answer = await self._fetch_parts(follower, parts, max_bytes)
         if wait_ms and not any(p.frames for p in answer) and not self._closing:
-            events = [self.end_waiters.event(p.db, p.shard) for p in parts]
-            answer = await self._fetch_parts(follower, parts, max_bytes)  # re-check after arming
-            if not any(p.frames for p in answer):
-                waits = [asyncio.create_task(e.wait()) for e in events]
-                try:
-                    await asyncio.wait(waits, timeout=wait_ms / 1000, return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    for w in waits:
-                        w.cancel()
-                answer = await self._fetch_parts(follower, parts, max_bytes)
-        return replica_wire.encode_reply(answer)
+            with self.end_waiters.watching((p.db, p.shard) for p in parts) as moved:
+                answer = await self._fetch_parts(follower, parts, max_bytes)  # re-check after arming
+                if not any(p.frames for p in answer):
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(moved.wait(), wait_ms / 1000)
+                    answer = await self._fetch_parts(follower, parts, max_bytes)
+        return fetch_wire.encode_reply(answer)
 
     async def _fetch_parts(self, follower: int, parts: list[PartRequest], max_bytes: int) -> list[FetchPart]:
         out = []
@@ -599,7 +596,7 @@ class ClusterNode:
             body,
             REQUEST_TIMEOUT_S + self.config.fetch_wait_ms / 1000,
         )
-        for part in replica_wire.decode_reply(reply):
+        for part in fetch_wire.decode_reply(reply):
             await self._store_part(part, mine)
 
     async def _store_part(self, part: FetchPart, mine: dict[ShardKey, _Following]) -> None:

@@ -155,6 +155,38 @@ def _parse_arrow(body: bytes) -> pa.Table:
         raise InvalidRequest(f"the body is not a complete Arrow IPC stream: {exc}") from None
 
 
+def _shards_param(request: web.Request, shards: int) -> list[int] | None:
+    """``?shards=a,b,c``: the shard of each record batch of the Arrow stream, in order."""
+    raw = request.query.get("shards")
+    if raw is None:
+        return None
+    if "shard" in request.query:
+        raise InvalidRequest("pass ?shard= or ?shards=, not both")
+    try:
+        out = [int(x, 10) for x in raw.split(",")]
+    except ValueError:
+        raise InvalidRequest(
+            f"query parameter shards must be comma-separated shard numbers, not {raw[:40]!r}"
+        ) from None
+    bad = next((x for x in out if not 0 <= x < shards), None)
+    if bad is not None:
+        raise InvalidArgument(f"shard must be an int in 0..{shards - 1}, not {bad}")
+    return out
+
+
+def _parse_arrow_batches(body: bytes, shards: list[int]) -> tuple[pa.Table, np.ndarray[Any, Any]]:
+    """The stream's rows and each row's shard: record batch ``i`` goes to ``shards[i]``."""
+    try:
+        reader = pa.ipc.open_stream(body)
+        batches = list(reader)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OSError) as exc:
+        raise InvalidRequest(f"the body is not a complete Arrow IPC stream: {exc}") from None
+    if len(batches) != len(shards):
+        raise InvalidRequest(f"?shards= names {len(shards)} shards for {len(batches)} record batches")
+    rows = np.repeat(np.asarray(shards, np.int32), [b.num_rows for b in batches])
+    return pa.Table.from_batches(batches, reader.schema), rows
+
+
 def reply_parts(shards: np.ndarray[Any, Any], offsets: np.ndarray[Any, Any]) -> list[dict[str, int]]:
     """Per shard, the base offset and count of its rows (one shard's rows are contiguous)."""
     if not len(shards):
@@ -200,6 +232,7 @@ async def produce(request: web.Request) -> web.Response:
     node = request.app[NODE]
     db = await node.database(request.match_info["db"])
     shard = query_int(request, "shard", None, maximum=db.shards - 1)
+    batch_shards = _shards_param(request, db.shards)
     acks = acks_param(request)
     content_type = request.content_type
     if content_type not in (protocol.ARROW_STREAM, protocol.NDJSON):
@@ -215,11 +248,20 @@ async def produce(request: web.Request) -> web.Response:
     node.idle.clear()
     try:
         if node.cluster is not None and node.cluster.replicated(db.name):
+            if batch_shards is not None:
+                raise InvalidRequest("a replicated database takes one shard per produce request (?shard=N)")
             return await _produce_replicated(request, node.cluster, db, shard, acks)
         body = await request.read()
         started = time.perf_counter()
         try:
-            if content_type == protocol.ARROW_STREAM:
+            if batch_shards is not None:
+                if content_type != protocol.ARROW_STREAM:
+                    raise InvalidRequest(f"?shards= takes an {protocol.ARROW_STREAM} body")
+                table, rows = _parse_arrow_batches(body, batch_shards)
+                result = await db.append_arrow(table, shards=rows)
+                shard_col = result.column("shard").to_numpy()
+                offset_col = result.column("offset").to_numpy()
+            elif content_type == protocol.ARROW_STREAM:
                 table = _parse_arrow(body)
                 result = await db.append_arrow(table, shard=shard)
                 shard_col = result.column("shard").to_numpy()

@@ -17,6 +17,7 @@ PATCH    /v1/dbs/{db}                               admin      configure: ``{set
 DELETE   /v1/dbs/{db}                               admin      drop
 POST     /v1/dbs/{db}/records                       write      produce (Arrow IPC stream or JSON lines)
 GET      /v1/dbs/{db}/shards/{shard}/frames         read       fetch stored frames (long poll)
+POST     /v1/dbs/{db}/fetch                         read       fetch many shards' frames (long poll)
 GET      /v1/dbs/{db}/shards/{shard}/offset         read       ``?ts=µs`` -> ``{"offset"}``
 GET      /v1/stats                                  read       store-wide stats
 POST     /v1/dbs/{db}/groups/{group}/join           read       join/rejoin a consumer group
@@ -27,7 +28,8 @@ GET      /v1/dbs/{db}/groups/{group}/committed      read       ``{"offsets": {sh
 =======  =========================================  =========  ==========================================
 
 Produce: query ``shard`` (optional, as ``append(shard=)``; required by a replicated
-database) and ``acks`` (``1``, ``quorum`` or ``all``, the default; anything else is
+database) or ``shards=a,b,...`` (Arrow bodies of databases that are not replicated: record
+batch ``i`` of the stream goes to shard ``shards[i]``, so one request carries many shards) and ``acks`` (``1``, ``quorum`` or ``all``, the default; anything else is
 ``InvalidRequest`` before the body is read; on a database that is not replicated all three
 mean the node's local write, durable under its fsync policy; on a replicated one ``1`` is
 the leader's write, ``quorum`` a majority of the replicas, ``all`` every in-sync replica);
@@ -39,7 +41,9 @@ input order.
 Fetch: query ``offset``, ``max_bytes``, ``wait_ms``; reply body ``application/vnd.seglog.frames``
 (the stored frames byte for byte, possibly starting below ``offset`` and running past the
 high watermark: readers drop rows outside ``[offset, high watermark)``) and the
-``Seglog-Log-Start``/``-End``/``-High-Watermark`` headers.
+``Seglog-Log-Start``/``-End``/``-High-Watermark`` headers. Many shards in one poll: ``POST
+.../fetch`` with ``{"shards": {"<shard>": offset}, "wait_ms", "max_bytes"}``, answered as soon
+as any shard has records (:mod:`seglog.cluster.fetch_wire` draws the request and the reply).
 
 Groups (JSON bodies; see :mod:`seglog.cluster.coordinator`): join ``{"session_timeout_ms",
 "member_id"?}`` and heartbeat ``{"member_id", "generation"}`` reply ``{"member_id",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from seglog.cluster import replica_wire
+from seglog.cluster import fetch_wire, replica_wire
 from seglog.cluster.context import NODE
 from seglog.cluster.node import ClusterNode
 from seglog.cluster.params import query_int, shard_param
@@ -36,7 +36,7 @@ async def replica_fetch(request: web.Request) -> web.Response:
     wait_ms = min(wait_ms, node.limits.max_wait_ms)
     max_bytes = min(max_bytes, node.limits.max_fetch_bytes)
     body = await cluster.serve_fetch(follower, parts, wait_ms, max_bytes)
-    return web.Response(body=body, content_type=replica_wire.REPLICA_FETCH)
+    return web.Response(body=body, content_type=fetch_wire.FETCH_REPLY)
 
 
 async def epoch_end(request: web.Request) -> web.Response:

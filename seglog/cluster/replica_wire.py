@@ -7,42 +7,21 @@ fetch session, simplified)::
     {"follower": node_id, "wait_ms": int, "max_bytes": int,
      "shards": [{"db", "shard", "offset", "leader_epoch"}, ...]}
 
-The reply (``application/vnd.seglog.replica-fetch``) is a directory followed by the frame
-blobs, so frames are never re-encoded or base64'd::
-
-    DIRECTORY_LEN  uint32 big-endian: length of the JSON directory
-    DIRECTORY      JSON {"parts": [{"db", "shard", "nbytes", "high_watermark", "log_start",
-                                    "log_end", "leader_epoch"} | {"db", "shard", "status", "error": {...}}]}
-    BLOBS          each part's frames, ``nbytes`` each, in directory order
-
-A part with ``error`` carries :func:`seglog.cluster.protocol.error_payload`'s shape (the
-follower raises that class for the shard, e.g. ``NotLeader`` with the leader it knows).
+The reply is :mod:`seglog.cluster.fetch_wire`'s many-shard reply (a part's error is e.g.
+``NotLeader`` with the leader the node knows).
 """
 
 from __future__ import annotations
 
 import json
-import struct
 from dataclasses import dataclass
-from typing import Any, Final
 
-from seglog.cluster import protocol
-from seglog.errors import InvalidRequest, SeglogError
+from seglog.cluster.fetch_wire import MAX_PARTS_PER_FETCH, request_int
+from seglog.errors import InvalidRequest
 
-__all__ = [
-    "REPLICA_FETCH",
-    "FetchPart",
-    "PartRequest",
-    "decode_reply",
-    "decode_request",
-    "encode_reply",
-    "encode_request",
-]
+__all__ = ["PartRequest", "decode_request", "encode_request"]
 
-REPLICA_FETCH: Final = "application/vnd.seglog.replica-fetch"
-# Directory length prefix.
-_DIRECTORY_LEN: Final = struct.Struct(">I")
-MAX_PARTS_PER_FETCH: Final = 100_000
+_WHAT = "replica fetch"
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,20 +34,6 @@ class PartRequest:
     offset: int
     # The leader epoch the follower believes current (fences stale leaders and followers).
     leader_epoch: int
-
-
-@dataclass(frozen=True, slots=True)
-class FetchPart:
-    """One shard's answer: frames and the leader's offsets, or an error."""
-
-    db: str
-    shard: int
-    frames: bytes = b""
-    high_watermark: int = 0
-    log_start: int = 0
-    log_end: int = 0
-    leader_epoch: int = 0
-    error: SeglogError | None = None
 
 
 def encode_request(follower: int, parts: list[PartRequest], *, wait_ms: int, max_bytes: int) -> bytes:
@@ -85,13 +50,6 @@ def encode_request(follower: int, parts: list[PartRequest], *, wait_ms: int, max
         },
         separators=(",", ":"),
     ).encode()
-
-
-def _int(obj: dict[str, Any], name: str, minimum: int = 0) -> int:
-    value = obj.get(name)
-    if type(value) is not int or value < minimum:
-        raise InvalidRequest(f"replica fetch: {name!r} must be an integer >= {minimum}, not {value!r}")
-    return value
 
 
 def decode_request(body: bytes) -> tuple[int, list[PartRequest], int, int]:
@@ -113,76 +71,16 @@ def decode_request(body: bytes) -> tuple[int, list[PartRequest], int, int]:
         if not isinstance(item, dict) or not isinstance(item.get("db"), str):
             raise InvalidRequest("replica fetch: each shard is {db, shard, offset, leader_epoch}")
         parts.append(
-            PartRequest(item["db"], _int(item, "shard"), _int(item, "offset"), _int(item, "leader_epoch"))
-        )
-    return _int(obj, "follower"), parts, _int(obj, "wait_ms"), _int(obj, "max_bytes", 1)
-
-
-def encode_reply(parts: list[FetchPart]) -> bytes:
-    """The reply body for ``parts`` (frames appended after the directory, unchanged)."""
-    directory = []
-    for p in parts:
-        if p.error is not None:
-            directory.append(
-                {
-                    "db": p.db,
-                    "shard": p.shard,
-                    "status": protocol.status_for(p.error),
-                    "error": protocol.error_payload(p.error),
-                }
-            )
-            continue
-        directory.append(
-            {
-                "db": p.db,
-                "shard": p.shard,
-                "nbytes": len(p.frames),
-                "high_watermark": p.high_watermark,
-                "log_start": p.log_start,
-                "log_end": p.log_end,
-                "leader_epoch": p.leader_epoch,
-            }
-        )
-    head = json.dumps({"parts": directory}, separators=(",", ":")).encode()
-    return b"".join([_DIRECTORY_LEN.pack(len(head)), head, *(p.frames for p in parts if p.error is None)])
-
-
-def decode_reply(body: bytes) -> list[FetchPart]:
-    """The parts of a reply body (each part's frames are a slice of ``body``).
-
-    Raises:
-        InvalidRequest: The body is truncated or malformed.
-    """
-    if len(body) < _DIRECTORY_LEN.size:
-        raise InvalidRequest("replica fetch reply: truncated before its directory")
-    (head_len,) = _DIRECTORY_LEN.unpack_from(body)
-    start = _DIRECTORY_LEN.size
-    try:
-        directory = json.loads(body[start : start + head_len])["parts"]
-    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as exc:
-        raise InvalidRequest(f"replica fetch reply: bad directory: {exc}") from None
-    pos = start + head_len
-    parts = []
-    for item in directory:
-        if "error" in item:
-            error = protocol.error_from_payload(int(item.get("status", 500)), item["error"])
-            parts.append(FetchPart(item["db"], int(item["shard"]), error=error))
-            continue
-        end = pos + int(item["nbytes"])
-        if end > len(body):
-            raise InvalidRequest("replica fetch reply: truncated frames")
-        parts.append(
-            FetchPart(
+            PartRequest(
                 item["db"],
-                int(item["shard"]),
-                body[pos:end],
-                int(item["high_watermark"]),
-                int(item["log_start"]),
-                int(item["log_end"]),
-                int(item["leader_epoch"]),
+                request_int(item, "shard", what=_WHAT),
+                request_int(item, "offset", what=_WHAT),
+                request_int(item, "leader_epoch", what=_WHAT),
             )
         )
-        pos = end
-    if pos != len(body):
-        raise InvalidRequest("replica fetch reply: bytes after the last part")
-    return parts
+    return (
+        request_int(obj, "follower", what=_WHAT),
+        parts,
+        request_int(obj, "wait_ms", what=_WHAT),
+        request_int(obj, "max_bytes", 1, what=_WHAT),
+    )

@@ -99,6 +99,7 @@ ROUTE_NEEDS: Final[dict[tuple[str, str], Need]] = {
     ("GET", API_PREFIX + "/stats"): _HANDLER_CHECKS,
     ("POST", _DB + "/records"): _WRITE,
     ("GET", _DB + "/shards/{shard}/frames"): _READ,
+    ("POST", _DB + "/fetch"): _READ,
     ("GET", _DB + "/shards/{shard}/offset"): _READ,
     ("POST", _GROUP + "/join"): _READ,
     ("POST", _GROUP + "/heartbeat"): _READ,
@@ -191,6 +192,7 @@ class NodeServer:
         app.router.add_get(API_PREFIX + "/stats", admin.stats)
         app.router.add_post(db + "/records", produce.produce)
         app.router.add_get(db + "/shards/{shard}/frames", fetch.fetch)
+        app.router.add_post(db + "/fetch", fetch.fetch_many)
         app.router.add_get(db + "/shards/{shard}/offset", admin.offset_for_time)
         group_routes.add_routes(app, db)
         replica_routes.add_routes(app, db)

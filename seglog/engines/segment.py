@@ -46,6 +46,7 @@ from seglog.engines.frames import (
 )
 from seglog.engines.frames import with_offsets as _with_offsets
 from seglog.engines.segment_writer import (
+    TAILED_S,
     FrameRequest,
     RowsRequest,
     WorkerLog,
@@ -91,8 +92,6 @@ __all__ = ["SegmentEngine", "SegmentRange", "shard_dir_name"]
 
 log = logging.getLogger("seglog.engines.segment")
 
-# A shard whose frames were read this recently is taken as tailed (see _flush_for_read).
-_TAILED_S: Final = 2.0
 # Reads of frames of the active segment up to this size run on the event loop (read_frames).
 _INLINE_READ_BYTES: Final = 1 << 20
 
@@ -143,7 +142,7 @@ class _Shard:
         self.writer: WorkerLog | None = None
         # time.monotonic() of the last read of frames (event loop): a shard read lately is
         # being tailed, and a flush for another shard's read takes its buffered rows too.
-        self.frames_read_at = -_TAILED_S
+        self.frames_read_at = -TAILED_S
         # Frames the index has not taken yet (its write failed): caught up from the segments.
         self.index_lagging = False
         # The index disagreed with the segments: rebuilt from scratch on the worker.
@@ -427,7 +426,7 @@ class _ReadFlush:
         with self._lock:
             self._started = True
             shards = self._shards
-        tailed = time.monotonic() - _TAILED_S
+        tailed = time.monotonic() - TAILED_S
         for s in self.writer.pending_shards():
             if s.frames_read_at >= tailed:
                 shards.setdefault(s.number, s)
@@ -995,7 +994,7 @@ class SegmentEngine(StreamLookups):
         Reads arriving together (a consumer's long polls on every shard, woken by one
         append) share one request on the I/O worker: one flush of all their shards, one
         index transaction, instead of one of each per shard. The flush also takes the buffered
-        rows of every shard of the worker read within the last ``_TAILED_S``: their readers'
+        rows of every shard of the worker read within the last ``TAILED_S``: their readers'
         polls are about to arrive for them too.
         """
         writer = s.writer

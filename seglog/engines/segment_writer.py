@@ -57,6 +57,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_BUFFER_BYTES",
     "DEFAULT_BUFFER_MS",
+    "TAILED_S",
     "FrameRequest",
     "RowsRequest",
     "WorkerLog",
@@ -69,6 +70,9 @@ log = logging.getLogger("seglog.engines.segment")
 # Rows wait in a shard's pending buffer this long, idle or not (they are durable in the
 # journal and readable in-process); cross-process followers see them after the flush.
 DEFAULT_BUFFER_MS: Final = 1000
+# A shard whose frames were read this recently is tailed: a drain writes its buffered rows
+# into the segment at once, so the reader's next poll finds frames (see ``_flush_tailed``).
+TAILED_S: Final = 2.0
 # A worker flushes its pending buffers when they hold this many bytes.
 DEFAULT_BUFFER_BYTES: Final = 64 << 20
 # Moved high watermarks are written at most this often while the store runs (and at close).
@@ -297,6 +301,8 @@ class WorkerLog:
             else:
                 self._buffer(item)
                 out.append(None)
+        if any(isinstance(i, RowsRequest) for i in items):
+            self._flush_tailed()
         written: list[tuple[_Shard, list[tuple[FramePosition, pa.RecordBatch]]]] = []
         for item, positions in frame_writes:
             s = item.shard
@@ -445,6 +451,30 @@ class WorkerLog:
         self._pending_bytes += req.batch.nbytes
         if self._pending_since is None:
             self._pending_since = time.monotonic()
+
+    def _flush_tailed(self) -> None:
+        """Write the buffered rows of tailed shards into their segments now, in this drain.
+
+        A consumer or follower tailing a shard would otherwise have its next poll queue a
+        flush behind the drains that follow (milliseconds under load); here the rows are
+        already durable in the journal, so a failure only leaves them pending (a read flushes
+        them again) and never fails the append.
+        """
+        tailed = time.monotonic() - TAILED_S
+        hot = [s for s in self._pending_shards.values() if s.frames_read_at >= tailed]
+        if not hot:
+            return
+        try:
+            first: BaseException | None = self._flush_shards(hot)
+        except StorageError as exc:
+            first = exc
+        if first is not None:
+            log.warning(
+                "I/O worker %d: writing tailed shards' rows into their segments failed (%s); "
+                "they are safe in the journal and stay buffered",
+                self.worker,
+                first,
+            )
 
     def _flush_shard(self, s: _Shard) -> None:
         """Write one shard's pending rows into its segment (see :meth:`_flush_shards`).
