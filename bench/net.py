@@ -630,9 +630,18 @@ CONSUME_ROWS: list[tuple[str, str, ConsumeFn, bool]] = [
 ]
 
 
-async def end_to_end(env: Env, node: Node, rate: int, seconds: float, tick_ms: float) -> Row:
-    """A paced Arrow sender at ``rate`` records/s and a tailing Consumer; latency = receipt - ts."""
+async def end_to_end(
+    env: Env, node: Node, rate: int, seconds: float, tick_ms: float, *, producer: bool = False
+) -> Row:
+    """A paced Arrow sender at ``rate`` records/s and a tailing Consumer; latency = receipt - ts.
+
+    The sender posts one Arrow body per tick itself, or (``producer``) hands each tick's
+    table to ``Producer.send_arrow`` (its batching, one request in flight per shard).
+    """
+    from seglog.client import Producer
+
     targets = Targets(env)
+    targets.serial = 100 if producer else 0  # one database per sender mode
     name = await targets.create("node", env.shards, 100)
     per_tick = max(1, round(rate * tick_ms / 1000))
     ticks = max(1, round(seconds * 1000 / tick_ms))
@@ -651,17 +660,24 @@ async def end_to_end(env: Env, node: Node, rate: int, seconds: float, tick_ms: f
     received = 0
     got_all = asyncio.Event()
 
+    sender: Producer | None = None
+
     async def post(i: int) -> None:
         ts = time.time_ns() // 1000
         table = template.add_column(0, "ts", pa.array(np.full(per_tick, ts, np.int64)))
-        # Rotate the devices so that every tick touches a different mix of shards.
         t0 = time.perf_counter()
-        await env.session.request(
-            "POST", path, data=memoryview(ipc_stream(table)), content_type=protocol.ARROW_STREAM
-        )
+        if sender is not None:
+            await (await sender.send_arrow(table))
+        else:
+            await env.session.request(
+                "POST", path, data=memoryview(ipc_stream(table)), content_type=protocol.ARROW_STREAM
+            )
         acks.append(time.perf_counter() - t0)
 
-    async with Consumer(env.url, name, auto_offset_reset="earliest") as consumer:
+    async with contextlib.AsyncExitStack() as stack:
+        consumer = await stack.enter_async_context(Consumer(env.url, name, auto_offset_reset="earliest"))
+        if producer:
+            sender = await stack.enter_async_context(Producer(env.url, name, acks=1))
 
         async def receive() -> None:
             nonlocal received
@@ -704,7 +720,7 @@ async def end_to_end(env: Env, node: Node, rate: int, seconds: float, tick_ms: f
         "e2e",
         100,
         f"{env.shards} shard{'s' if env.shards > 1 else ''}, {per_tick} records every {tick_ms:g} ms",
-        "network Arrow -> tailing Consumer",
+        "Producer.send_arrow -> tailing Consumer" if producer else "network Arrow -> tailing Consumer",
         received,
         sent_s,
         0,
@@ -859,9 +875,14 @@ async def run(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
             for shards in args.e2e_shards if "e2e" in args.sections else ():
                 env = Env(node.url, session, store, kafka, make_workload(1, 100, 1), shards=shards)
                 _log(f"  end to end, {shards} shards, {args.e2e_rate:,} records/s for {args.e2e_seconds:g} s")
-                e = await end_to_end(env, node, args.e2e_rate, args.e2e_seconds, args.e2e_tick_ms)
-                rows.append(e)
-                _log(f"  e2e p50 {e.p50_ms:.1f} ms p99 {e.p99_ms:.1f} ms max {e.extra['max_ms']:.1f} ms")
+                for producer in (False, True):
+                    e = await end_to_end(
+                        env, node, args.e2e_rate, args.e2e_seconds, args.e2e_tick_ms, producer=producer
+                    )
+                    rows.append(e)
+                    _log(
+                        f"  {e.system}: e2e p50 {e.p50_ms:.1f} ms p99 {e.p99_ms:.1f} ms max {e.extra['max_ms']:.1f} ms"
+                    )
         await session.close()
     finally:
         if profiler is not None:
@@ -926,19 +947,21 @@ def render(meta: dict[str, Any], rows: list[Row], args: argparse.Namespace) -> s
     if e2e:
         out += [
             "",
-            "End to end: one sender paced by a clock schedule posts Arrow bodies of 100 B values (`ts` = "
-            "wall clock at send, several posts in flight); one `Consumer` tails every shard with long polls; "
-            "latency = wall clock when `getmany_arrow` returned the record - its `ts`. ack = the sender's "
-            "post -> acknowledgement; late ticks = posts sent more than a tick behind schedule.",
+            "End to end: one sender paced by a clock schedule hands a table of 100 B values (`ts` = "
+            "wall clock at send) to the node every tick: posted as one Arrow body (several posts in flight), "
+            "or given to `Producer.send_arrow` (acks=1: the node's fsynced write; its own batching, one "
+            "request in flight per shard); one `Consumer` tails every shard with one long poll; "
+            "latency = wall clock when `getmany_arrow` returned the record - its `ts`. ack = the tick's "
+            "table handed over -> acknowledged; late ticks = ticks sent more than a tick behind schedule.",
             "",
-            "| shape | target records/s | achieved records/s | records | e2e p50 ms | e2e p99 ms | e2e max ms "
-            "| ack p50 ms | ack p99 ms | late ticks | server CPU s | client CPU s |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+            "| shape | sender | target records/s | achieved records/s | records | e2e p50 ms | e2e p99 ms "
+            "| e2e max ms | ack p50 ms | ack p99 ms | late ticks | server CPU s | client CPU s |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for r in e2e:
             x = r.extra
             out.append(
-                f"| {r.shape} | {x['target_rate']:,.0f} | {x['achieved_rate']:,.0f} | {r.records:,} | "
+                f"| {r.shape} | {r.system.split(' ->')[0]} | {x['target_rate']:,.0f} | {x['achieved_rate']:,.0f} | {r.records:,} | "
                 f"{_f(r.p50_ms, 2)} | {_f(r.p99_ms, 2)} | {_f(x['max_ms'], 2)} | {_f(x['ack_p50_ms'], 2)} | "
                 f"{_f(x['ack_p99_ms'], 2)} | {x['late_ticks']:.0f} | {_f(r.server_cpu_s, 2)} | "
                 f"{_f(r.client_cpu_s, 2)} |"
