@@ -484,3 +484,75 @@ def test_producer_follows_leaders_through_a_failover(
             await admin.close()
 
     run(main())
+
+
+def test_consumer_follows_leaders_through_a_failover(
+    server_factory: ServerFactory, etcd: EtcdProcess, run: Run[None]
+) -> None:
+    """``Consumer(url, bootstrap=...)`` reads each shard from its leader and keeps reading after
+    the node at ``url`` (shard 0's leader) is killed: every acknowledged record, once, in order."""
+    from seglog.client import Consumer, Producer
+    from seglog.cluster import fetch_wire
+
+    nodes = start_cluster(server_factory, etcd)
+
+    async def main() -> None:
+        admin = NodeSession(nodes[1].url)
+        try:
+            await create_replicated(admin, 2, 3, 2)
+
+            async def led() -> dict[str, Any] | None:
+                view = await cluster_view(admin)
+                ok = DB in view["dbs"] and all(s["leader"] > 0 for s in view["dbs"][DB]["state"])
+                return view if ok else None
+
+            view = await until(led, "leaders")
+            victim = int(view["dbs"][DB]["state"][0]["leader"])
+            others = [p.url for i, p in nodes.items() if i != victim]
+            # A node that does not lead a shard refuses it to a leader-only fetch, naming the leader.
+            follower = NodeSession(others[0])
+            try:
+                asked = fetch_wire.ShardsRequest({0: 0}, 0, 1 << 20, leader_only=True)
+
+                async def refused() -> fetch_wire.FetchPart:
+                    # Retried (until) while the follower has not created its copy yet.
+                    reply = await follower.request(
+                        "POST",
+                        f"/v1/dbs/{DB}/fetch",
+                        data=fetch_wire.encode_shards_request(asked),
+                        content_type=protocol.JSON,
+                    )
+                    (part,) = fetch_wire.decode_reply(reply.body)
+                    return part
+
+                part = await until(refused, "the follower's copy")
+                assert isinstance(part.error, NotLeader) and part.error.leader == victim
+            finally:
+                await follower.close()
+            sent: dict[int, list[bytes]] = {0: [], 1: []}
+            got: dict[int, list[tuple[int, bytes]]] = {0: [], 1: []}
+
+            async def drain(consumer: Consumer, want: int) -> None:
+                while sum(len(v) for v in got.values()) < want:
+                    for shard, records in (await consumer.getmany(timeout_ms=int(WAIT_S * 1000))).items():
+                        got[shard] += [(r.offset or 0, r.value) for r in records]
+
+            async with (
+                Producer(others[0], DB, bootstrap=others[1:], acks="all", retries=None) as producer,
+                Consumer(nodes[victim].url, DB, bootstrap=others, max_wait_ms=1000) as consumer,
+            ):
+                for wave in (b"a", b"b"):
+                    futs = [await producer.send("t", wave + b"%d" % i, key=b"k%d" % i) for i in range(200)]
+                    for i, meta in enumerate(await asyncio.wait_for(asyncio.gather(*futs), WAIT_S)):
+                        sent[meta.shard].append(wave + b"%d" % i)
+                    await asyncio.wait_for(drain(consumer, sum(len(v) for v in sent.values())), WAIT_S)
+                    if wave == b"a":
+                        nodes[victim].kill()  # the consumer's url, and shard 0's leader
+            for shard in (0, 1):
+                offsets = [o for o, _ in got[shard]]
+                assert offsets == list(range(len(offsets)))  # in order, no gap, no repeat
+                assert [v for _, v in got[shard]] == sent[shard]
+        finally:
+            await admin.close()
+
+    run(main())

@@ -121,7 +121,7 @@ def test_fetch_many_long_polls_all_shards_and_reports_out_of_range_per_shard(ser
             url = f"{server.url}/v1/dbs/{DB}/fetch"
 
             async def fetch(offsets: dict[int, int], wait_ms: int = 0) -> list[fetch_wire.FetchPart]:
-                body = fetch_wire.encode_shards_request(offsets, wait_ms=wait_ms, max_bytes=1 << 20)
+                body = fetch_wire.encode_shards_request(fetch_wire.ShardsRequest(offsets, wait_ms, 1 << 20))
                 async with s.post(url, data=body, headers={"Content-Type": protocol.JSON}) as r:
                     assert r.status == 200, await r.text()
                     assert r.content_type == fetch_wire.FETCH_REPLY
@@ -162,10 +162,18 @@ def test_fetch_many_long_polls_all_shards_and_reports_out_of_range_per_shard(ser
 
 
 def test_fetch_wire_shards_request_round_trip_and_arrow_parts() -> None:
-    body = fetch_wire.encode_shards_request({3: 10, 0: 0}, wait_ms=5, max_bytes=7)
-    assert fetch_wire.decode_shards_request(body) == ({3: 10, 0: 0}, 5, 7)
-    with pytest.raises(InvalidRequest):
-        fetch_wire.decode_shards_request(b'{"shards": {"a": 1}, "wait_ms": 0, "max_bytes": 1}')
+    for asked in (
+        fetch_wire.ShardsRequest({3: 10, 0: 0}, 5, 7),
+        fetch_wire.ShardsRequest({1: 0}, 0, 1, leader_only=True),
+    ):
+        got = fetch_wire.decode_shards_request(fetch_wire.encode_shards_request(asked))
+        assert got == asked and list(got.offsets) == list(asked.offsets)  # the order is kept
+    for bad in (
+        b'{"shards": {"a": 1}, "wait_ms": 0, "max_bytes": 1}',
+        b'{"shards": {"1": 1}, "wait_ms": 0, "max_bytes": 1, "leader_only": 1}',
+    ):
+        with pytest.raises(InvalidRequest):
+            fetch_wire.decode_shards_request(bad)
     parts = [
         fetch_wire.FetchPart("d", 1, b"rows", 5, 0, 5, arrow=True),
         fetch_wire.FetchPart("d", 2, b"frames", 9, 0, 9),
@@ -243,4 +251,5 @@ def test_tailed_shards_rows_reach_their_segments_in_the_append(tmp_path: Path) -
 
 def test_protocol_lists_the_fetch_route() -> None:
     assert "POST     /v1/dbs/{db}/fetch" in (protocol.__doc__ or "")
-    assert json.loads(fetch_wire.encode_shards_request({1: 2}, wait_ms=0, max_bytes=1))["shards"] == {"1": 2}
+    body = fetch_wire.encode_shards_request(fetch_wire.ShardsRequest({1: 2}, 0, 1))
+    assert json.loads(body) == {"wait_ms": 0, "max_bytes": 1, "shards": {"1": 2}}

@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from ssl import SSLContext
 from types import TracebackType
 from typing import Any, Final, Literal
@@ -34,13 +34,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from seglog.client._http import DEFAULT_REQUEST_TIMEOUT_S, NodeSession
+from seglog.client._metadata import LeaderCache
 from seglog.cluster import fetch_wire, protocol
 from seglog.cluster.fetch_wire import FetchPart
 from seglog.errors import (
     ClosedResourceError,
+    DatabaseNotFound,
     InvalidArgument,
+    NotLeader,
     OffsetOutOfRange,
     SeglogError,
+    ServerUnavailable,
     StaleGeneration,
 )
 from seglog.groups import validate_group_name
@@ -72,6 +76,10 @@ class Consumer:
             generation). With ``shards`` too, no membership: the group only stores commits,
             accepted while it has no members.
         shards: Read these shards (default: all, or the group's assignment).
+        bootstrap: More nodes of a cluster: fetch every shard from its leader, found from any
+            of ``url`` and these, and found again after ``NotLeader`` or a node that stopped
+            answering. (Without it every shard is read from ``url``'s copy, below that node's
+            high watermark.)
         token: Bearer token.
         ssl: TLS context for ``https`` (e.g. trusting a private CA).
         auto_offset_reset: Where a shard without a commit (and without ``from_time_us``)
@@ -94,6 +102,7 @@ class Consumer:
         *,
         group: str | None = None,
         shards: Iterable[int] | None = None,
+        bootstrap: Sequence[str] | None = None,
         token: str | None = None,
         ssl: SSLContext | None = None,
         auto_offset_reset: OffsetReset = "earliest",
@@ -154,6 +163,13 @@ class Consumer:
         # Set (and replaced) whenever a reader takes buffered rows: full shards have room again.
         self._room = asyncio.Event()
         self._fetchers: list[asyncio.Task[None]] = []
+        # A cluster: the shards' leaders, and how many reroutes in a row found no records.
+        self._leaders = (
+            None
+            if bootstrap is None
+            else LeaderCache([url, *bootstrap], token=token, ssl_context=ssl, timeout_s=request_timeout_s)
+        )
+        self._reroutes = 0
         # ``async for``: records taken from the chunks but not yet yielded (positions move per yield).
         self._iter: deque[tuple[int, pa.Table, list[Record], int]] = deque()
         self._next_shard = 0
@@ -223,6 +239,8 @@ class Consumer:
                 # The session runs out on the node anyway; leaving only makes it quicker.
                 log.info("leaving group %s failed: %s", self.group, exc)
         await self._session.close()
+        if self._leaders is not None:
+            await self._leaders.close()
 
     def _check_open(self) -> None:
         if self._stopping.is_set():
@@ -423,8 +441,22 @@ class Consumer:
         return shard
 
     async def _describe(self) -> dict[str, Any]:
-        described: dict[str, Any] = (await self._session.request("GET", self._base)).json()
-        return described
+        """``GET /v1/dbs/{db}`` from ``url``, or (``bootstrap``) from any live node holding it."""
+        try:
+            described: dict[str, Any] = (await self._session.request("GET", self._base)).json()
+            return described
+        except ServerUnavailable:
+            if self._leaders is None:
+                raise
+        view = await self._leaders.refresh(force=True)
+        last: SeglogError | None = None
+        for url in view.nodes.values():
+            try:
+                described = (await self._leaders.session(url).request("GET", self._base)).json()
+                return described
+            except (ServerUnavailable, DatabaseNotFound) as exc:
+                last = exc
+        raise ServerUnavailable(f"no node of the cluster answered for database {self.db!r}") from last
 
     async def _marks(self) -> dict[int, dict[str, int]]:
         return {int(o["shard"]): o for o in (await self._describe())["offsets"]}
@@ -484,36 +516,80 @@ class Consumer:
         """Cancel the fetch loops (their parked polls) and start them over the assignment now."""
         for task in self._fetchers:
             task.cancel()
-        if self._stopping.is_set():
-            self._fetchers = []
+        self._fetchers = []
+        if self._stopping.is_set() or not self._assignment:
+            return
+        if self._leaders is not None:
+            self._spawn(self._route_fetchers(), "seglog-fetch-route")
             return
         loops = min(self._fetch_loops, len(self._assignment))
-        self._fetchers = [
-            asyncio.create_task(self._fetch_loop(k, loops), name=f"seglog-fetch-{k}") for k in range(loops)
-        ]
+        for k in range(loops):
+            self._spawn(self._fetch_loop(self._assignment[k::loops], self._session), f"seglog-fetch-{k}")
 
-    async def _fetch_loop(self, k: int, loops: int) -> None:
-        """Poll shards ``assignment[k::loops]`` in one request per round, until cancelled."""
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        self._fetchers.append(asyncio.create_task(coro, name=name))
+
+    async def _route_fetchers(self) -> None:
+        """(``bootstrap``) One fetch loop per node over the shards it leads; shards without a
+        live leader are routed again after a backoff."""
+        assert self._leaders is not None
+        by_url: dict[str, list[int]] = {}
+        unled: list[int] = []
+        for shard in self._assignment:
+            try:
+                url = await self._leaders.leader_url(self.db, shard)
+            except (NotLeader, ServerUnavailable):
+                unled.append(shard)
+                continue
+            by_url.setdefault(url, []).append(shard)
+        for url, shards in by_url.items():
+            self._spawn(self._fetch_loop(shards, self._leaders.session(url)), f"seglog-fetch-{url}")
+        if unled:
+            log.info("shards %s have no live leader yet; routing them again", unled)
+            await self._reroute()
+
+    async def _reroute(self) -> None:
+        """(``bootstrap``) Learn the leaders again, after a growing pause, and restart the loops."""
+        assert self._leaders is not None
+        self._reroutes += 1
+        pause = min(_RETRY_MIN_S * 2 ** (self._reroutes - 1), _RETRY_MAX_S)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), pause)
+        with contextlib.suppress(ServerUnavailable):
+            await self._leaders.refresh(force=True)
+        self._restart_fetchers()
+
+    async def _fetch_loop(self, shards: list[int], session: NodeSession) -> None:
+        """Poll ``shards`` on ``session``'s node in one request per round, until cancelled."""
         path = f"{self._base}/fetch"
         backoff = _RETRY_MIN_S
         turn = 0
+        routed = self._leaders is not None
         while not self._stopping.is_set():
-            mine = [s for s in self._assignment[k::loops] if len(self._chunks[s]) < _PREFETCH_REPLIES]
+            mine = [s for s in shards if len(self._chunks[s]) < _PREFETCH_REPLIES]
             if not mine:
                 await self._room.wait()
                 continue
             # Rotate which shard comes first: the node spends max_bytes in request order.
             turn = (turn + 1) % len(mine)
             sent = {s: self._fetch_at[s] for s in mine[turn:] + mine[:turn]}
-            body = fetch_wire.encode_shards_request(
-                sent, wait_ms=self._max_wait_ms, max_bytes=self._fetch_max_bytes
+            asked = fetch_wire.ShardsRequest(
+                sent, self._max_wait_ms, self._fetch_max_bytes, leader_only=routed
             )
             try:
-                reply = await self._session.request(
-                    "POST", path, data=body, content_type=protocol.JSON, timeout_s=self._poll_timeout_s
+                reply = await session.request(
+                    "POST",
+                    path,
+                    data=fetch_wire.encode_shards_request(asked),
+                    content_type=protocol.JSON,
+                    timeout_s=self._poll_timeout_s,
                 )
                 parts = fetch_wire.decode_reply(reply.body)
             except SeglogError as exc:
+                if routed and isinstance(exc, ServerUnavailable):
+                    log.warning("fetch from %s failed (%s); finding the leaders again", session.url, exc)
+                    await self._reroute()
+                    return
                 if not protocol.is_retriable(exc):
                     self._fail(exc)
                     return
@@ -523,7 +599,7 @@ class Consumer:
                 backoff = min(backoff * 2, _RETRY_MAX_S)
                 continue
             backoff = _RETRY_MIN_S
-            got = False
+            got = moved = False
             for part in parts:
                 shard, offset = part.shard, sent.get(part.shard)
                 if offset is None or self._fetch_at.get(shard) != offset:
@@ -537,6 +613,9 @@ class Consumer:
                     )  # fmt: skip
                     self._reset(shard, target)
                     continue
+                if routed and isinstance(part.error, NotLeader):
+                    moved = True  # read what the others sent, then route again
+                    continue
                 if part.error is not None:
                     self._fail(part.error)
                     return
@@ -546,7 +625,12 @@ class Consumer:
                     self._fetch_at[shard] = int(table.column("offset")[-1].as_py()) + 1
                     got = True
             if got:
+                self._reroutes = 0
                 self._data.set()
+            if moved:
+                log.info("a shard's leader moved away from %s; finding the leaders again", session.url)
+                await self._reroute()
+                return
 
     def _fail(self, exc: SeglogError) -> None:
         self._failure = exc

@@ -18,7 +18,7 @@ from seglog.cluster.context import NODE, NodeContext
 from seglog.cluster.fetch_wire import FetchPart
 from seglog.cluster.params import query_int, shard_param
 from seglog.db import Database
-from seglog.errors import InvalidArgument, OffsetOutOfRange, UnsupportedContentType
+from seglog.errors import InvalidArgument, OffsetOutOfRange, SeglogError, UnsupportedContentType
 
 __all__ = ["DEFAULT_FETCH_BYTES", "fetch", "fetch_many"]
 
@@ -86,8 +86,10 @@ async def _tiered_rows(db: Database, shard: int, offset: int, max_bytes: int, hw
     return sink.getvalue().to_pybytes()  # type: ignore[no-any-return]
 
 
-def _has_news(db: Database, offsets: dict[int, int]) -> bool:
+def _has_news(db: Database, offsets: dict[int, int], refused: dict[int, SeglogError]) -> bool:
     """Whether a poll of ``offsets`` has something to answer: records or an error."""
+    if refused:
+        return True
     for shard, offset in offsets.items():
         if offset < db.high_watermark(shard) or not db.start_offset(shard) <= offset <= db.end_offset(shard):
             return True
@@ -95,7 +97,7 @@ def _has_news(db: Database, offsets: dict[int, int]) -> bool:
 
 
 async def _read_parts(
-    node: NodeContext, db: Database, offsets: dict[int, int], max_bytes: int
+    node: NodeContext, db: Database, offsets: dict[int, int], max_bytes: int, refused: dict[int, SeglogError]
 ) -> list[FetchPart]:
     """The parts of the shards with records (or an error) for ``offsets``, in request order.
 
@@ -106,6 +108,9 @@ async def _read_parts(
     budget = max_bytes
     total = lag = 0
     for shard, offset in offsets.items():
+        if shard in refused:
+            parts.append(FetchPart(db.name, shard, error=refused[shard]))
+            continue
         start, end, hw = db.start_offset(shard), db.end_offset(shard), db.high_watermark(shard)
         if not start <= offset <= end:
             parts.append(FetchPart(db.name, shard, error=OffsetOutOfRange(offset, start, end, shard=shard)))
@@ -136,16 +141,24 @@ async def fetch_many(request: web.Request) -> web.Response:
     db = await node.database(request.match_info["db"])
     if request.content_type != protocol.JSON:
         raise UnsupportedContentType(f"fetch takes {protocol.JSON}, not {request.content_type}")
-    offsets, wait_ms, max_bytes = fetch_wire.decode_shards_request(await request.read())
+    asked = fetch_wire.decode_shards_request(await request.read())
+    offsets = asked.offsets
     bad = next((s for s in offsets if s >= db.shards), None)
     if bad is not None:
         raise InvalidArgument(f"shard must be an int in 0..{db.shards - 1}, not {bad}")
-    wait_ms = min(wait_ms, node.limits.max_wait_ms)
-    max_bytes = min(max_bytes, node.limits.max_fetch_bytes)
-    if wait_ms and not node.closing and not _has_news(db, offsets):
+    wait_ms = min(asked.wait_ms, node.limits.max_wait_ms)
+    max_bytes = min(asked.max_bytes, node.limits.max_fetch_bytes)
+    refused: dict[int, SeglogError] = {}
+    cluster = node.cluster
+    if asked.leader_only and cluster is not None and cluster.replicated(db.name):
+        for shard in offsets:
+            error = cluster.not_leader(db.name, shard)
+            if error is not None:
+                refused[shard] = error
+    if wait_ms and not node.closing and not _has_news(db, offsets, refused):
         with node.waiters.watching((db.name, s) for s in offsets) as moved:
-            if not _has_news(db, offsets):  # re-checked once armed: no lost wake-up
+            if not _has_news(db, offsets, refused):  # re-checked once armed: no lost wake-up
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(moved.wait(), wait_ms / 1000)
-    parts = await _read_parts(node, db, offsets, max_bytes)
+    parts = await _read_parts(node, db, offsets, max_bytes, refused)
     return web.Response(body=fetch_wire.encode_reply(parts), content_type=fetch_wire.FETCH_REPLY)

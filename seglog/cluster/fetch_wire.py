@@ -4,7 +4,10 @@ One long poll answers for many shards: a follower fetching every shard it follow
 leader (:mod:`seglog.cluster.replica_wire`), and a consumer fetching every shard it is
 assigned (``POST /v1/dbs/{db}/fetch``)::
 
-    {"wait_ms": int, "max_bytes": int, "shards": {"<shard>": offset, ...}}
+    {"wait_ms": int, "max_bytes": int, "shards": {"<shard>": offset, ...}, "leader_only"?: bool}
+
+(``leader_only``: a cluster node answers a shard it does not lead with a ``NotLeader`` part
+instead of its own copy below its high watermark; clients routing to leaders set it.)
 
 The reply (``application/vnd.seglog.fetch-reply``) is a directory followed by the blobs, so
 frames are never re-encoded or base64'd::
@@ -36,6 +39,7 @@ __all__ = [
     "FETCH_REPLY",
     "MAX_PARTS_PER_FETCH",
     "FetchPart",
+    "ShardsRequest",
     "decode_reply",
     "decode_shards_request",
     "encode_reply",
@@ -77,16 +81,34 @@ def request_int(obj: Mapping[str, Any], name: str, minimum: int = 0, *, what: st
     return value
 
 
-def encode_shards_request(offsets: Mapping[int, int], *, wait_ms: int, max_bytes: int) -> bytes:
-    """The JSON body of a consumer's fetch of ``{shard: offset}``."""
-    return json.dumps(
-        {"wait_ms": wait_ms, "max_bytes": max_bytes, "shards": {str(s): o for s, o in offsets.items()}},
-        separators=(",", ":"),
-    ).encode()
+@dataclass(frozen=True, slots=True)
+class ShardsRequest:
+    """A consumer's fetch of many shards of one database."""
+
+    # Shard -> the offset to read from, in the order the node spends ``max_bytes``.
+    offsets: dict[int, int]
+    # Longest wait for records (ms); 0 answers at once.
+    wait_ms: int
+    # Most bytes of frames in the reply (at least one frame when any is due).
+    max_bytes: int
+    # Only the shards' leaders answer (see the module docstring).
+    leader_only: bool = False
 
 
-def decode_shards_request(body: bytes) -> tuple[dict[int, int], int, int]:
-    """``({shard: offset}, wait_ms, max_bytes)`` from a consumer's fetch body.
+def encode_shards_request(request: ShardsRequest) -> bytes:
+    """The JSON body of a consumer's fetch."""
+    obj: dict[str, Any] = {
+        "wait_ms": request.wait_ms,
+        "max_bytes": request.max_bytes,
+        "shards": {str(s): o for s, o in request.offsets.items()},
+    }
+    if request.leader_only:
+        obj["leader_only"] = True
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def decode_shards_request(body: bytes) -> ShardsRequest:
+    """A consumer's fetch body, checked.
 
     Shard numbers are checked against the database by the caller.
 
@@ -108,7 +130,10 @@ def decode_shards_request(body: bytes) -> tuple[dict[int, int], int, int]:
                 f"fetch: shard {key!r}: expected a shard number and an offset >= 0, not {offset!r}"
             )
         offsets[int(key)] = offset
-    return offsets, request_int(obj, "wait_ms"), request_int(obj, "max_bytes", 1)
+    leader_only = obj.get("leader_only", False)
+    if type(leader_only) is not bool:
+        raise InvalidRequest(f"fetch: 'leader_only' must be true or false, not {leader_only!r}")
+    return ShardsRequest(offsets, request_int(obj, "wait_ms"), request_int(obj, "max_bytes", 1), leader_only)
 
 
 def encode_reply(parts: list[FetchPart]) -> bytes:

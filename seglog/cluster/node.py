@@ -250,6 +250,18 @@ class ClusterNode:
         """Whether ``db`` is a cluster database (its offsets become visible through the ISR)."""
         return db in self.dbs
 
+    def not_leader(self, db: str, shard: int) -> NotLeader | None:
+        """``NotLeader`` (naming the leader this node knows) unless this node leads ``db``/``shard``."""
+        if (db, shard) in self.leading:
+            return None
+        state = self.shards.get((db, shard))
+        return NotLeader(
+            f"node {self.node_id} does not lead shard {shard} of {db!r}",
+            shard=shard,
+            leader=None if state is None else state.leader,
+            leader_epoch=None if state is None else state.leader_epoch,
+        )
+
     async def _watch_loop(self) -> None:
         while True:
             try:
