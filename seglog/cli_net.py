@@ -411,7 +411,10 @@ async def _admin_action(session: NodeSession, args: argparse.Namespace) -> int:
         desc = (await session.request("POST", f"{protocol.API_PREFIX}/dbs", json_body=body)).json()
         print(_created(desc))
     elif action == "describe":
-        print(json.dumps((await session.request("GET", path)).json(), indent=2))
+        desc = (await session.request("GET", path)).json()
+        if desc.get("replicated"):
+            desc["replication"] = await _from_leaders(session, args, path, desc["replication"])
+        print(json.dumps(desc, indent=2))
     elif action == "configure":
         changes = _settings(args.set)
         if not changes:
@@ -422,6 +425,40 @@ async def _admin_action(session: NodeSession, args: argparse.Namespace) -> int:
         await session.request("DELETE", path)
         print(f"dropped {args.db}")
     return 0
+
+
+async def _from_leaders(
+    session: NodeSession, args: argparse.Namespace, path: str, shards: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Each shard's replication entry as its leader reports it (high watermark and every
+    replica's lag are known only there); a leader that does not answer keeps the entry
+    ``--url``'s node gave, with ``"leader_unreachable": true``."""
+    from seglog.client._http import NodeSession
+
+    nodes = (await session.request("GET", f"{protocol.API_PREFIX}/cluster")).json()["nodes"]
+    out = list(shards)
+    for leader in sorted({int(s["leader"]) for s in shards if not s.get("led_here") and s["leader"] > 0}):
+        url = nodes.get(str(leader))
+        mine = [i for i, s in enumerate(shards) if s["leader"] == leader and not s.get("led_here")]
+        if url is None:
+            for i in mine:
+                out[i] = {**shards[i], "leader_unreachable": True}
+            continue
+        other = NodeSession(url, token=_token(args), ssl_context=_ssl(args), timeout_s=args.timeout_s)
+        try:
+            theirs = {s["shard"]: s for s in (await other.request("GET", path)).json().get("replication", [])}
+        except SeglogError:
+            theirs = {}
+        finally:
+            await other.close()
+        for i in mine:
+            entry = theirs.get(shards[i]["shard"])
+            out[i] = (
+                entry
+                if entry is not None and entry.get("led_here")
+                else {**shards[i], "leader_unreachable": True}
+            )
+    return out
 
 
 def _created(desc: dict[str, Any]) -> str:

@@ -547,6 +547,7 @@ def test_consumer_follows_leaders_through_a_failover(
                         sent[meta.shard].append(wave + b"%d" % i)
                     await asyncio.wait_for(drain(consumer, sum(len(v) for v in sent.values())), WAIT_S)
                     if wave == b"a":
+                        await _check_admin_describe(others[0], victim)
                         nodes[victim].kill()  # the consumer's url, and shard 0's leader
             for shard in (0, 1):
                 offsets = [o for o, _ in got[shard]]
@@ -556,3 +557,25 @@ def test_consumer_follows_leaders_through_a_failover(
             await admin.close()
 
     run(main())
+
+
+async def _check_admin_describe(url: str, leader0: int) -> None:
+    """``seglog admin describe`` on any node shows every shard as its leader sees it."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    cmd = [str(Path(sys.executable).parent / "seglog"), "admin", "--url", url, "describe", DB]
+    done = await asyncio.to_thread(subprocess.run, cmd, capture_output=True, timeout=WAIT_S)
+    assert done.returncode == 0, done.stderr.decode()
+    desc = json.loads(done.stdout)
+    assert desc["replicated"] is True
+    shards = {s["shard"]: s for s in desc["replication"]}
+    assert sorted(shards) == [0, 1] and shards[0]["leader"] == leader0
+    for entry in shards.values():
+        assert entry["led_here"] is True  # gathered from the leader, whichever node --url named
+        report = entry["replica_state"]
+        assert report[0]["node"] == entry["leader"] and report[0]["lag"] == 0
+        assert sorted(r["node"] for r in report) == sorted(entry["replicas"])
+        assert all(isinstance(r["lag"], int) and r["lag"] >= 0 for r in report)
+        assert entry["high_watermark"] <= report[0]["log_end"]

@@ -95,9 +95,12 @@ async def describe_db(request: web.Request) -> web.Response:
     """``GET /v1/dbs/{db}``."""
     node = request.app[NODE]
     db = await node.database(request.match_info["db"])
-    return web.json_response(
-        describe(db) | {"replicated": node.cluster is not None and node.cluster.replicated(db.name)}
-    )
+    out = describe(db)
+    cluster = node.cluster
+    out["replicated"] = cluster is not None and cluster.replicated(db.name)
+    if cluster is not None and out["replicated"]:
+        out["replication"] = cluster.describe_db(db.name)
+    return web.json_response(out)
 
 
 async def configure_db(request: web.Request) -> web.Response:

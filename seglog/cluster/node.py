@@ -250,6 +250,26 @@ class ClusterNode:
         """Whether ``db`` is a cluster database (its offsets become visible through the ISR)."""
         return db in self.dbs
 
+    def describe_db(self, db: str) -> list[dict[str, Any]]:
+        """Per shard of ``db``: its metadata state and, where this node leads it, the high
+        watermark and each replica's log end and lag as the leader sees them."""
+        meta = self.dbs.get(db)
+        if meta is None:
+            return []
+        out = []
+        for shard in range(meta.shards):
+            state = self.shards.get((db, shard))
+            if state is None:
+                continue  # not learned from the metadata yet
+            item: dict[str, Any] = {"shard": shard, **_state_json(state)}
+            lead = self.leading.get((db, shard))
+            item["led_here"] = lead is not None
+            if lead is not None:
+                item["high_watermark"] = lead.high_watermark
+                item["replica_state"] = lead.replica_report()
+            out.append(item)
+        return out
+
     def not_leader(self, db: str, shard: int) -> NotLeader | None:
         """``NotLeader`` (naming the leader this node knows) unless this node leads ``db``/``shard``."""
         if (db, shard) in self.leading:

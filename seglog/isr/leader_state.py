@@ -177,6 +177,26 @@ class ShardLeaderState:
             self._notify()  # a quorum waiter counts follower ends, not the high watermark
         return rose
 
+    def replica_report(self) -> list[dict[str, int | bool | float | None]]:
+        """Per replica (the leader first): its log end as the leader knows it, its lag in
+        records behind the leader's log end, whether it is in the ISR, and the seconds since
+        it was last caught up (``None`` for the leader)."""
+        now = self._clock()
+        out: list[dict[str, int | bool | float | None]] = [
+            {"node": self.leader, "log_end": self.log_end, "lag": 0, "in_isr": True, "caught_up_s_ago": None}
+        ]
+        for r, f in sorted(self._followers.items()):
+            out.append(
+                {
+                    "node": r,
+                    "log_end": f.log_end,
+                    "lag": max(0, self.log_end - f.log_end),
+                    "in_isr": r in self.isr,
+                    "caught_up_s_ago": round(now - f.last_caught_up_s, 3),
+                }
+            )
+        return out
+
     # --- ISR ----------------------------------------------------------------------------
 
     def proposed_isr_change(self) -> IsrChange | None:
