@@ -10,3 +10,11 @@ etcd:
 	@etcd --version | head -1
 
 test-deps: etcd
+
+# The Jepsen-style fault test over many seeded schedules (tests/chaos.py); not part of `make test`
+# (which runs one 20 s schedule). `make chaos CHAOS_RUNS=5 CHAOS_SECONDS=30` for a shorter one.
+CHAOS_RUNS ?= 20
+CHAOS_SECONDS ?= 60
+.PHONY: chaos
+chaos: venv etcd
+	$(BIN)/python -m tests.chaos --runs $(CHAOS_RUNS) --seconds $(CHAOS_SECONDS)
