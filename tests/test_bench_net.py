@@ -50,5 +50,9 @@ def test_net_bench_tiny_run(tmp_path: Path) -> None:
             assert row["status"] == "ok", row
             assert row["records"] == (3000 if section != "e2e" else row["records"])
     e2e = [r for r in data["rows"] if r["section"] == "e2e"]
-    assert [r["shape"].split(",")[0] for r in e2e] == ["1 shard", "16 shards"]
+    assert [(r["shape"].split(",")[0], r["system"].split(" ->")[0]) for r in e2e] == [
+        (shape, sender)
+        for shape in ("1 shard", "16 shards")
+        for sender in ("network Arrow", "Producer.send_arrow")
+    ]
     assert all(r["records"] == 2500 for r in e2e)  # 5000 records/s for 0.5 s, all received
