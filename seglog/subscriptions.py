@@ -399,8 +399,9 @@ class _Beam:
         try:
             it, table = await manager.db.next_arrow(self.iterator.advanced(read_from), BATCH_RECORDS)
         except Exception as exc:
-            for sub in list(self.members):
-                self._retire(sub, exc)
+            if not self.closed:  # closing waits for this read: a failure then is no news
+                for sub in list(self.members):
+                    self._retire(sub, exc)
             return
         manager._counters.shared_reads += 1
         if self.closed:
@@ -457,8 +458,9 @@ class _Beam:
         try:
             it, table = await manager.db.next_arrow(iterator, n)
         except Exception as exc:
-            for sub in subs:
-                self._retire(sub, exc)
+            if not self.closed:
+                for sub in subs:
+                    self._retire(sub, exc)
             return
         manager._counters.catchup_reads += 1
         if self.closed:
