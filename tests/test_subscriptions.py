@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import random
 from pathlib import Path
 
 import pytest
@@ -150,10 +151,11 @@ def test_a_full_window_parks_the_subscription_until_suback(run, data_dir: Path) 
 # --- the shared read -----------------------------------------------------------------------
 
 
-def test_subscribers_at_the_head_share_one_read_per_append(run, data_dir: Path) -> None:
+@pytest.mark.parametrize("engine", ["segment", "memory", "lmdb"])
+def test_subscribers_at_the_head_share_one_read_per_append(run, data_dir: Path, engine: str) -> None:
     async def go() -> None:
         async with seglog.open(data_dir) as store:
-            db = await store.create_db("beam", lts_thresholds=[1000, 0])
+            db = await store.create_db("beam", engine=engine, lts_thresholds=[1000, 0])
             await db.append([Record("m/0", b"-")])
             it = await head_iterator(db, "m/+")
             subs = [db.subscribe(it, max_unacked=1000) for _ in range(10)]
@@ -503,5 +505,85 @@ def test_bad_arguments_raise_specific_errors(run, data_dir: Path) -> None:
             with pytest.raises(ClosedResourceError):
                 sub.suback(2)
             await sub.close()  # twice is fine
+
+    run(go())
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_many_subscribers_with_random_windows_get_everything_once(run, data_dir: Path, seed: int) -> None:
+    """Random starts, filters, windows and ack habits against concurrent appends to two shards."""
+    rng = random.Random(seed)
+
+    async def go() -> None:
+        async with seglog.open(data_dir) as store:
+            db = await store.create_db("rand", shards=2, lts_thresholds=[1000, 0])
+            for i in range(300):
+                await db.append([Record(f"s/{i % 5}", b"h%d" % i, key=b"%d" % (i % 11))])
+            streams = db.get_streams("s/+")
+            assert len(streams) == 2
+            subs: list[tuple[Subscription, seglog.Stream, str, int]] = []
+            for _ in range(14):
+                stream = rng.choice(streams)
+                f = rng.choice(["s/+", "s/3", "s/#"])
+                it = db.make_iterator(stream, f)
+                start = rng.choice(["zero", "head", "mid"])
+                if start != "zero":
+                    it, _ = await db.next_arrow(it, 10_000 if start == "head" else rng.randint(1, 40))
+                window = rng.randint(1, 40)
+                subs.append((db.subscribe(it, max_unacked=window), stream, f, it.position))
+            got: list[list[tuple[int, bytes]]] = [[] for _ in subs]
+            targets: list[int | None] = [None] * len(subs)
+            reached = [asyncio.Event() for _ in subs]
+
+            async def consume(i: int) -> None:
+                sub = subs[i][0]
+                habit = rng.randint(0, 2)
+                pending = 0
+                while True:
+                    b = await anext(sub)
+                    assert sub.unacked <= sub.max_unacked
+                    got[i].extend((r.offset, r.value) for r in b.records)
+                    target = targets[i]
+                    if target is not None and len(got[i]) >= target:
+                        reached[i].set()
+                    pending += 1
+                    if habit == 0 or sub.stuck or pending >= 3:
+                        for _ in range(rng.randint(0, 3) if habit == 2 else 0):
+                            await asyncio.sleep(0)  # a slow handler: yields to the others
+                        sub.suback(b.seqno)
+                        pending = 0
+
+            consumers = [asyncio.create_task(consume(i)) for i in range(len(subs))]
+            for k in range(120):
+                size = rng.randint(1, 12)
+                await db.append(
+                    [
+                        Record(f"s/{rng.randint(0, 5)}", b"n%d.%d" % (k, j), key=b"%d" % rng.randint(0, 9))
+                        for j in range(size)
+                    ]
+                )
+                if rng.random() < 0.3:
+                    await asyncio.sleep(0)
+            stored = [r for shard in range(2) for r in await db.read(shard, 0, 100_000)]
+            for i, (_sub, stream, f, position) in enumerate(subs):
+                want = [
+                    (r.offset, r.value)
+                    for r in stored
+                    if r.shard == stream.shard and r.offset >= position and topic_matches(f, r.topic)
+                ]
+                targets[i] = len(want)
+                if len(got[i]) >= len(want):
+                    reached[i].set()
+                await asyncio.wait_for(reached[i].wait(), WAIT_S)
+                assert got[i] == want, (i, f, position)
+            for task in consumers:
+                assert not task.done(), task
+                task.cancel()
+            stats = db.subscription_stats()
+            assert stats.joins >= len(subs)
+            assert stats.shared_reads < 120 * 2 + 10
+            for sub, *_ in subs:
+                await sub.close()
+            assert db.subscription_stats().beams == 0
 
     run(go())
