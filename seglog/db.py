@@ -812,8 +812,12 @@ class Database:
         self._check_shard(shard)
         _check_int("offset", offset)
         if self._tier is not None:
-            return await self._tier.truncate_to(shard, offset, force=force)
-        return await engine.truncate_to(shard, offset, force=force)
+            end = await self._tier.truncate_to(shard, offset, force=force)
+        else:
+            end = await engine.truncate_to(shard, offset, force=force)
+        if self._subscriptions is not None:
+            self._subscriptions.truncated(shard, end)
+        return end
 
     def end_offset_for_epoch(self, shard: int, epoch: int) -> tuple[int, int]:
         """Kafka's OffsetsForLeaderEpoch: ``(largest known epoch <= epoch, the offset it ends at)``.

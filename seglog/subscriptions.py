@@ -370,12 +370,15 @@ class _Beam:
     async def _step(self) -> bool:
         """One shared read (if there is news) and a few catch-up reads; whether it did any."""
         worked = False
+        end = self.manager.db.end_offset(self.shard)
+        # A log cut back below the beam (truncate_to) moves it back to the end, as an
+        # iterator moves on its next call.
+        self.position = min(self.position, end)
         for sub in list(self.lagging):
             if sub.iterator.position >= self.position and not sub.stuck:
                 self._join(sub)
-        if self.members and self.position < self.manager.db.end_offset(self.shard):
-            worked = True
-            await self._shared_read()
+        if self.members and self.position < end:
+            worked = await self._shared_read()
         if self.closed:
             return worked
         groups: dict[Iterator, list[Subscription]] = {}
@@ -389,11 +392,11 @@ class _Beam:
             for i in range(min(_CATCHUP_PER_STEP, len(order))):
                 if self.closed:
                     break
-                worked = True
-                await self._catch_up(order[(start + i) % len(order)])
+                worked |= await self._catch_up(order[(start + i) % len(order)])
         return worked
 
-    async def _shared_read(self) -> None:
+    async def _shared_read(self) -> bool:
+        """Read the stream once for every member; whether that moved anything."""
         manager = self.manager
         read_from = self.position
         try:
@@ -402,16 +405,16 @@ class _Beam:
             if not self.closed:  # closing waits for this read: a failure then is no news
                 for sub in list(self.members):
                     self._retire(sub, exc)
-            return
+            return True
         manager._counters.shared_reads += 1
         if self.closed:
-            return
+            return True
         self.position = it.position
         if it.end_of_stream and not table.num_rows:
             for sub in list(self.members):
                 sub._deliver(table, sub.iterator.advanced(it.position), lagging=False)
                 self._retire(sub)
-            return
+            return True
         groups: dict[tuple[tuple[str | None, ...], int], _FilterGroup] = {}
         for sub in self.members:
             key = (sub.iterator.varying_filter, sub.iterator.start_time_us)
@@ -424,6 +427,7 @@ class _Beam:
             rows = group.select(table) if table.num_rows else table
             for sub in group.members:
                 self._hand_out(sub, rows, it.position, read_from)
+        return bool(table.num_rows) or it.position != read_from
 
     def _hand_out(self, sub: Subscription, rows: pa.Table, next_pos: int, read_from: int) -> None:
         """Give a member its rows of a shared read, within its window (else it leaves)."""
@@ -450,8 +454,9 @@ class _Beam:
             sub._deliver(rows.slice(0, 0), sub.iterator.advanced(first_offset), lagging=False)
         self._leave(sub)
 
-    async def _catch_up(self, subs: list[Subscription]) -> None:
-        """One read for lagging subscribers at the same iterator, each taking what fits."""
+    async def _catch_up(self, subs: list[Subscription]) -> bool:
+        """One read for lagging subscribers at the same iterator, each taking what fits;
+        whether that moved anything (else they wait for an append)."""
         manager = self.manager
         iterator = subs[0].iterator
         n = min(BATCH_RECORDS, max(s._room() for s in subs))
@@ -461,10 +466,11 @@ class _Beam:
             if not self.closed:
                 for sub in subs:
                     self._retire(sub, exc)
-            return
+            return True
         manager._counters.catchup_reads += 1
         if self.closed:
-            return
+            return True
+        moved = bool(table.num_rows) or it.position != iterator.position
         for sub in subs:
             if sub not in self.lagging or sub.iterator != iterator:
                 continue  # closed (or moved) while the read ran
@@ -479,6 +485,8 @@ class _Beam:
                 self._retire(sub)
             elif it.position >= self.position and not sub.stuck:
                 self._join(sub)
+                moved = True  # the next step may read for it on the shared path
+        return moved
 
 
 class SubscriptionManager:
@@ -524,6 +532,16 @@ class SubscriptionManager:
         if beams:
             for beam in beams.values():
                 beam.wake.set()
+
+    def truncated(self, shard: int, end: int) -> None:
+        """``shard`` was cut back to ``end``: positions past it move back to it, so the
+        records appended from there on are delivered (the ones cut are gone)."""
+        for beam in (self._beams.get(shard) or {}).values():
+            beam.position = min(beam.position, end)
+            for sub in [*beam.members, *beam.lagging]:
+                if sub.iterator.position > end:
+                    sub._it = sub.iterator.advanced(end)
+            beam.wake.set()
 
     def _wake_for(self, sub: Subscription) -> None:
         beam = self._subs.get(sub)

@@ -587,3 +587,31 @@ def test_many_subscribers_with_random_windows_get_everything_once(run, data_dir:
             assert db.subscription_stats().beams == 0
 
     run(go())
+
+
+def test_a_truncation_below_the_subscribers_moves_them_back(run, data_dir: Path) -> None:
+    async def go() -> None:
+        async with seglog.open(data_dir) as store:
+            db = await store.create_db("cut", lts_thresholds=[1000, 0])
+            for i in range(10):  # a frame each: the cut below is at offset 6 exactly
+                await db.append([Record(f"t/{i}", b"%d" % i)])
+            (stream,) = db.get_streams("t/+")
+            head = db.subscribe(await head_iterator(db, "t/+"), max_unacked=100)
+            behind = db.subscribe(db.make_iterator(stream, "t/+"), max_unacked=4)
+            assert values(await take(behind)) == [b"0", b"1", b"2", b"3"]
+            await db.truncate_to(0, 6, force=True)
+            assert head.iterator.position == 6
+            await db.append([Record("t/new", b"new%d" % i) for i in range(3)])
+            b = await take(head)
+            assert values(b) == [b"new0", b"new1", b"new2"] and [r.offset for r in b.records] == [6, 7, 8]
+            behind.suback(4)
+            rest: list[bytes] = []
+            while len(rest) < 5:
+                b = await take(behind)
+                rest.extend(values(b))
+                behind.suback(b.seqno)
+            assert rest == [b"4", b"5", b"new0", b"new1", b"new2"]
+            await head.close()
+            await behind.close()
+
+    run(go())
