@@ -288,7 +288,7 @@ class _FilterGroup:
 
     pattern: str | None
     min_ts: int
-    members: list[Subscription] = field(default_factory=list)
+    members: dict[Subscription, None] = field(default_factory=dict)
     # The iterator after the read, for members that were at the read's start (built once:
     # with thousands of members, building one each was a third of the fan-out).
     next_iterator: Iterator | None = None
@@ -323,6 +323,9 @@ class _Beam:
         self.position = manager.db.end_offset(shard)  # the head, when the first one subscribes
         self.members: dict[Subscription, None] = {}  # insertion-ordered sets
         self.lagging: dict[Subscription, None] = {}
+        # The members by (varying filter, start time): kept as they join and leave, since
+        # every read hands out rows group by group.
+        self.groups: dict[tuple[tuple[str | None, ...], int], _FilterGroup] = {}
         self.wake = asyncio.Event()
         self.closed = False
         self._rr = 0
@@ -339,14 +342,27 @@ class _Beam:
         self.wake.set()
 
     def remove(self, sub: Subscription) -> None:
-        self.members.pop(sub, None)
+        self._off_path(sub)
         self.lagging.pop(sub, None)
+
+    def _off_path(self, sub: Subscription) -> None:
+        if self.members.pop(sub, 0) is None:
+            key = (sub.iterator.varying_filter, sub.iterator.start_time_us)
+            group = self.groups[key]
+            del group.members[sub]
+            if not group.members:
+                del self.groups[key]
 
     def _join(self, sub: Subscription) -> None:
         if not self.members and sub.iterator.position > self.position:
             self.position = sub.iterator.position  # nobody on the path: it moves to the newcomer
         self.lagging.pop(sub, None)
         self.members[sub] = None
+        key = (sub.iterator.varying_filter, sub.iterator.start_time_us)
+        group = self.groups.get(key)
+        if group is None:
+            group = self.groups[key] = _FilterGroup(structure_regex(self.structure, key[0]), key[1])
+        group.members[sub] = None
         sub._lagging = False
         sub.joins += 1
         self.manager._counters.joins += 1
@@ -357,7 +373,7 @@ class _Beam:
         self.manager._remove(sub)
 
     def _leave(self, sub: Subscription) -> None:
-        self.members.pop(sub, None)
+        self._off_path(sub)
         self.lagging[sub] = None
         sub._lagging = True
 
@@ -420,17 +436,20 @@ class _Beam:
                 sub._deliver(table, sub.iterator.advanced(it.position), lagging=False)
                 self._retire(sub)
             return True
-        groups: dict[tuple[tuple[str | None, ...], int], _FilterGroup] = {}
-        for sub in self.members:
-            key = (sub.iterator.varying_filter, sub.iterator.start_time_us)
-            group = groups.get(key)
-            if group is None:
-                pattern = structure_regex(self.structure, key[0])
-                group = groups[key] = _FilterGroup(pattern, key[1])
-            group.members.append(sub)
-        for group in groups.values():
+        for group in list(self.groups.values()):
+            group.next_iterator = None
             rows = group.select(table) if table.num_rows else table
-            for sub in group.members:
+            if not rows.num_rows:  # the common case for a stream the append missed
+                for sub in group.members:
+                    pos = sub._it.position
+                    if pos == read_from:
+                        if group.next_iterator is None:
+                            group.next_iterator = sub._it.advanced(it.position)
+                        sub._it = group.next_iterator
+                    elif it.position > pos:
+                        sub._it = sub._it.advanced(it.position)
+                continue
+            for sub in list(group.members):
                 self._hand_out(group, sub, rows, it.position, read_from)
         return bool(table.num_rows) or it.position != read_from
 
