@@ -592,6 +592,14 @@ class Database:
         it, table = await self.next_arrow(iterator, n)
         return it, await self._to_records(table, iterator.shard)
 
+    def _watch_stream(self, shard: int, stream: int, watch: bool) -> None:
+        """Have the engine note (or stop noting) where appends stamp a stream (subscriptions)."""
+        self._streams().watch_stream(shard, stream, watch)
+
+    def _stream_stamped_since(self, shard: int, stream: int, offset: int) -> bool:
+        """Whether a watched stream may have records at ``offset`` or later (see the engine's)."""
+        return self._streams().stream_stamped_since(shard, stream, offset)
+
     def subscribe(self, iterator: StreamIterator, *, max_unacked: int) -> Subscription:
         """Deliver an iterator's records as they become durable: EMQX's ``subscribe``.
 

@@ -93,6 +93,8 @@ class SubscriptionStats:
         beams: Streams with at least one subscription (one task each).
         shared_reads: Stream reads done once for every member of a beam.
         catchup_reads: Stream reads done for lagging subscribers.
+        skipped_reads: Shared reads not done because the appends since the last one missed
+            the stream (the engine notes where subscribed streams are stamped).
         joins: Times a subscriber joined a shared path (when subscribing at the head, or
             after catching up).
         records_delivered: Records handed to subscriptions in total.
@@ -102,6 +104,7 @@ class SubscriptionStats:
     beams: int
     shared_reads: int
     catchup_reads: int
+    skipped_reads: int
     joins: int
     records_delivered: int
 
@@ -110,6 +113,7 @@ class SubscriptionStats:
 class _Counters:
     shared_reads: int = 0
     catchup_reads: int = 0
+    skipped_reads: int = 0
     joins: int = 0
     records_delivered: int = 0
 
@@ -320,6 +324,7 @@ class _Beam:
         width = structure.count("+")
         # Reads every row of the stream: each member's filter is applied to the result.
         self.iterator = Iterator(manager.db.id, shard, stream, check, 0, _MIN_TS, (None,) * width)
+        manager.db._watch_stream(shard, stream, True)  # before the end is read: nothing slips by
         self.position = manager.db.end_offset(shard)  # the head, when the first one subscribes
         self.members: dict[Subscription, None] = {}  # insertion-ordered sets
         self.lagging: dict[Subscription, None] = {}
@@ -399,7 +404,10 @@ class _Beam:
             if sub.iterator.position >= self.position and not sub.stuck:
                 self._join(sub)
         if self.members and self.position < end:
-            worked = await self._shared_read()
+            if self.manager.db._stream_stamped_since(self.shard, self.stream, self.position):
+                worked = await self._shared_read()
+            else:
+                self._skip_to(end)
         if self.closed:
             return worked
         groups: dict[Iterator, list[Subscription]] = {}
@@ -415,6 +423,23 @@ class _Beam:
                     break
                 worked |= await self._catch_up(order[(start + i) % len(order)])
         return worked
+
+    def _skip_to(self, end: int) -> None:
+        """Move the path to ``end`` without reading: the appends since missed the stream."""
+        self.manager._counters.skipped_reads += 1
+        for group in self.groups.values():
+            at: Iterator | None = None  # members at the path's position move together
+            for sub in group.members:
+                pos = sub._it.position
+                if pos >= end:
+                    continue
+                if pos == self.position:
+                    if at is None:
+                        at = sub._it.advanced(end)
+                    sub._it = at
+                else:
+                    sub._it = sub._it.advanced(end)
+        self.position = end
 
     async def _shared_read(self) -> bool:
         """Read the stream once for every member; whether that moved anything."""
@@ -585,8 +610,12 @@ class SubscriptionManager:
             self._drop_beam(beam)
 
     def _drop_beam(self, beam: _Beam) -> None:
+        if beam.closed:
+            return
         beam.closed = True
         beam.wake.set()
+        if not self._closed:  # a closing database's engine forgets its watches itself
+            self.db._watch_stream(beam.shard, beam.stream, False)
         by_stream = self._beams.get(beam.shard)
         if by_stream is not None and by_stream.get(beam.stream) is beam:
             del by_stream[beam.stream]
@@ -600,7 +629,13 @@ class SubscriptionManager:
         c = self._counters
         beams = sum(len(b) for b in self._beams.values())
         return SubscriptionStats(
-            len(self._subs), beams, c.shared_reads, c.catchup_reads, c.joins, c.records_delivered
+            len(self._subs),
+            beams,
+            c.shared_reads,
+            c.catchup_reads,
+            c.skipped_reads,
+            c.joins,
+            c.records_delivered,
         )
 
     async def close(self) -> None:

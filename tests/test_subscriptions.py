@@ -7,6 +7,8 @@ import dataclasses
 import random
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
 import pytest
 
 import seglog
@@ -615,3 +617,62 @@ def test_a_truncation_below_the_subscribers_moves_them_back(run, data_dir: Path)
             await behind.close()
 
     run(go())
+
+
+@pytest.mark.parametrize("engine", ["segment", "memory", "lmdb"])
+def test_an_append_costs_reads_of_the_streams_it_touched_only(run, data_dir: Path, engine: str) -> None:
+    async def go() -> None:
+        async with seglog.open(data_dir) as store:
+            db = await store.create_db("touch", engine=engine, lts_thresholds=[100, 0, 100])
+            sites = 10
+            await db.append([Record(f"site{s}/d/x", b"-") for s in range(sites)])
+            subs = []
+            for s in range(sites):
+                it = await head_iterator(db, f"site{s}/+/x")
+                subs.append([db.subscribe(it, max_unacked=1000) for _ in range(3)])
+            before = db.subscription_stats()
+            appends = 40
+            for k in range(appends):
+                site = k % sites
+                await db.append([Record(f"site{site}/d{j}/x", b"%d" % k) for j in range(4)])
+                for sub in subs[site]:
+                    b = await take(sub)
+                    assert values(b) == [b"%d" % k] * 4
+                    sub.suback(b.seqno)
+            after = db.subscription_stats()
+            shared = after.shared_reads - before.shared_reads
+            # One read per append (the stream it touched), not one per subscribed stream (10)
+            # nor per subscriber (30); the other streams' paths skip without reading.
+            assert shared <= appends + sites, shared
+            assert after.skipped_reads > before.skipped_reads
+            for group in subs:
+                for sub in group:
+                    assert sub.seqno == 4 * (appends // sites)
+                    assert sub.iterator.position >= db.end_offset(0) - 4 * (sites - 1)
+
+    run(go())
+
+
+def test_stamper_watches_say_where_a_stream_may_have_rows() -> None:
+    from seglog.topics.streams import StreamStamper
+
+    stamper = StreamStamper(2, [100, 0])
+    topics = pa.array(["a/1", "b/1", "a/2"])
+    ids = stamper.stamp(topics, 0, 0)  # streams a/+ and b/+ of shard 0, offsets 0..2
+    a, b = int(ids[0]), int(ids[1])
+    assert stamper.stamped_since(0, a, 100), "not watched: unsure"
+    stamper.watch(0, a)
+    stamper.watch(0, b)
+    # Until the shard's next stamp, rows stamped before the watch may be anywhere.
+    assert stamper.stamped_since(0, a, 3) and stamper.stamped_since(0, b, 1000)
+    stamper.stamp(pa.array(["b/7", "b/8"]), 0, 3)  # offsets 3, 4: only b
+    assert stamper.stamped_since(0, a, 2) and not stamper.stamped_since(0, a, 3)
+    assert stamper.stamped_since(0, b, 4) and not stamper.stamped_since(0, b, 5)
+    # Rows of many shards at once (a routed append): only shard 0's rows move its watches.
+    stamper.stamp(
+        pa.array(["a/3", "a/4", "b/9"]), np.array([1, 0, 1], np.int32), np.array([0, 5, 1], np.int64)
+    )
+    assert stamper.stamped_since(0, a, 5) and not stamper.stamped_since(0, a, 6)
+    assert not stamper.stamped_since(0, b, 5)
+    stamper.unwatch(0, a)
+    assert stamper.stamped_since(0, a, 10**9), "unwatched: unsure again"
