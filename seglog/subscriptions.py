@@ -14,7 +14,10 @@ append listener, as ``db.tail`` is; never a timer). Its subscribers are on the s
 * The beam keeps a position in the shard. When an append wakes it and it has members, it
   reads the stream from there **once**, without a filter, and hands every member the rows
   its own filter and start time select (filters are grouped, so equal filters cost one
-  regex pass). ``SubscriptionStats.shared_reads`` counts these reads.
+  regex pass). ``SubscriptionStats.shared_reads`` counts these reads. The engine notes
+  where subscribed streams are stamped (``watch_stream``), so a beam whose stream the
+  appends since its last read missed moves to the end without reading (``skipped_reads``):
+  reads per append follow the streams it touched, not the subscribers nor the streams.
 * A subscriber whose position is behind the beam (it started behind, or its window filled
   so it got only part of a batch) catches up with its own ``next_arrow`` reads
   (``catchup_reads``; lagging subscribers at the same iterator share one), and rejoins the
@@ -143,6 +146,9 @@ class Subscription:
         self._manager = manager
         self.max_unacked = max_unacked
         self._it = iterator  # the position after everything handed to the queue
+        # On a shared path, the beam's position is also the subscription's when that is
+        # further: reads with nothing for it move it without touching it (see iterator).
+        self._beam: _Beam | None = None
         self._sent = 0  # seqno of the last batch queued
         self._seqno = 0  # seqno of the last batch the subscriber took
         self._acked = 0
@@ -184,6 +190,9 @@ class Subscription:
     @property
     def iterator(self) -> Iterator:
         """The iterator after everything delivered (queued batches included)."""
+        beam = self._beam
+        if beam is not None and self._it.position < beam.position:
+            self._it = self._it.advanced(beam.position)  # moved on by reads with nothing for it
         return self._it
 
     @property
@@ -290,7 +299,7 @@ class Subscription:
         await self.close()
 
     def __repr__(self) -> str:
-        it = self._it
+        it = self.iterator
         state = "closed" if self._closed else "lagging" if self._lagging else "shared"
         return (
             f"<Subscription shard={it.shard} stream={it.stream} position={it.position} "
@@ -359,10 +368,12 @@ class _Beam:
         self.wake.set()
 
     def remove(self, sub: Subscription) -> None:
+        sub.iterator  # noqa: B018 -- settles its position before it leaves the path
         self._off_path(sub)
         self.lagging.pop(sub, None)
 
     def _off_path(self, sub: Subscription) -> None:
+        sub._beam = None
         if self.members.pop(sub, 0) is None:
             key = (sub.iterator.varying_filter, sub.iterator.start_time_us)
             group = self.groups[key]
@@ -381,6 +392,7 @@ class _Beam:
             group = self.groups[key] = _FilterGroup(structure_regex(self.structure, key[0]), key[1])
         group.members[sub] = None
         sub._lagging = False
+        sub._beam = self
         sub.joins += 1
         self.manager._counters.joins += 1
 
@@ -439,19 +451,7 @@ class _Beam:
     def _skip_to(self, end: int) -> None:
         """Move the path to ``end`` without reading: the appends since missed the stream."""
         self.manager._counters.skipped_reads += 1
-        for group in self.groups.values():
-            at: Iterator | None = None  # members at the path's position move together
-            for sub in group.members:
-                pos = sub._it.position
-                if pos >= end:
-                    continue
-                if pos == self.position:
-                    if at is None:
-                        at = sub._it.advanced(end)
-                    sub._it = at
-                else:
-                    sub._it = sub._it.advanced(end)
-        self.position = end
+        self.position = end  # the members follow (Subscription.iterator): no work per member
 
     async def _shared_read(self) -> bool:
         """Read the stream once for every member; whether that moved anything."""
@@ -476,16 +476,8 @@ class _Beam:
         for group in list(self.groups.values()):
             group.next_iterator = None
             rows = group.select(table) if table.num_rows else table
-            if not rows.num_rows:  # the common case for a stream the append missed
-                for sub in group.members:
-                    pos = sub._it.position
-                    if pos == read_from:
-                        if group.next_iterator is None:
-                            group.next_iterator = sub._it.advanced(it.position)
-                        sub._it = group.next_iterator
-                    elif it.position > pos:
-                        sub._it = sub._it.advanced(it.position)
-                continue
+            if not rows.num_rows:
+                continue  # its members follow the path's position (Subscription.iterator)
             for sub in list(group.members):
                 self._hand_out(group, sub, rows, it.position, read_from)
         return bool(table.num_rows) or it.position != read_from
@@ -494,17 +486,19 @@ class _Beam:
         self, group: _FilterGroup, sub: Subscription, rows: pa.Table, next_pos: int, read_from: int
     ) -> None:
         """Give a member its rows of a shared read, within its window (else it leaves)."""
-        pos = sub.iterator.position
+        # Its own position, or the read's start when reads with nothing for it moved it on
+        # (not ``sub.iterator``: the path has already moved past this read).
+        pos = max(sub._it.position, read_from)
         if pos == read_from:
             if group.next_iterator is None:
-                group.next_iterator = sub.iterator.advanced(next_pos)
+                group.next_iterator = sub._it.advanced(next_pos)
             after = group.next_iterator
         else:
             if rows.num_rows:
                 # It joined ahead of the beam (caught up past it): rows it has had are skipped.
                 first = int(np.searchsorted(rows.column("offset").to_numpy(), pos))
                 rows = rows.slice(first)
-            after = sub.iterator.advanced(max(next_pos, pos))
+            after = sub._it.advanced(max(next_pos, pos))
         if not rows.num_rows or sub._room() >= rows.num_rows:
             sub._deliver(rows, after, lagging=False)
             return
@@ -513,10 +507,10 @@ class _Beam:
         if room > 0:
             part = rows.slice(0, room)
             last = int(part.column("offset")[room - 1].as_py())
-            sub._deliver(part, sub.iterator.advanced(last + 1), lagging=False)
+            sub._deliver(part, sub._it.advanced(last + 1), lagging=False)
         else:
             first_offset = int(rows.column("offset")[0].as_py())
-            sub._deliver(rows.slice(0, 0), sub.iterator.advanced(first_offset), lagging=False)
+            sub._deliver(rows.slice(0, 0), sub._it.advanced(first_offset), lagging=False)
         self._leave(sub)
 
     async def _catch_up(self, subs: list[Subscription]) -> bool:
@@ -602,10 +596,10 @@ class SubscriptionManager:
         """``shard`` was cut back to ``end``: positions past it move back to it, so the
         records appended from there on are delivered (the ones cut are gone)."""
         for beam in (self._beams.get(shard) or {}).values():
-            beam.position = min(beam.position, end)
             for sub in [*beam.members, *beam.lagging]:
-                if sub.iterator.position > end:
-                    sub._it = sub.iterator.advanced(end)
+                if sub.iterator.position > end:  # settled first: where it truly was
+                    sub._it = sub._it.advanced(end)
+            beam.position = min(beam.position, end)
             beam.wake.set()
 
     def _wake_for(self, sub: Subscription) -> None:
@@ -624,6 +618,9 @@ class SubscriptionManager:
     def _drop_beam(self, beam: _Beam) -> None:
         if beam.closed:
             return
+        for sub in list(beam.members):
+            sub.iterator  # noqa: B018 -- settles its position: the path goes away
+            sub._beam = None
         beam.closed = True
         beam.wake.set()
         if not self._closed:  # a closing database's engine forgets its watches itself
