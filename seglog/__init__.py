@@ -16,11 +16,13 @@ from seglog.errors import (
     SeglogError,
     StorageError,
     StoreLocked,
+    SubackOutOfRange,
 )
 from seglog.follower import Follower, follow
 from seglog.iterators import Iterator, Stream
 from seglog.record import Record, RecordMeta, now_us, timestamp_us
 from seglog.store import Store, open
+from seglog.subscriptions import Subscription, SubscriptionBatch, SubscriptionStats
 
 __version__ = "0.1.0"
 
@@ -45,6 +47,10 @@ __all__ = [
     "Store",
     "StoreLocked",
     "Stream",
+    "SubackOutOfRange",
+    "Subscription",
+    "SubscriptionBatch",
+    "SubscriptionStats",
     "__version__",
     "errors",
     "follow",

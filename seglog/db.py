@@ -51,6 +51,7 @@ from seglog.topics import structure_regex, validate_topic_filter, varying_filter
 
 if TYPE_CHECKING:
     from seglog.consumer import Consumer, StartFrom
+    from seglog.subscriptions import Subscription, SubscriptionManager, SubscriptionStats
 
 __all__ = ["AppendResult", "Database", "DbConfig", "TierShardStats", "shard_for", "validate_db_name"]
 
@@ -163,6 +164,7 @@ class Database:
         self._tier = tier
         self._wakeups: dict[int, asyncio.Event] = {}
         self._active_tails = 0
+        self._subscriptions: SubscriptionManager | None = None  # made by the first subscribe
         engine.listener = self._wake
         self._config_lock = asyncio.Lock()
         self._closed = False
@@ -620,6 +622,49 @@ class Database:
         it, table = await self.next_arrow(iterator, n)
         return it, await self._to_records(table, iterator.shard)
 
+    def _watch_stream(self, shard: int, stream: int, watch: bool) -> None:
+        """Have the engine note (or stop noting) where appends stamp a stream (subscriptions)."""
+        self._streams().watch_stream(shard, stream, watch)
+
+    def _stream_stamped_since(self, shard: int, stream: int, offset: int) -> bool:
+        """Whether a watched stream may have records at ``offset`` or later (see the engine's)."""
+        return self._streams().stream_stamped_since(shard, stream, offset)
+
+    def subscribe(self, iterator: StreamIterator, *, max_unacked: int) -> Subscription:
+        """Deliver an iterator's records as they become durable: EMQX's ``subscribe``.
+
+        ``async for batch in sub`` yields :class:`~seglog.SubscriptionBatch` es (records as
+        ``batch.table`` or ``batch.records``, a cumulative ``batch.seqno`` counting records,
+        and ``batch.iterator`` to resume from), first what the stream holds from the
+        iterator's position, then new records as appends complete (woken, never polled).
+        At most ``max_unacked`` records are delivered and not acknowledged with
+        ``sub.suback(seqno)``; delivery waits for a suback. Subscriptions of one stream share
+        its reads (see :mod:`seglog.subscriptions`). The iteration ends on ``sub.close()``,
+        at the database's close, or at ``end_of_stream``; a failed read is raised from it.
+
+        Raises:
+            InvalidArgument: Not an iterator, or ``max_unacked`` is not an int >= 1; the
+                database has no streams.
+            ForeignIterator: The iterator is another database's.
+            UnknownStream: This database has no such stream (any more).
+            ClosedResourceError: The database is closed.
+        """
+        from seglog.subscriptions import SubscriptionManager
+
+        self._streams()
+        if self._subscriptions is None:
+            self._subscriptions = SubscriptionManager(self)
+        return self._subscriptions.subscribe(iterator, max_unacked)
+
+    def subscription_stats(self) -> SubscriptionStats:
+        """Open subscriptions and beams, and what they cost so far (reads shared and not)."""
+        from seglog.subscriptions import SubscriptionManager
+
+        self._check()
+        if self._subscriptions is None:
+            self._subscriptions = SubscriptionManager(self)
+        return self._subscriptions.stats()
+
     # --- tiering -----------------------------------------------------------------------
 
     @property
@@ -805,8 +850,12 @@ class Database:
         self._check_shard(shard)
         _check_int("offset", offset)
         if self._tier is not None:
-            return await self._tier.truncate_to(shard, offset, force=force)
-        return await engine.truncate_to(shard, offset, force=force)
+            end = await self._tier.truncate_to(shard, offset, force=force)
+        else:
+            end = await engine.truncate_to(shard, offset, force=force)
+        if self._subscriptions is not None:
+            self._subscriptions.truncated(shard, end)
+        return end
 
     def end_offset_for_epoch(self, shard: int, epoch: int) -> tuple[int, int]:
         """Kafka's OffsetsForLeaderEpoch: ``(largest known epoch <= epoch, the offset it ends at)``.
@@ -904,6 +953,8 @@ class Database:
     # --- live tail -----------------------------------------------------------------------
 
     def _wake(self, shard: int) -> None:
+        if self._subscriptions is not None:
+            self._subscriptions.notify(shard)
         if not self._wakeups:
             return  # nobody tails: the common case, called once per shard an append touched
         for key in (shard, _ANY_SHARD):
@@ -1020,6 +1071,8 @@ class Database:
         for event in self._wakeups.values():
             event.set()
         self._wakeups.clear()
+        if self._subscriptions is not None:
+            await self._subscriptions.close()  # its reads in flight end before the engine closes
         if self._tier is not None:
             await self._tier.close()  # let a running upload or tier retention finish
         try:

@@ -60,6 +60,7 @@ __all__ = [
     "StoreLocked",
     "StoreNotFound",
     "StreamFilterMismatch",
+    "SubackOutOfRange",
     "TierError",
     "UnknownMember",
     "UnknownStream",
@@ -168,6 +169,22 @@ class UnknownStream(InvalidArgument):
 
 class StreamFilterMismatch(InvalidArgument):
     """A topic filter that can match no topic of the stream it was given with."""
+
+
+class SubackOutOfRange(InvalidArgument):
+    """A subscription ``suback`` beyond the records delivered, or below an earlier suback.
+
+    Attributes:
+        seqno: The seqno given.
+        acked: The subscription's last acknowledged seqno.
+        delivered: The seqno of the last batch the subscriber took.
+    """
+
+    def __init__(self, message: str, *, seqno: int, acked: int, delivered: int) -> None:
+        super().__init__(message)
+        self.seqno = seqno
+        self.acked = acked
+        self.delivered = delivered
 
 
 class InvalidName(UsageError, ValueError):

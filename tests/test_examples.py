@@ -36,6 +36,7 @@ def test_readme_shows_every_example_file_verbatim() -> None:
         "tiering.py",
         "spark_read.py",
         "streams.py",
+        "subscriptions.py",
         "cli_quickstart.sh",
     }
     python_blocks = fenced("python")
@@ -117,3 +118,13 @@ def test_streams_example(tmp_path: Path) -> None:
     assert out[0] == "['north/+/temp', 'north/+/temp']"
     assert out[-2] == "iterator bytes: [46, 46]"
     assert out[-1] == "the rest after a restart: 30"
+
+
+def test_subscriptions_example(tmp_path: Path) -> None:
+    out = run(
+        sys.executable, str(EXAMPLES / "subscriptions.py"), str(tmp_path / "data"), cwd=tmp_path
+    ).splitlines()
+    assert sorted(out[:3]) == [f"sub{i} got 100 records, last: plant1/dev1/alarm b'99'" for i in range(3)]
+    words = out[3].split()
+    assert words[:2] == ["stream", "reads:"] and words[3:] == ["for", "300", "deliveries"]
+    assert int(words[2]) <= 100 + 2  # not one per subscriber

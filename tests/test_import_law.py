@@ -42,6 +42,7 @@ LAYERS: Final[dict[str, int]] = {
     "seglog.follower": 5,
     "seglog.readonly": 5,
     "seglog.iterators": 5,
+    "seglog.subscriptions": 5,
     "seglog": 5,  # the package itself (only exactly: it re-exports the embedded API)
     # The wire contract: what server and client share (no I/O, only errors below it).
     "seglog.cluster.protocol": 1,

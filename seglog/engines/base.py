@@ -376,6 +376,13 @@ class StreamEngine(Engine, Protocol):
     def stream_structure(self, shard: int, stream: int) -> tuple[tuple[str, ...], bool] | None:
         """``(learned structure, under the '$' root)`` of a stream; ``None``: no such stream."""
 
+    def watch_stream(self, shard: int, stream: int, watch: bool) -> None:
+        """Start (or stop) noting where appends stamp ``stream`` (for :meth:`stream_stamped_since`)."""
+
+    def stream_stamped_since(self, shard: int, stream: int, offset: int) -> bool:
+        """Whether a watched stream may hold a record at ``offset`` or later; ``False`` is a
+        promise that it holds none (``True`` when unsure, e.g. not watched)."""
+
     async def read_stream(
         self, shard: int, offset: int, want: StreamRead, max_records: int, max_frames: int
     ) -> StreamBatch:

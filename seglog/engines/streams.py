@@ -270,3 +270,14 @@ class StreamLookups:
     def stream_structure(self, shard: int, stream: int) -> tuple[tuple[str, ...], bool] | None:
         self._check_shard_number(shard)
         return self._stamper().structure(shard, stream)
+
+    def watch_stream(self, shard: int, stream: int, watch: bool) -> None:
+        self._check_shard_number(shard)
+        if watch:
+            self._stamper().watch(shard, stream)
+        else:
+            self._stamper().unwatch(shard, stream)
+
+    def stream_stamped_since(self, shard: int, stream: int, offset: int) -> bool:
+        self._check_shard_number(shard)
+        return self._stamper().stamped_since(shard, stream, offset)

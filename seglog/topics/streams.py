@@ -23,6 +23,10 @@ holds, in offset order, starting from an empty trie with the database's threshol
   by one in offset order. A Python dict of 100,000 topics costs a cache miss or three per
   lookup; the vectorised probes overlap theirs.
 
+* **Watches.** Subscriptions ask whether a stream got records since a position, to skip
+  the read of a stream an append missed (:meth:`StreamStamper.watch`). Only watched
+  streams are noted, per stamp call, so a database without subscriptions pays nothing.
+
 Thread safety: one lock guards the tries and the cache; the event loop stamps, an I/O
 worker snapshots or cuts.
 """
@@ -57,6 +61,7 @@ _MIN_BUCKETS: Final = 1 << 7
 _WAYS: Final = 8
 _MAX_TOPIC_CHUNKS: Final = 16
 _DEAD: Final = -1  # entry_shard of a dropped cache entry
+_UNKNOWN: Final = 1 << 62  # a watch not yet resolved: the stream may have rows anywhere
 
 
 class _ShardTrie:
@@ -82,6 +87,9 @@ class StreamStamper:
         self.thresholds = tuple(LTS(thresholds, cache_size=0).thresholds)  # validated
         self._tries: list[_ShardTrie | None] = [None] * shards
         self._lock = threading.Lock()
+        # shard -> watched stream -> the last offset it was stamped at (an upper bound), or
+        # _UNKNOWN until the shard's next stamp.
+        self._watched: dict[int, dict[int, int]] = {}
         self._reset_cache()
 
     # --- the cache ----------------------------------------------------------------------
@@ -260,7 +268,72 @@ class StreamStamper:
             misses = np.flatnonzero(~found)
             if len(misses):
                 self._learn_rows(out, misses, topics, keys, shards, offsets)
+            if self._watched:
+                self._note_watched(out, shards, offsets)
             return out
+
+    # --- watches ------------------------------------------------------------------------
+
+    def watch(self, shard: int, stream: int) -> None:
+        """Note from now on where ``stream`` of ``shard`` is stamped (see :meth:`stamped_since`).
+
+        Until the shard's next stamp the answer is "maybe anywhere": rows stamped before the
+        watch may still be on their way to the log.
+        """
+        with self._lock:
+            self._watched.setdefault(shard, {})[stream] = _UNKNOWN
+
+    def unwatch(self, shard: int, stream: int) -> None:
+        """Stop noting ``stream`` of ``shard``."""
+        with self._lock:
+            streams = self._watched.get(shard)
+            if streams is not None:
+                streams.pop(stream, None)
+                if not streams:
+                    del self._watched[shard]
+
+    def stamped_since(self, shard: int, stream: int, offset: int) -> bool:
+        """Whether a watched stream may have a record at ``offset`` or later (``True`` when
+        unsure: never watched, or not resolved yet). ``False`` is a promise: no record at or
+        after ``offset`` was stamped with it since the watch began, nor before it."""
+        with self._lock:
+            last = self._watched.get(shard, {}).get(stream, _UNKNOWN)
+        return last >= offset
+
+    def _note_watched(
+        self,
+        out: np.ndarray[Any, Any],
+        shards: np.ndarray[Any, Any] | int,
+        offsets: np.ndarray[Any, Any] | int,
+    ) -> None:
+        """Move the watches of the shards these rows went to (under the lock)."""
+        for shard, streams in self._watched.items():
+            if isinstance(shards, np.ndarray):
+                mask = shards == shard
+                if not mask.any():
+                    continue
+                ids = out[mask]
+                rows_offsets = (
+                    offsets[mask] if isinstance(offsets, np.ndarray) else np.flatnonzero(mask) + offsets
+                )
+                first, last = int(rows_offsets.min()), int(rows_offsets.max())
+            elif shards == shard:
+                ids = out
+                if isinstance(offsets, np.ndarray):
+                    first, last = int(offsets.min()), int(offsets.max())
+                else:
+                    first, last = offsets, offsets + len(out) - 1
+            else:
+                continue
+            for stream, seen in streams.items():
+                if seen == _UNKNOWN:
+                    # Rows stamped before the watch lie below these: a reader that has read
+                    # below ``first`` has seen them.
+                    streams[stream] = first - 1
+            hit = np.unique(ids[np.isin(ids, np.fromiter(streams, np.int64, len(streams)))])
+            for stream in hit.tolist():
+                # The last row of the call bounds the stream's last row (exact is not needed).
+                streams[stream] = max(streams[stream], last)
 
     def _learn_rows(
         self,

@@ -1,0 +1,223 @@
+"""Subscriptions: many subscribers on a few streams, one read per stream and append.
+
+    python -m bench.subscriptions [--quick] [--subscribers N] [--streams S] [--rate R]
+        [--seconds D] [--batch B] [--sites-per-batch K] [--out FILE.md] [--dir DIR]
+
+One shard, LTS thresholds ``[100, 0, 100]``: topics ``siteNNN/devNNNN/temp`` make one stream
+per site (``siteNNN/+/temp``). ``S`` sites (100), ``N`` subscribers (10,000) spread evenly
+over them, each at the head of its stream (``max_unacked=1000``, a suback per batch, one
+task each). A producer appends ``R`` records/s (50,000) in batches of ``B`` (500) for ``D``
+seconds (10), each batch holding the records of ``K`` random sites (5): every append touches
+``K`` streams. ``fsync="never"``: the figure is the subscriptions' cost, not the disk's.
+
+Reported: shared and catch-up reads per append against the streams the append touched (a
+subscribed stream the append missed skips its read), and the delivery latency of every
+record to every subscriber, from the call of the ``append`` that carried it (p50, p99, max;
+each record of a batch counts with the latency of the batch's oldest). Every subscriber must
+get exactly its stream's records; the run fails otherwise.
+
+The report goes to ``bench/results/subscriptions-<date>.md`` (and ``.json``); ``--quick``
+only prints unless ``--out`` is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+import random
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import seglog
+from bench.compare import _filesystem, _machine
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+async def head(db: seglog.Database, site: int) -> seglog.Iterator:
+    topic_filter = f"site{site:03d}/+/temp"
+    (stream,) = db.get_streams(topic_filter)
+    it = db.make_iterator(stream, topic_filter)
+    while True:
+        it, table = await db.next_arrow(it, 100_000)
+        if not table.num_rows:
+            return it
+
+
+async def run(args: argparse.Namespace, base: Path) -> dict[str, Any]:
+    rng = random.Random(42)
+    async with seglog.open(base / "data", fsync="never") as store:
+        db = await store.create_db("subs", lts_thresholds=[100, 0, 100])
+        await db.append([seglog.Record(f"site{s:03d}/dev0000/temp", b"-") for s in range(args.streams)])
+        heads = [await head(db, s) for s in range(args.streams)]
+        issued: list[float] = []  # append index -> when it was called
+        # Per batch: the latency of its oldest record (an upper bound for the others) and
+        # how many records it had, so percentiles are over records.
+        latencies: list[float] = []
+        weights: list[int] = []
+        got = [0] * args.subscribers
+
+        async def consume(i: int, sub: seglog.Subscription) -> None:
+            async for batch in sub:
+                now = time.perf_counter()
+                latencies.append(now - issued[int(batch.table.column("key")[0].as_py())])
+                weights.append(len(batch))
+                got[i] += len(batch)
+                sub.suback(batch.seqno)
+
+        subs = [db.subscribe(heads[i % args.streams], max_unacked=1000) for i in range(args.subscribers)]
+        tasks = [asyncio.create_task(consume(i, s)) for i, s in enumerate(subs)]
+        per_site = [0] * args.streams
+        touched = 0
+        appends = int(args.rate * args.seconds / args.batch)
+        interval = args.batch / args.rate
+        before = db.subscription_stats()
+        start = time.perf_counter()
+        late = 0
+        for a in range(appends):
+            due = start + a * interval
+            wait = due - time.perf_counter()
+            if wait > 0:
+                await asyncio.sleep(wait)  # pacing the producer, not synchronising anything
+            else:
+                late += 1
+            sites = rng.sample(range(args.streams), args.sites_per_batch)
+            touched += len(sites)
+            key = b"%d" % a
+            recs = [
+                seglog.Record(f"site{sites[j % len(sites)]:03d}/dev{j:04d}/temp", b"x" * 64, key=key)
+                for j in range(args.batch)
+            ]
+            for j in range(args.batch):
+                per_site[sites[j % len(sites)]] += 1
+            issued.append(time.perf_counter())
+            await db.append(recs)
+        produced = time.perf_counter() - start
+        want = [per_site[i % args.streams] for i in range(args.subscribers)]
+        deadline = time.perf_counter() + 120
+        while got != want and time.perf_counter() < deadline:
+            await asyncio.sleep(0.05)  # the bench waits for the stragglers; tests use events
+        drained = time.perf_counter() - start
+        after = db.subscription_stats()
+        for sub in subs:
+            await sub.close()
+        await asyncio.gather(*tasks)
+        if got != want:
+            missing = sum(w - g for g, w in zip(got, want, strict=True))
+            raise SystemExit(f"subscribers did not get every record: {missing} missing")
+        lat_s = np.array(latencies)
+        order = np.argsort(lat_s)
+        cum = np.cumsum(np.array(weights)[order])
+
+        def pct(q: float) -> float:
+            return float(lat_s[order][np.searchsorted(cum, q / 100 * cum[-1])]) * 1e3
+
+        shared = after.shared_reads - before.shared_reads
+        catchup = after.catchup_reads - before.catchup_reads
+        return {
+            "subscribers": args.subscribers,
+            "streams": args.streams,
+            "rate": args.rate,
+            "batch": args.batch,
+            "appends": appends,
+            "late_appends": late,
+            "records": appends * args.batch,
+            "produce_s": round(produced, 2),
+            "drain_s": round(drained, 2),
+            "deliveries": int(sum(got)),
+            "shared_reads": shared,
+            "catchup_reads": catchup,
+            "reads_per_append": round((shared + catchup) / appends, 2),
+            "streams_touched_per_append": round(touched / appends, 2),
+            "p50_ms": round(pct(50), 1),
+            "p99_ms": round(pct(99), 1),
+            "max_ms": round(float(lat_s.max()) * 1e3, 1),
+        }
+
+
+def report(row: dict[str, Any]) -> str:
+    cols = [
+        ("subscribers", "subscribers"),
+        ("streams", "streams"),
+        ("records/s asked", "rate"),
+        ("appends (late)", None),
+        ("deliveries", "deliveries"),
+        ("reads/append", "reads_per_append"),
+        ("streams touched/append", "streams_touched_per_append"),
+        ("shared / catch-up reads", None),
+        ("p50 ms", "p50_ms"),
+        ("p99 ms", "p99_ms"),
+        ("max ms", "max_ms"),
+        ("produce / drain s", None),
+    ]
+    cells = []
+    for _title, key in cols:
+        if key is not None:
+            cells.append(f"{row[key]:,}" if isinstance(row[key], int) else str(row[key]))
+    cells.insert(3, f"{row['appends']:,} ({row['late_appends']:,})")
+    cells.insert(7, f"{row['shared_reads']:,} / {row['catchup_reads']:,}")
+    cells.append(f"{row['produce_s']} / {row['drain_s']}")
+    head_line = "| " + " | ".join(t for t, _ in cols) + " |"
+    return "\n".join([head_line, "|" + "---|" * len(cols), "| " + " | ".join(cells) + " |"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="small sizes; print only (unless --out)")
+    p.add_argument("--subscribers", type=int, default=None, help="subscribers (10,000)")
+    p.add_argument("--streams", type=int, default=None, help="streams (sites) subscribed (100)")
+    p.add_argument("--rate", type=int, default=None, help="records appended per second (50,000)")
+    p.add_argument("--seconds", type=float, default=None, help="how long the producer runs (10)")
+    p.add_argument("--batch", type=int, default=500, help="records per append (500)")
+    p.add_argument("--sites-per-batch", type=int, default=5, help="streams each append touches (5)")
+    p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--dir", default=None, help="where to put temporary data (default: system temp)")
+    args = p.parse_args(argv)
+    quick = {"subscribers": 200, "streams": 10, "rate": 5000, "seconds": 1.0}
+    full = {"subscribers": 10_000, "streams": 100, "rate": 50_000, "seconds": 10.0}
+    for name, value in (quick if args.quick else full).items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    args.sites_per_batch = min(args.sites_per_batch, args.streams)
+    base = Path(tempfile.mkdtemp(prefix="bench-subs-", dir=args.dir))
+    try:
+        log(
+            f"{args.subscribers} subscribers on {args.streams} streams, {args.rate} records/s for {args.seconds} s"
+        )
+        row = asyncio.run(run(args, base))
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    machine = ", ".join(f"{k} {v}" for k, v in _machine().items())
+    text = "\n".join(
+        [
+            f"# Subscriptions ({dt.date.today().isoformat()})",
+            "",
+            f"Machine: {machine}; filesystem: {_filesystem(Path(args.dir or tempfile.gettempdir()))}.",
+            "",
+            report(row),
+            "",
+        ]
+    )
+    print(text)
+    out = args.out
+    if out is None and not args.quick:
+        out = Path(__file__).resolve().parent / "results" / f"subscriptions-{dt.date.today().isoformat()}.md"
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+        out.with_suffix(".json").write_text(json.dumps({"machine": machine, "row": row}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,26 @@
+"""The subscriptions benchmark runs (a tiny quick mode) so it cannot rot; no timing is asserted."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_subscriptions_bench_quick_runs(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.subscriptions", "--quick", "--seconds", "0.5", "--dir", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    ).stdout
+    row = next(line for line in out.splitlines() if line.startswith("| 200 | 10 |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    # Every subscriber got its stream's records: 5 appends of 500 records, 20 subscribers a stream.
+    assert cells[4] == "50,000"
+    # One read per subscribed stream and append at most, never one per subscriber.
+    assert float(cells[5]) <= 10 + 1
