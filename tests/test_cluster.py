@@ -448,7 +448,7 @@ def test_producer_follows_leaders_through_a_failover(
         admin = NodeSession(nodes[1].url)
         urls = [p.url for p in nodes.values()]
         try:
-            await create_replicated(admin, 2, 3, 2)
+            await create_replicated(admin, 6, 3, 2)  # two shards per leader: grouped requests
 
             async def led() -> bool:
                 view = await cluster_view(admin)
@@ -460,7 +460,7 @@ def test_producer_follows_leaders_through_a_failover(
                 first = [await producer.send("t", b"a%d" % i, key=b"k%d" % i) for i in range(200)]
                 metas = [await f for f in first]
                 sent += [b"a%d" % i for i in range(200)]
-                assert {m.shard for m in metas} == {0, 1}
+                assert {m.shard for m in metas} == set(range(6))
                 view = await cluster_view(admin)
                 victim = int(view["dbs"][DB]["state"][0]["leader"])
                 nodes[victim].kill()
@@ -471,7 +471,7 @@ def test_producer_follows_leaders_through_a_failover(
             session = NodeSession(nodes[alive].url)
             try:
                 got: list[bytes] = []
-                for shard in (0, 1):
+                for shard in range(6):
                     total = sum(1 for m in metas if m.shard == shard) * 2
                     records, _ = await until(
                         lambda shard=shard, total=total: _when_hw(session, shard, total), "HW"
@@ -579,3 +579,74 @@ async def _check_admin_describe(url: str, leader0: int) -> None:
         assert sorted(r["node"] for r in report) == sorted(entry["replicas"])
         assert all(isinstance(r["lag"], int) and r["lag"] >= 0 for r in report)
         assert entry["high_watermark"] <= report[0]["log_end"]
+
+
+def test_many_shards_in_one_produce_to_their_leader(
+    server_factory: ServerFactory, etcd: EtcdProcess, run: Run[None]
+) -> None:
+    """``?shards=`` on a replicated database: accepted when this node leads every shard named
+    (each acknowledged per acks), refused with ``NotLeader`` and nothing written otherwise."""
+    import pyarrow as pa
+
+    nodes = start_cluster(server_factory, etcd)
+
+    def body(*batches: pa.RecordBatch) -> bytes:
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, batches[0].schema) as writer:
+            for batch in batches:
+                writer.write_batch(batch)
+        return bytes(sink.getvalue().to_pybytes())
+
+    def rows(tag: str, n: int) -> pa.RecordBatch:
+        return pa.record_batch({"topic": ["t"] * n, "value": [f"{tag}{i}".encode() for i in range(n)]})
+
+    async def main() -> None:
+        sessions = {i: NodeSession(p.url) for i, p in nodes.items()}
+        try:
+            await create_replicated(sessions[1], 4, 3, 2)
+
+            async def led() -> dict[int, list[int]] | None:
+                view = await cluster_view(sessions[1])
+                states = view["dbs"].get(DB, {}).get("state", [])
+                if len(states) != 4 or any(s["leader"] <= 0 for s in states):
+                    return None
+                by_node: dict[int, list[int]] = {}
+                for shard, s in enumerate(states):
+                    by_node.setdefault(int(s["leader"]), []).append(shard)
+                mine = {i: [p["shard"] for p in (await cluster_view(sessions[i]))["leading"]] for i in nodes}
+                return by_node if all(sorted(mine[i]) == sorted(by_node.get(i, [])) for i in nodes) else None
+
+            by_node = await until(led, "leaders that know it")
+            node, (a, b) = next((n, s[:2]) for n, s in by_node.items() if len(s) >= 2)
+            other = next(s[0] for n, s in by_node.items() if n != node)
+            path = f"/v1/dbs/{DB}/records"
+            reply = await until(
+                lambda: sessions[node].request(
+                    "POST",
+                    path,
+                    params={"shards": f"{a},{b},{a}", "acks": "all"},
+                    data=body(rows("x", 3), rows("y", 2), rows("z", 4)),
+                    content_type=protocol.ARROW_STREAM,
+                ),
+                "an acks=all produce",
+            )
+            parts = {p["shard"]: (p["base_offset"], p["count"]) for p in reply.json()["parts"]}
+            assert parts == {a: (0, 7), b: (0, 2)}
+            for shard, want in ((a, [b"x0", b"x1", b"x2", b"z0", b"z1", b"z2", b"z3"]), (b, [b"y0", b"y1"])):
+                records, hw = await read_all(sessions[node], shard)
+                assert hw == len(want) and [v for _, v in records] == want  # acks=all: HW past it
+            with pytest.raises(NotLeader):
+                await sessions[node].request(
+                    "POST",
+                    path,
+                    params={"shards": f"{a},{other}", "acks": "all"},
+                    data=body(rows("w", 1), rows("w", 1)),
+                    content_type=protocol.ARROW_STREAM,
+                )
+            described = (await sessions[node].request("GET", f"/v1/dbs/{DB}")).json()["offsets"]
+            assert described[a]["end"] == 7  # the refused request wrote nothing
+        finally:
+            for s in sessions.values():
+                await s.close()
+
+    run(main())

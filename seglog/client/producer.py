@@ -20,8 +20,10 @@ How a record travels:
    ``max_batch_bytes`` in all) and POSTs them as one Arrow IPC stream to
    ``/v1/dbs/{db}/records?shards=a,b,...&acks=A`` (item ``i`` to shard ``shards[i]``: one
    request per round whatever the shard count, so the node pays one request, one append
-   and one sync for all of them); a replicated database, or a producer routing to leaders,
-   sends one shard per request (``?shard=N``). At most ``max_in_flight`` requests are in
+   and one sync for all of them). A producer routing to leaders (``bootstrap=``) puts in one
+   request the shards one node leads (as last learned; a ``NotLeader`` puts the items back
+   to be regrouped); a replicated database reached through one URL sends one shard per
+   request (``?shard=N``). At most ``max_in_flight`` requests are in
    flight at once. The reply's per-shard ``base_offset`` gives every record its offset
    (``base_offset + i`` in order).
 4. Retriable failures (:func:`seglog.cluster.protocol.is_retriable`: the node unreachable,
@@ -137,6 +139,7 @@ from seglog.errors import (
     CorruptBuffer,
     DatabaseNotFound,
     InvalidArgument,
+    NotLeader,
     RemoteError,
     SeglogError,
     ServerUnavailable,
@@ -1036,7 +1039,7 @@ class Producer:
                 continue
             groups: list[tuple[int, list[_Item]]] = []
             size = 0
-            for shard in free[:1] if self._shard_per_request else free:
+            for shard in self._same_node(free):
                 if groups and size >= self._max_batch_bytes:
                     break
                 self._ready_shards.remove(shard)
@@ -1055,6 +1058,30 @@ class Producer:
             self._requests.add(task)
             task.add_done_callback(self._requests.discard)
             task.add_done_callback(functools.partial(self._shards_done, [g[0] for g in groups]))
+
+    def _same_node(self, free: list[int]) -> list[int]:
+        """The free shards one request may carry: all of them for a single node; with
+        ``bootstrap=``, those the first one's leader leads (as last learned); one shard for
+        a replicated database reached through one URL (its shards' leaders may differ)."""
+        if self._leaders is not None:
+            leaders = self._leaders.view.leaders.get(self.db, [])
+
+            def node(shard: int) -> int:
+                return leaders[shard][0] if shard < len(leaders) else -1
+
+            first = node(free[0])
+            return [s for s in free if node(s) == first] if first >= 0 else free[:1]
+        return free[:1] if self._shard_per_request else free
+
+    def _requeue(self, groups: list[tuple[int, list[_Item]]]) -> None:
+        """Put a refused request's items back in front of their shards, to be regrouped."""
+        for shard, items in groups:
+            queue = self._unsent[shard]
+            queue.extendleft(reversed(items))
+            self._unsent_bytes += sum(len(it.payload) for it in items)
+            if shard not in self._ready_shards:
+                self._ready_shards.append(shard)
+        self._wake_sender.set()
 
     def _shards_done(self, shards: list[int], _task: asyncio.Task[None]) -> None:
         self._busy_shards.difference_update(shards)
@@ -1090,6 +1117,16 @@ class Producer:
                     )
                     bases = _base_offsets(reply.json(), expected)
                 except SeglogError as exc:
+                    if len(groups) > 1 and isinstance(exc, NotLeader):
+                        # Refused before anything was written: the leaders moved apart.
+                        # Learn them again and let the sender regroup the shards.
+                        await asyncio.sleep(self._backoff_s)  # no tight loop while a shard has no leader
+                        if self._leaders is not None:
+                            with contextlib.suppress(ServerUnavailable):
+                                await self._leaders.refresh(force=True)
+                        self.retried_requests += 1
+                        self._requeue(groups)
+                        return
                     if protocol.is_retriable(exc) and (self._retries is None or attempt < self._retries):
                         if self._leaders is not None and isinstance(exc, ServerUnavailable):
                             # The leader moved or died: learn the new one before retrying.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import json
@@ -27,7 +28,7 @@ from seglog.errors import (
     UnsupportedContentType,
 )
 from seglog.isr import Acks
-from seglog.record import Record
+from seglog.record import Record, table_to_batch
 
 __all__ = ["acks_param", "ndjson_table", "parse_ndjson", "produce", "reply_parts"]
 
@@ -227,6 +228,48 @@ async def _produce_replicated(
     return web.json_response({"count": count, "parts": parts})
 
 
+async def _produce_replicated_many(
+    request: web.Request, cluster: ClusterNode, db: Database, batch_shards: list[int], acks: Acks
+) -> web.Response:
+    """A produce of many shards to a replicated database, every one of them led here.
+
+    Leadership (and ``acks="all"``'s ISR size) is checked for every shard before the body is
+    read, and the whole body validated before any shard is written, so a refused request
+    writes nothing. Each shard is appended under its own leader epoch and acknowledged per
+    ``acks``; the reply waits for all of them. If one fails after others were written, the
+    request fails and a retry may store those others twice (at least once, as any ambiguous
+    failure).
+    """
+    if request.content_type != protocol.ARROW_STREAM:
+        raise InvalidRequest(f"?shards= takes an {protocol.ARROW_STREAM} body")
+    leads = {s: cluster.leader_for_append(db.name, s, acks) for s in dict.fromkeys(batch_shards)}
+    body = await request.read()
+    started = time.perf_counter()
+    table, rows = _parse_arrow_batches(body, batch_shards)
+    cfg = db.config
+    table_to_batch(
+        table, max_record_bytes=cfg.max_record_bytes, min_ts_us=cfg.min_ts_us, max_ts_us=cfg.max_ts_us
+    )
+
+    async def one(shard: int) -> dict[str, int]:
+        lead = leads[shard]
+        part = table.take(pa.array(np.flatnonzero(rows == shard)))
+        result = await db.append_arrow(part, shard=shard, leader_epoch=lead.leader_epoch)
+        offsets = result.column("offset").to_numpy()
+        base = int(offsets[0]) if len(offsets) else db.end_offset(shard)
+        await cluster.appended(db, shard, lead, base + len(offsets), acks)
+        return {"shard": shard, "base_offset": base, "count": len(offsets)}
+
+    outcomes = await asyncio.gather(*(one(s) for s in leads), return_exceptions=True)
+    failed = next((o for o in outcomes if isinstance(o, BaseException)), None)
+    if failed is not None:
+        raise failed
+    parts = [o for o in outcomes if not isinstance(o, BaseException) and o["count"]]
+    count = sum(p["count"] for p in parts)
+    request.app[NODE].metrics.append_done(db.name, count, len(body), time.perf_counter() - started)
+    return web.json_response({"count": count, "parts": parts})
+
+
 async def produce(request: web.Request) -> web.Response:
     """Append the body's records; all or nothing per request when validation fails."""
     node = request.app[NODE]
@@ -249,7 +292,7 @@ async def produce(request: web.Request) -> web.Response:
     try:
         if node.cluster is not None and node.cluster.replicated(db.name):
             if batch_shards is not None:
-                raise InvalidRequest("a replicated database takes one shard per produce request (?shard=N)")
+                return await _produce_replicated_many(request, node.cluster, db, batch_shards, acks)
             return await _produce_replicated(request, node.cluster, db, shard, acks)
         body = await request.read()
         started = time.perf_counter()

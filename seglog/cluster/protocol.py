@@ -28,8 +28,9 @@ GET      /v1/dbs/{db}/groups/{group}/committed      read       ``{"offsets": {sh
 =======  =========================================  =========  ==========================================
 
 Produce: query ``shard`` (optional, as ``append(shard=)``; required by a replicated
-database) or ``shards=a,b,...`` (Arrow bodies of databases that are not replicated: record
-batch ``i`` of the stream goes to shard ``shards[i]``, so one request carries many shards) and ``acks`` (``1``, ``quorum`` or ``all``, the default; anything else is
+database) or ``shards=a,b,...`` (Arrow bodies: record batch ``i`` of the stream goes to shard
+``shards[i]``, so one request carries many shards; on a replicated database this node must
+lead every one of them) and ``acks`` (``1``, ``quorum`` or ``all``, the default; anything else is
 ``InvalidRequest`` before the body is read; on a database that is not replicated all three
 mean the node's local write, durable under its fsync policy; on a replicated one ``1`` is
 the leader's write, ``quorum`` a majority of the replicas, ``all`` every in-sync replica);
