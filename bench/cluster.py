@@ -528,6 +528,55 @@ async def steady(
     return row
 
 
+async def run_steady(
+    node: net.Node, session: NodeSession, cluster: Cluster, shards: int, args: argparse.Namespace
+) -> list[Row]:
+    """The steady-rate rows at ``shards`` shards: the single node, then the cluster."""
+    name = f"steady-{shards}"
+    await session.request("POST", f"{protocol.API_PREFIX}/dbs", json_body={"name": name, "shards": shards})
+    _log(
+        f"  steady {args.steady_rate:,} records/s for {args.steady_seconds:g} s, {shards} shards: single node"
+    )
+    pace = (args.steady_rate, args.steady_seconds, args.steady_tick_ms)
+    out = [
+        await steady(
+            "single node Producer acks=all -> Consumer",
+            name,
+            node.url,
+            None,
+            {node.url: None},
+            node.cpu_s,
+            *pace,
+        )
+    ]
+    await cluster.create(name, shards)
+    readers: dict[str, list[int] | None] = {}
+    for shard, leader in enumerate(await cluster.wait_healthy(name)):
+        led = readers.setdefault(cluster.nodes[leader].url, [])
+        assert led is not None
+        led.append(shard)
+    _log(f"  steady, {shards} shards: 3-node cluster")
+    out.append(
+        await steady(
+            "3-node cluster Producer acks=all -> Consumer per leader",
+            name,
+            cluster.urls[0],
+            cluster.urls[1:],
+            readers,
+            cluster.cpu_s,
+            *pace,
+        )
+    )
+    for r in out:
+        r.shape = f"{shards} shard{'s' if shards > 1 else ''}, {r.shape}"
+        x = r.extra
+        _log(
+            f"  {r.system}: ack p99 {x['ack_p99_ms']:.1f} ms, e2e p50 {r.p50_ms:.1f} p99 {r.p99_ms:.1f} ms"
+            + ("" if r.status == "ok" else f" ({r.status})")
+        )
+    return out
+
+
 # --- failover --------------------------------------------------------------------------------
 
 
@@ -539,6 +588,7 @@ class Kill:
     killed: int
     was_controller: bool
     new_leader: int = -1
+    elected_ms: float | None = None
     failover_ms: float | None = None
     rejoin_s: float | None = None
     checked: int = 0
@@ -627,6 +677,13 @@ class FailoverRun:
                 fut = await producer.send(topic, f"{seq:0{SEQ_DIGITS}d}".encode() + pad, key=key)
                 fut.add_done_callback(functools.partial(self._on_ack, shard=shard, seq=seq, sent=sent))
 
+    async def _elected(self, old_epoch: int) -> float | None:
+        """When a live node's metadata first names a leader of shard 0 above ``old_epoch``."""
+        state = (await self.cluster.view())["dbs"][self.db]["state"][0]
+        if int(state["leader_epoch"]) > old_epoch and int(state["leader"]) >= 0:
+            return time.perf_counter()
+        return None
+
     async def _check(self, acked: dict[int, dict[int, int]]) -> tuple[int, int, int]:
         """Read every record in ``acked`` back from its leader: (checked, lost, duplicates seen)."""
         checked = lost = dups = 0
@@ -685,7 +742,9 @@ class FailoverRun:
         cluster = self.cluster
         leaders = await cluster.wait_healthy(self.db)
         victim = leaders[0]
-        was_controller = bool((await cluster.view(victim)).get("controller"))
+        before = await cluster.view(victim)
+        was_controller = bool(before.get("controller"))
+        old_epoch = int(before["dbs"][self.db]["state"][0]["leader_epoch"])
         await asyncio.sleep(PRE_KILL_S)  # the paced producer keeps running meanwhile
         kill = Kill(n, victim, was_controller)
         self.first_ack_after_kill = None
@@ -693,12 +752,18 @@ class FailoverRun:
         self.kill_at = time.perf_counter()
         cluster.nodes[victim].kill()
         timeout = max(30.0, 10.0 * cluster.ttl_s)
+        election = asyncio.create_task(until(lambda: self._elected(old_epoch), "a new leader", timeout))
         try:
             await asyncio.wait_for(self.recovered.wait(), timeout)
             assert self.first_ack_after_kill is not None
             kill.failover_ms = (self.first_ack_after_kill - self.kill_at) * 1000
+            kill.elected_ms = (await election - self.kill_at) * 1000
         except TimeoutError:
             kill.status = f"no shard-0 ack within {timeout:g} s"
+        finally:
+            election.cancel()
+            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+                await election
         view = await cluster.view()
         kill.new_leader = int(view["dbs"][self.db]["state"][0]["leader"])
         t0 = time.perf_counter()
@@ -713,7 +778,7 @@ class FailoverRun:
         self.result.kills.append(kill)
         _log(
             f"  kill {n}: node {victim}{' (controller)' if was_controller else ''} -> leader {kill.new_leader}, "
-            f"failover {_f(kill.failover_ms)} ms, rejoined in {kill.rejoin_s:.1f} s, "
+            f"elected {_f(kill.elected_ms)} ms, failover {_f(kill.failover_ms)} ms, rejoined in {kill.rejoin_s:.1f} s, "
             f"{kill.checked} acked records checked, {kill.lost} lost"
         )
 
@@ -739,51 +804,8 @@ async def run(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
                 n = args.records or (args.records_100 if value_bytes <= 100 else args.records_1k)
                 env = Env(node.url, session, store, None, net.make_workload(n, value_bytes, args.batch))
                 await run_produce_size(env, servers, value_bytes, args, rows)
-        if "steady" in args.sections:
-            await session.request(
-                "POST", f"{protocol.API_PREFIX}/dbs", json_body={"name": "steady", "shards": SHARDS}
-            )
-            _log(f"  steady {args.steady_rate:,} records/s for {args.steady_seconds:g} s: single node")
-            rows.append(
-                await steady(
-                    "single node Producer acks=all -> Consumer",
-                    "steady",
-                    node.url,
-                    None,
-                    {node.url: None},
-                    node.cpu_s,
-                    args.steady_rate,
-                    args.steady_seconds,
-                    args.steady_tick_ms,
-                )
-            )
-            await cluster.create("steady")
-            leaders = await cluster.wait_healthy("steady")
-            readers: dict[str, list[int] | None] = {}
-            for shard, leader in enumerate(leaders):
-                shards = readers.setdefault(cluster.nodes[leader].url, [])
-                assert shards is not None
-                shards.append(shard)
-            _log("  steady: 3-node cluster")
-            rows.append(
-                await steady(
-                    "3-node cluster Producer acks=all -> Consumer per leader",
-                    "steady",
-                    cluster.urls[0],
-                    cluster.urls[1:],
-                    readers,
-                    cluster.cpu_s,
-                    args.steady_rate,
-                    args.steady_seconds,
-                    args.steady_tick_ms,
-                )
-            )
-            for r in rows[-2:]:
-                x = r.extra
-                _log(
-                    f"  {r.system}: ack p99 {x['ack_p99_ms']:.1f} ms, e2e p50 {r.p50_ms:.1f} p99 {r.p99_ms:.1f} ms"
-                    + ("" if r.status == "ok" else f" ({r.status})")
-                )
+        for shards in args.steady_shards if "steady" in args.sections else ():
+            rows += await run_steady(node, session, cluster, shards, args)
         if "failover" in args.sections and args.kills:
             db = await cluster.create("failover")
             _log(f"  failover: {args.kills} leader kills, node TTL {args.node_ttl_s} s")
@@ -886,8 +908,10 @@ def render(meta: dict[str, Any], rows: list[Row], failover: Failover | None, arg
             f"SIGKILLed {len(failover.kills)} times; failover = kill -> first acknowledgement of a shard-0 "
             f"record sent after the kill. Node lease TTL {failover.ttl_s} s (target: under 2 x TTL = "
             f"{2000 * failover.ttl_s:,} ms). The killed node restarts and rejoins every ISR before the "
-            "next kill; checked = records acknowledged since the previous check, read back from each "
-            "shard's leader at their acknowledged offsets.",
+            "next kill; elected = kill -> a live node's metadata names a new leader of shard 0 (lease "
+            "expiry, controller election; polled every 50 ms), the rest of the failover is the new leader "
+            "taking over and the producer finding it; checked = records acknowledged since the previous "
+            "check, read back from each shard's leader at their acknowledged offsets.",
             "",
             f"**failover p50 {_f(_pct(times, 50), 0)} ms, max {_f(max(times, default=None), 0)} ms** over "
             f"{len(times)} of {len(failover.kills)} kills; {failover.acked:,} records acknowledged, "
@@ -896,13 +920,14 @@ def render(meta: dict[str, Any], rows: list[Row], failover: Failover | None, arg
             f"duplicates (no idempotent producer yet: a retried batch may be stored twice). Status: "
             f"**{failover.status}**.",
             "",
-            "| kill | killed node | was controller | new leader | failover ms | rejoin s | checked | lost | status |",
-            "|---:|---:|---|---:|---:|---:|---:|---:|---|",
+            "| kill | killed node | was controller | new leader | elected ms | failover ms | rejoin s | checked "
+            "| lost | status |",
+            "|---:|---:|---|---:|---:|---:|---:|---:|---:|---|",
         ]
         for k in failover.kills:
             out.append(
                 f"| {k.n} | {k.killed} | {'yes' if k.was_controller else 'no'} | {k.new_leader} | "
-                f"{_f(k.failover_ms, 0)} | {_f(k.rejoin_s)} | {k.checked:,} | {k.lost} | {k.status} |"
+                f"{_f(k.elected_ms, 0)} | {_f(k.failover_ms, 0)} | {_f(k.rejoin_s)} | {k.checked:,} | {k.lost} | {k.status} |"
             )
     out += [
         "",
@@ -928,6 +953,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--in-flight", type=int, default=SHARDS, help="Producer max_in_flight (requests)")
     p.add_argument("--steady-rate", type=int, default=10_000, help="records/s of the steady producer")
     p.add_argument("--steady-seconds", type=float, default=None, help="default 10 (--quick: 3)")
+    p.add_argument(
+        "--steady-shards",
+        type=lambda v: [int(x) for x in v.split(",")],
+        default=[1, SHARDS],
+        help="shard counts of the steady runs (default 1,16)",
+    )
     p.add_argument("--steady-tick-ms", type=float, default=5.0, help="the steady producer sends every tick")
     p.add_argument("--kills", type=int, default=None, help="leader SIGKILLs (default 20, --quick 3)")
     p.add_argument("--failover-tick-ms", type=float, default=10.0, help="one record per shard every tick")
