@@ -944,10 +944,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--sizes", type=lambda v: [int(x) for x in v.split(",")], default=[100, 1024], help="value sizes (B)"
     )
     p.add_argument(
-        "--records", type=int, default=None, help="records per size (default 300k at 100 B, 75k at 1 KiB)"
+        "--records",
+        type=int,
+        default=None,
+        help="records per size (default 1M at 100 B, 250k at 1 KiB; --quick 100k/25k)",
     )
-    p.add_argument("--records-100", type=int, default=300_000, help=argparse.SUPPRESS)
-    p.add_argument("--records-1k", type=int, default=75_000, help=argparse.SUPPRESS)
+    p.add_argument("--records-100", type=int, default=1_000_000, help=argparse.SUPPRESS)
+    p.add_argument("--records-1k", type=int, default=250_000, help=argparse.SUPPRESS)
     p.add_argument("--batch", type=int, default=5000, help="records per produce batch")
     p.add_argument("--senders", type=int, default=4, help="concurrent senders (batches in flight)")
     p.add_argument("--in-flight", type=int, default=SHARDS, help="Producer max_in_flight (requests)")
@@ -977,7 +980,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.quick:
-        args.records_100, args.records_1k = 50_000, 12_500
+        args.records_100, args.records_1k = 100_000, 25_000
     if args.kills is None:
         args.kills = 3 if args.quick else 20
     if args.steady_seconds is None:
