@@ -1,7 +1,8 @@
 """Cluster benchmark (issue 13): a 3-node replicated cluster against one node and embedded seglog.
 
     python -m bench.cluster [--quick] [--sizes 100,1024] [--records N] [--kills N]
-                            [--steady-rate R] [--node-ttl-s S] [--out DIR]
+                            [--steady-rate R] [--steady-shards 1,16] [--node-ttl-s S]
+                            [--no-kafka] [--out DIR]
 
 Starts one etcd and three ``seglog serve --fsync always --etcd ...`` nodes (plus one plain
 ``seglog serve --fsync always`` node for the single-node rows) on this machine: every node
@@ -11,13 +12,17 @@ shares its disk and its cores with the others and with this process. Three secti
   every record, batches of ``--batch``, ``--senders`` tasks each keeping one batch in flight)
   into 16 shards through embedded ``append_arrow`` (the baseline), ``Producer`` against the
   single node, and ``Producer(bootstrap=...)`` against a replicated database (replication
-  factor 3, ``min_insync`` 2) with ``acks="all"``, ``"quorum"`` and ``1``. Each row gets a
-  fresh database; records/s, MB/s, ack p50/p99 (batch handed over -> acknowledged), and
-  ratios to the embedded row and to the single-node row of the same value size.
+  factor 3, ``min_insync`` 2) with ``acks="all"``, ``"quorum"`` and ``1``; and Kafka with
+  three KRaft brokers (topic replication factor 3, ``min.insync.replicas=2``, fsync per
+  append, aiokafka acks=all; ``bench/peers/kafka_kraft.py``), started only for its rows and
+  warmed up untimed first. Each row gets a fresh database (topic); records/s, MB/s, ack
+  p50/p99 (batch handed over -> acknowledged), and ratios to the embedded, single-node and
+  Kafka rows of the same value size.
 * steady: a producer paced by a clock schedule at ``--steady-rate`` records/s (``acks="all"``,
   100 B values, ``ts`` = wall clock at send) while consumers tail every shard (on the
   cluster one ``Consumer`` per leader node, given the shards it leads); ack p50/p99 and
-  end-to-end p50/p99 (receipt - ``ts``). Run on the single node and on the cluster.
+  end-to-end p50/p99 (receipt - ``ts``). Run on the single node and on the cluster, into
+  databases of each of ``--steady-shards`` shards.
 * failover: a paced ``acks="all"`` producer writes one record to each shard every
   ``--failover-tick-ms``; ``--kills`` times the leader of shard 0 is SIGKILLed, and the
   failover time is kill -> the first acknowledgement of a shard-0 record sent after the
@@ -81,6 +86,12 @@ FAILOVER_VALUE_BYTES = 100
 # How long the producer runs steadily before each kill (so every kill hits a busy leader).
 PRE_KILL_S = 0.5
 SEQ_DIGITS = 12
+KAFKA_WARMUP_RECORDS = 50_000
+
+
+EMBEDDED = "embedded append_arrow"
+SINGLE = "single node Producer"
+KAFKA_ROW = ProduceRow("Kafka 3 brokers aiokafka (acks=all, min.insync=2)", net.kafka_produce, "kafka")
 
 
 # --- processes -------------------------------------------------------------------------------
@@ -328,8 +339,8 @@ def producer_opener(
 def produce_specs(cluster: Cluster, in_flight: int) -> list[ProduceRow]:
     """Rows in table order: embedded (baseline), single node, then the cluster per acks mode."""
     return [
-        ProduceRow("embedded append_arrow", net.embedded_arrow, "embedded", baseline=True),
-        ProduceRow("single node Producer", producer_opener("all", None, in_flight), "node"),
+        ProduceRow(EMBEDDED, net.embedded_arrow, "embedded", baseline=True),
+        ProduceRow(SINGLE, producer_opener("all", None, in_flight), "node"),
         *(
             ProduceRow(
                 f"3-node cluster Producer acks={acks}",
@@ -359,8 +370,6 @@ async def run_produce_size(
     """Every produce row at one value size; a failing row is a row, not a failed run."""
     targets = net.Targets(env)
     cluster = servers.cluster
-    embedded: Row | None = None
-    single: Row | None = None
     env.senders, env.shards = args.senders, SHARDS
     for spec in produce_specs(cluster, args.in_flight):
         servers.target = spec.target
@@ -383,19 +392,91 @@ async def run_produce_size(
                 Row("produce", value_bytes, "", spec.name, status=f"failed: {type(exc).__name__}: {exc}")
             )
             continue
-        if spec.baseline:
-            embedded = row
-        elif embedded is not None:
-            row.ratio = row.records_s / embedded.records_s
-        if spec.target == "node":
-            single = row
-        elif spec.target == "cluster" and single is not None:
-            row.extra["vs_single"] = row.records_s / single.records_s
         rows.append(row)
         _log(
             f"  {value_bytes} B {spec.name}: {row.records_s:,.0f} rec/s, ack p50 {row.p50_ms:.1f} ms "
-            f"p99 {row.p99_ms:.1f} ms" + (f", x{row.ratio:.2f} of embedded" if row.ratio is not None else "")
+            f"p99 {row.p99_ms:.1f} ms"
         )
+
+
+async def run_kafka(args: argparse.Namespace, work: Path, rows: list[Row]) -> str:
+    """The Kafka rows (3 brokers, acks=all, min.insync.replicas=2), started only for them.
+
+    Returns the Kafka version, or why it did not run.
+    """
+    from bench.peers import PeerContext, PeerUnavailable
+    from bench.peers.kafka_kraft import KafkaPeer
+
+    (work / "kafka").mkdir()
+    kafka = KafkaPeer(PeerContext(work / "kafka", args.cache, 0, 0), brokers=NODES, min_insync=MIN_INSYNC)
+    try:
+        _log(f"  starting Kafka, {NODES} brokers")
+        try:
+            await kafka.setup()
+        except (PeerUnavailable, RuntimeError, TimeoutError) as exc:
+            _log(f"  Kafka unavailable: {exc}")
+            for value_bytes in args.sizes:
+                rows.append(Row("produce", value_bytes, "", KAFKA_ROW.name, status=f"skipped: {exc}"))
+            return f"unavailable: {exc}"
+        # Untimed: the JVMs' JIT warms up on a throwaway topic (seglog's rows need no warm-up).
+        warm = Env("", None, None, kafka, net.make_workload(KAFKA_WARMUP_RECORDS, 100, args.batch))  # type: ignore[arg-type]
+        warm.senders, warm.shards = args.senders, SHARDS
+        try:
+            warm.db = await net.Targets(warm).create("kafka", SHARDS, 0)
+            await net.run_produce(KAFKA_ROW, warm, kafka)
+        except Exception as exc:  # the timed rows still run, and say what fails
+            _log(f"  Kafka warm-up failed: {type(exc).__name__}: {exc}")
+        for value_bytes in args.sizes:
+            n = args.records or (args.records_100 if value_bytes <= 100 else args.records_1k)
+            env = Env("", None, None, kafka, net.make_workload(n, value_bytes, args.batch))  # type: ignore[arg-type]
+            env.senders, env.shards = args.senders, SHARDS
+            targets = net.Targets(env)
+            try:
+                env.db = await targets.create("kafka", SHARDS, value_bytes)
+                await asyncio.to_thread(os.sync)
+                row = await net.run_produce(KAFKA_ROW, env, kafka)
+                stored = await targets.count("kafka", env.db)
+                if stored != env.workload.n:
+                    row.status = f"stored {stored} of {env.workload.n}"
+            except Exception as exc:
+                _log(f"  {value_bytes} B Kafka: FAILED {type(exc).__name__}: {exc}")
+                rows.append(
+                    Row(
+                        "produce",
+                        value_bytes,
+                        "",
+                        KAFKA_ROW.name,
+                        status=f"failed: {type(exc).__name__}: {exc}",
+                    )
+                )
+                continue
+            rows.append(row)
+            _log(
+                f"  {value_bytes} B {KAFKA_ROW.name}: {row.records_s:,.0f} rec/s, ack p99 {row.p99_ms:.1f} ms"
+            )
+        return str(kafka.version)
+    finally:
+        await kafka.teardown()
+
+
+def set_ratios(rows: list[Row]) -> None:
+    """Per value size: records/s over the embedded, single-node and Kafka rows of this run."""
+    ok = {(r.value_bytes, r.system): r for r in rows if r.section == "produce" and r.status == "ok"}
+    for r in rows:
+        if r.section != "produce" or r.status != "ok":
+            continue
+        refs = {
+            "embedded": ok.get((r.value_bytes, EMBEDDED)),
+            "vs_single": ok.get((r.value_bytes, SINGLE)),
+            "vs_kafka": ok.get((r.value_bytes, KAFKA_ROW.name)),
+        }
+        for key, ref in refs.items():
+            if ref is None or ref is r or not ref.records_s:
+                continue
+            if key == "embedded":
+                r.ratio = r.records_s / ref.records_s
+            elif r.system != EMBEDDED and (key == "vs_single" or r.system.startswith("3-node")):
+                r.extra[key] = r.records_s / ref.records_s
 
 
 # --- steady rate, end to end -----------------------------------------------------------------
@@ -792,6 +873,7 @@ async def run(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     t_start = time.perf_counter()
     rows: list[Row] = []
     failover: Failover | None = None
+    kafka_version = "not run (--no-kafka)"
     node = net.Node(work)
     cluster = Cluster(work, args.node_ttl_s)
     session = NodeSession(node.url)
@@ -804,6 +886,9 @@ async def run(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
                 n = args.records or (args.records_100 if value_bytes <= 100 else args.records_1k)
                 env = Env(node.url, session, store, None, net.make_workload(n, value_bytes, args.batch))
                 await run_produce_size(env, servers, value_bytes, args, rows)
+        if "produce" in args.sections and not args.no_kafka:
+            kafka_version = await run_kafka(args, work, rows)
+        set_ratios(rows)
         for shards in args.steady_shards if "steady" in args.sections else ():
             rows += await run_steady(node, session, cluster, shards, args)
         if "failover" in args.sections and args.kills:
@@ -829,6 +914,7 @@ async def run(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
         "filesystem": _filesystem(Path(args.dir) if args.dir else Path(tempfile.gettempdir())),
         "load": f"1-min load average {load_start:.1f} at start, {os.getloadavg()[0]:.1f} at end",
         "git": _git_state(),
+        "kafka": kafka_version,
         "runtime_s": round(time.perf_counter() - t_start, 1),
         "args": {
             k: (str(v) if isinstance(v, Path) else sorted(v) if isinstance(v, set) else v)
@@ -855,29 +941,31 @@ def render(meta: dict[str, Any], rows: list[Row], failover: Failover | None, arg
         f"# seglog cluster benchmark, {meta['date']} ({meta['mode']})",
         "",
         f"Machine: {meta['machine']}; data dir filesystem: {meta['filesystem']}; {meta['load']}; "
-        f"code: {meta['git']}. **All three cluster nodes, etcd, the single node and this bench "
-        "client share the machine's cores and one disk**: replication here costs CPU and fsyncs "
-        "that separate machines would not take from each other.",
+        f"code: {meta['git']}; Kafka: {meta['kafka']}. **All three cluster nodes, etcd, the single node "
+        "and this bench client share the machine's two cores and one disk** (Kafka's three JVMs run "
+        "only during their rows, alone): replication here costs CPU and fsyncs that separate "
+        "machines would not take from each other.",
         "",
         f"Every node runs `seglog serve --fsync always`; the cluster database has {SHARDS} shards, "
         f"replication factor {REPLICATION_FACTOR}, `min_insync` {MIN_INSYNC}, node lease TTL "
         f"{args.node_ttl_s} s. Keys on every record (10,000 devices, a topic per device); batches of "
         f"{args.batch:,} records; {args.senders} senders each keep one batch in flight; Producer "
         f"`max_in_flight` {args.in_flight}. ack = batch handed over -> acknowledged. Ratios: records/s "
-        "over the embedded row, and over the single-node row, of the same value size in this run. "
-        "server CPU = CPU seconds of the single node, or of all three cluster nodes, during the row.",
+        "over the embedded row, the single-node row and the Kafka row of the same value size in this "
+        "run. server CPU = CPU seconds of the single node, or of all three cluster nodes, during the "
+        "row. Kafka: 3 KRaft broker+controller JVMs, topic replication factor 3, "
+        "`min.insync.replicas=2`, every broker fsyncs each append (`log.flush.interval.messages=1`), "
+        "aiokafka acks=all, records built per partition with `create_batch`/`send_batch`.",
         "",
         "| value | system | records/s | MB/s | ack p50 ms | ack p99 ms | server CPU s | client CPU s "
-        "| vs embedded | vs single node | status |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| vs embedded | vs single node | vs Kafka | status |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
-    for r in rows:
-        if r.section != "produce":
-            continue
+    for r in sorted((r for r in rows if r.section == "produce"), key=lambda r: r.value_bytes):
         out.append(
             f"| {r.value_bytes} B | {r.system} | {_f(r.records_s, 0)} | {_f(r.mb_s)} | {_f(r.p50_ms, 2)} | "
             f"{_f(r.p99_ms, 2)} | {_f(r.server_cpu_s, 2)} | {_f(r.client_cpu_s, 2)} | {_f(r.ratio, 2)} | "
-            f"{_f(r.extra.get('vs_single'), 2)} | {r.status} |"
+            f"{_f(r.extra.get('vs_single'), 2)} | {_f(r.extra.get('vs_kafka'), 2)} | {r.status} |"
         )
     steady_rows = [r for r in rows if r.section == "steady"]
     if steady_rows:
@@ -931,8 +1019,8 @@ def render(meta: dict[str, Any], rows: list[Row], failover: Failover | None, arg
             )
     out += [
         "",
-        "Not in this run: Kafka with 3 brokers (the peer harness, `bench/peers/kafka_kraft.py`, starts "
-        f"one combined broker+controller). Runtime {meta['runtime_s']} s.",
+        "Kafka takes part in the produce rows only (no steady-rate or failover rows for it). "
+        f"Runtime {meta['runtime_s']} s.",
     ]
     return "\n".join(out) + "\n"
 
@@ -972,6 +1060,8 @@ def build_parser() -> argparse.ArgumentParser:
         default={"produce", "steady", "failover"},
         help="comma-separated subset of produce,steady,failover",
     )
+    p.add_argument("--no-kafka", action="store_true", help="skip the Kafka rows (3 brokers)")
+    p.add_argument("--cache", type=Path, default=net.CACHE_DIR, help="where `make peer-kafka` put the jars")
     p.add_argument("--out", type=Path, default=None, help="directory of the report (default bench/results)")
     p.add_argument("--dir", default=None, help="where to put temporary data (default: system temp)")
     return p

@@ -21,6 +21,7 @@ def test_cluster_bench_tiny_run(tmp_path: Path) -> None:
             "-m",
             "bench.cluster",
             "--quick",
+            "--no-kafka",
             "--sizes",
             "100",
             "--records",
