@@ -31,8 +31,8 @@ shares its disk and its cores with the others and with this process. Three secti
   back from its shard's leader at its acknowledged offset; at the end every acknowledged
   record is checked again from offset 0. Any loss is printed loudly and shown in the table.
 
-Writes ``bench/results/cluster-<date>.md`` and ``.json`` (``--quick``: ``quick-cluster-<date>``)
-and prints the Markdown.
+Writes ``bench/results/cluster-<date>.md`` and ``.json`` (``--quick``: ``quick-cluster-<date>``;
+``--label L``: ``cluster-L-<date>``) and prints the Markdown.
 """
 
 from __future__ import annotations
@@ -1063,6 +1063,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-kafka", action="store_true", help="skip the Kafka rows (3 brokers)")
     p.add_argument("--cache", type=Path, default=net.CACHE_DIR, help="where `make peer-kafka` put the jars")
     p.add_argument("--out", type=Path, default=None, help="directory of the report (default bench/results)")
+    p.add_argument("--label", default="", help="report name: cluster-LABEL-<date> (a variant run)")
     p.add_argument("--dir", default=None, help="where to put temporary data (default: system temp)")
     return p
 
@@ -1078,7 +1079,8 @@ def main(argv: list[str] | None = None) -> int:
     text, data = asyncio.run(run(args))
     print(text)
     out_dir = args.out or RESULTS_DIR
-    stem = f"{'quick-' if args.quick else ''}cluster-{data['meta']['date']}"
+    label = f"{args.label}-" if args.label else ""
+    stem = f"{'quick-' if args.quick else ''}cluster-{label}{data['meta']['date']}"
     out_dir.mkdir(parents=True, exist_ok=True)
     md = out_dir / f"{stem}.md"
     md.write_text(text)
