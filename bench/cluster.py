@@ -956,12 +956,16 @@ def render(meta: dict[str, Any], rows: list[Row], failover: Failover | None, arg
         "row. Kafka: 3 KRaft broker+controller JVMs, topic replication factor 3, "
         "`min.insync.replicas=2`, every broker fsyncs each append (`log.flush.interval.messages=1`), "
         "aiokafka acks=all, records built per partition with `create_batch`/`send_batch`.",
-        "",
-        "| value | system | records/s | MB/s | ack p50 ms | ack p99 ms | server CPU s | client CPU s "
-        "| vs embedded | vs single node | vs Kafka | status |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
-    for r in sorted((r for r in rows if r.section == "produce"), key=lambda r: r.value_bytes):
+    produce_rows = sorted((r for r in rows if r.section == "produce"), key=lambda r: r.value_bytes)
+    if produce_rows:
+        out += [
+            "",
+            "| value | system | records/s | MB/s | ack p50 ms | ack p99 ms | server CPU s | client CPU s "
+            "| vs embedded | vs single node | vs Kafka | status |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        ]
+    for r in produce_rows:
         out.append(
             f"| {r.value_bytes} B | {r.system} | {_f(r.records_s, 0)} | {_f(r.mb_s)} | {_f(r.p50_ms, 2)} | "
             f"{_f(r.p99_ms, 2)} | {_f(r.server_cpu_s, 2)} | {_f(r.client_cpu_s, 2)} | {_f(r.ratio, 2)} | "
