@@ -19,8 +19,8 @@ shares its disk and its cores with the others and with this process. Three secti
   p50/p99 (batch handed over -> acknowledged), and ratios to the embedded, single-node and
   Kafka rows of the same value size.
 * steady: a producer paced by a clock schedule at ``--steady-rate`` records/s (``acks="all"``,
-  100 B values, ``ts`` = wall clock at send) while consumers tail every shard (on the
-  cluster one ``Consumer`` per leader node, given the shards it leads); ack p50/p99 and
+  100 B values, ``ts`` = wall clock at send) while a ``Consumer`` tails every shard (on the
+  cluster with ``bootstrap=``: it fetches each shard from its leader); ack p50/p99 and
   end-to-end p50/p99 (receipt - ``ts``). Run on the single node and on the cluster, into
   databases of each of ``--steady-shards`` shards.
 * failover: a paced ``acks="all"`` producer writes one record to each shard every
@@ -487,7 +487,6 @@ async def steady(
     db: str,
     producer_url: str,
     bootstrap: list[str] | None,
-    readers: dict[str, list[int] | None],
     cpu: Callable[[], float],
     rate: int,
     seconds: float,
@@ -499,8 +498,7 @@ async def steady(
         name: Row label.
         db: The (empty) database.
         producer_url: The node the producer starts from.
-        bootstrap: The other cluster nodes (None: a single node).
-        readers: Consumer URL -> the shards it reads (None: every shard).
+        bootstrap: The other cluster nodes (None: a single node); the consumer takes them too.
         cpu: CPU seconds of the server side.
         rate: Records per second.
         seconds: How long the schedule runs.
@@ -519,12 +517,11 @@ async def steady(
         producer = await stack.enter_async_context(
             Producer(producer_url, db, acks="all", linger_ms=1, max_in_flight=SHARDS, bootstrap=bootstrap)
         )
-        consumers = [
-            await stack.enter_async_context(Consumer(url, db, shards=shards, auto_offset_reset="earliest"))
-            for url, shards in readers.items()
-        ]
+        consumer = await stack.enter_async_context(
+            Consumer(producer_url, db, auto_offset_reset="earliest", bootstrap=bootstrap)
+        )
 
-        async def receive(consumer: Consumer) -> None:
+        async def receive() -> None:
             nonlocal received
             while received < total:
                 tables = await consumer.getmany_arrow(timeout_ms=1000)
@@ -532,10 +529,9 @@ async def steady(
                 for t in tables.values():
                     lat.append(now - t.column("ts").to_numpy())
                     received += t.num_rows
-                if received >= total:
-                    got_all.set()
+            got_all.set()
 
-        receivers = [asyncio.create_task(receive(c)) for c in consumers]
+        receiver = asyncio.create_task(receive())
         loop = asyncio.get_running_loop()
         cpu0, ccpu0 = cpu(), _self_cpu_s()
         start = loop.time()
@@ -576,9 +572,8 @@ async def steady(
         except TimeoutError:
             _log(f"  {name}: received {received} of {total}")
         finally:
-            for r in receivers:
-                r.cancel()
-            await asyncio.gather(*receivers, return_exceptions=True)
+            receiver.cancel()
+            await asyncio.gather(receiver, return_exceptions=True)
         server_cpu, client_cpu = cpu() - cpu0, _self_cpu_s() - ccpu0
     lat_ms = np.concatenate(lat) / 1000 if lat else np.zeros(0)
     row = Row(
@@ -625,25 +620,18 @@ async def run_steady(
             name,
             node.url,
             None,
-            {node.url: None},
             node.cpu_s,
             *pace,
         )
     ]
     await cluster.create(name, shards)
-    readers: dict[str, list[int] | None] = {}
-    for shard, leader in enumerate(await cluster.wait_healthy(name)):
-        led = readers.setdefault(cluster.nodes[leader].url, [])
-        assert led is not None
-        led.append(shard)
     _log(f"  steady, {shards} shards: 3-node cluster")
     out.append(
         await steady(
-            "3-node cluster Producer acks=all -> Consumer per leader",
+            "3-node cluster Producer acks=all -> Consumer (bootstrap)",
             name,
             cluster.urls[0],
             cluster.urls[1:],
-            readers,
             cluster.cpu_s,
             *pace,
         )
@@ -976,8 +964,8 @@ def render(meta: dict[str, Any], rows: list[Row], failover: Failover | None, arg
         out += [
             "",
             f"Steady rate: one `Producer` (acks=all) paced by a clock schedule, 100 B values, `ts` = wall "
-            f"clock at send, for {args.steady_seconds:g} s; consumers tail every shard with long polls "
-            "(cluster: one `Consumer` per leader node, on the shards it leads). ack = `send_arrow` -> "
+            f"clock at send, for {args.steady_seconds:g} s; a `Consumer` tails every shard with long polls "
+            "(cluster: `bootstrap=`, one poll per leader node over the shards it leads). ack = `send_arrow` -> "
             "acknowledged; e2e = receipt - `ts`; late ticks = ticks handed over more than a tick behind.",
             "",
             "| system | shape | achieved records/s | records | ack p50 ms | ack p99 ms | e2e p50 ms | e2e p99 ms "
