@@ -54,7 +54,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -186,6 +186,12 @@ class Env:
     db: str = ""
     shards: int = 1
     senders: int = 1
+
+
+class CpuSource(Protocol):
+    """What a row charges server CPU to: one node, or the sum over a cluster's nodes."""
+
+    def cpu_s(self) -> float: ...
 
 
 class Node:
@@ -486,7 +492,7 @@ async def stop_kafka_consumer(consumer: Any) -> None:
             raise  # this task really is being cancelled
 
 
-async def run_produce(row: ProduceRow, env: Env, node: Node) -> Row:
+async def run_produce(row: ProduceRow, env: Env, node: CpuSource) -> Row:
     """Drive ``row`` with ``env.senders`` concurrent senders over the workload's batches."""
     w = env.workload
     batches = w.batches
@@ -515,7 +521,7 @@ async def run_produce(row: ProduceRow, env: Env, node: Node) -> Row:
         w.logical_bytes,
         _pct(latencies, 50) * 1000,
         _pct(latencies, 99) * 1000,
-        cpu if row.target == "node" else None,
+        cpu if row.target in ("node", "cluster") else None,
         ccpu,
     )
 

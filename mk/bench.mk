@@ -93,3 +93,17 @@ bench-net: venv peer-kafka
 .PHONY: bench-streams
 bench-streams: venv
 	$(BIN)/python -m bench.streams $(if $(QUICK),--quick)
+
+# Cluster benchmark (issue 13, bench/cluster.py): etcd + three `seglog serve --fsync always
+# --etcd` nodes on this machine against one node, embedded append_arrow and a 3-broker Kafka
+# (acks=all, min.insync.replicas=2; --no-kafka skips it), acks all/quorum/1, steady 10k
+# records/s acks=all (ack and end-to-end p99), and leader-SIGKILL failover time
+# -> bench/results/cluster-<date>.md/.json.
+#   make bench-cluster                              full run (20 kills)
+#   make bench-cluster BENCH_CLUSTER_ARGS=--quick   under 3 minutes (3 kills)
+# Not part of `make test`.
+BENCH_CLUSTER_ARGS ?=
+
+.PHONY: bench-cluster
+bench-cluster: venv etcd peer-kafka
+	$(BIN)/python -m bench.cluster --cache $(CACHE) $(BENCH_CLUSTER_ARGS)

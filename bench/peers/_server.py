@@ -147,6 +147,17 @@ class ServerProcess:
         """CPU seconds the server has used so far."""
         return process_cpu_s(self.pid)
 
+    def kill(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """SIGKILL the server (a crash: no shutdown at all) and reap it; ``start`` runs it again."""
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=timeout_s)
+        if self._log is not None:
+            with contextlib.suppress(OSError):
+                self._log.close()
+            self._log = None
+
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
         """Terminate the server by its PID, kill it if it has not exited within ``timeout_s``."""
         proc, self._proc = self._proc, None

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import shutil
 import subprocess
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import aiokafka
@@ -65,18 +67,22 @@ class KafkaPeer:
     name = "kafka"
     durability = "acks=all, log.flush.interval.messages=1 (fsync per append before ack)"
 
-    def __init__(self, ctx: PeerContext) -> None:
+    def __init__(self, ctx: PeerContext, brokers: int = 1, min_insync: int = 1) -> None:
+        """``brokers`` combined broker+controller nodes (a KRaft quorum of that many voters);
+        topics get a replica on each broker and ``min.insync.replicas=min_insync``."""
         self.ctx = ctx
+        self.brokers = brokers
+        self.min_insync = min_insync
         self.home = ctx.cache_dir / "kafka"
         self.version = "?"
         self.server_pid: int | None = None
-        self._server: ServerProcess | None = None
+        self._servers: list[ServerProcess] = []
         self._producer: Any = None
         self._bootstrap = ""
 
     @property
     def bootstrap(self) -> str:
-        """``host:port`` of the running broker (after ``setup()``)."""
+        """``host:port[,host:port...]`` of the running brokers (after ``setup()``)."""
         return self._bootstrap
 
     def _java_cmd(self, log4j_conf: str) -> list[str]:
@@ -99,69 +105,82 @@ class KafkaPeer:
             f"{libs}/*",
         ]
 
+    def _properties(self, node_id: int, work: Path, port: int, controller_port: int, voters: str) -> str:
+        internal_rf = min(self.brokers, 3)
+        internal_isr = min(self.min_insync, internal_rf)
+        return "\n".join(
+            [
+                "process.roles=broker,controller",
+                f"node.id={node_id}",
+                f"controller.quorum.voters={voters}",
+                f"listeners=PLAINTEXT://{LOOPBACK_HOST}:{port},CONTROLLER://{LOOPBACK_HOST}:{controller_port}",
+                f"advertised.listeners=PLAINTEXT://{LOOPBACK_HOST}:{port}",
+                "controller.listener.names=CONTROLLER",
+                "inter.broker.listener.name=PLAINTEXT",
+                "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+                f"log.dirs={work / 'kafka-logs'}",
+                f"metadata.log.dir={work / 'kraft-metadata'}",
+                "num.partitions=1",
+                f"default.replication.factor={self.brokers}",
+                f"min.insync.replicas={self.min_insync}",
+                "auto.create.topics.enable=false",
+                f"offsets.topic.replication.factor={internal_rf}",
+                f"transaction.state.log.replication.factor={internal_rf}",
+                f"transaction.state.log.min.isr={internal_isr}",
+                f"share.coordinator.state.topic.replication.factor={internal_rf}",
+                f"share.coordinator.state.topic.min.isr={internal_isr}",
+                "group.initial.rebalance.delay.ms=0",
+                "log.flush.interval.messages=1",
+                f"message.max.bytes={MAX_MESSAGE_BYTES}",
+                f"replica.fetch.max.bytes={MAX_MESSAGE_BYTES}",
+                "num.network.threads=2",
+                "num.io.threads=2",
+                "",
+            ]
+        )
+
     async def setup(self) -> None:
-        """Format KRaft storage, start the broker, create the topic through the producer."""
+        """Format KRaft storage, start the brokers, create the topic through the producer."""
         work = self.ctx.work_dir
         log4j_conf = work / "log4j2.properties"
         log4j_conf.write_text(_LOG4J2_PROPERTIES)
         java = self._java_cmd(str(log4j_conf))
-        port, controller_port = free_port(), free_port()
-        props = work / "server.properties"
-        props.write_text(
-            "\n".join(
-                [
-                    "process.roles=broker,controller",
-                    "node.id=1",
-                    f"controller.quorum.voters=1@{LOOPBACK_HOST}:{controller_port}",
-                    f"listeners=PLAINTEXT://{LOOPBACK_HOST}:{port},"
-                    f"CONTROLLER://{LOOPBACK_HOST}:{controller_port}",
-                    f"advertised.listeners=PLAINTEXT://{LOOPBACK_HOST}:{port}",
-                    "controller.listener.names=CONTROLLER",
-                    "inter.broker.listener.name=PLAINTEXT",
-                    "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
-                    f"log.dirs={work / 'kafka-logs'}",
-                    f"metadata.log.dir={work / 'kraft-metadata'}",
-                    "num.partitions=1",
-                    "default.replication.factor=1",
-                    "min.insync.replicas=1",
-                    "auto.create.topics.enable=false",
-                    "offsets.topic.replication.factor=1",
-                    "transaction.state.log.replication.factor=1",
-                    "transaction.state.log.min.isr=1",
-                    "share.coordinator.state.topic.replication.factor=1",
-                    "share.coordinator.state.topic.min.isr=1",
-                    "group.initial.rebalance.delay.ms=0",
-                    "log.flush.interval.messages=1",
-                    f"message.max.bytes={MAX_MESSAGE_BYTES}",
-                    f"replica.fetch.max.bytes={MAX_MESSAGE_BYTES}",
-                    "num.network.threads=2",
-                    "num.io.threads=2",
-                    "",
-                ]
-            )
-        )
+        ids = range(1, self.brokers + 1)
+        ports = {i: (free_port(), free_port()) for i in ids}
+        voters = ",".join(f"{i}@{LOOPBACK_HOST}:{ports[i][1]}" for i in ids)
+        cluster_id = _cluster_id()
         version_file = self.home / "VERSION"
         kafka_version = version_file.read_text().strip() if version_file.is_file() else "?"
-        fmt = subprocess.run(
-            [*java, "kafka.tools.StorageTool", "format", "-t", _cluster_id(), "-c", str(props)],
-            capture_output=True,
-            text=True,
-            timeout=FORMAT_TIMEOUT_S,
-            check=False,
-        )
-        if fmt.returncode != 0:
-            raise RuntimeError(f"kafka storage format failed: {(fmt.stderr or fmt.stdout)[-300:]}")
-        self._server = ServerProcess(
-            "kafka",
-            [*java, "kafka.Kafka", str(props)],
-            work / "kafka.log",
-            cwd=work,
-        )
-        self._server.start()
-        self.server_pid = self._server.pid
-        await self._server.wait_until(lambda: port_open(port), "broker port", START_TIMEOUT_S)
-        self._bootstrap = f"{LOOPBACK_HOST}:{port}"
-        await self._server.wait_until(self._create_topic, "topic creation", START_TIMEOUT_S)
+        props: dict[int, Path] = {}
+        for i in ids:
+            # One broker keeps the single-broker layout (work dir itself) of earlier runs.
+            node_work = work if self.brokers == 1 else work / f"broker{i}"
+            node_work.mkdir(parents=True, exist_ok=True)
+            props[i] = node_work / "server.properties"
+            props[i].write_text(self._properties(i, node_work, *ports[i], voters))
+            fmt = subprocess.run(
+                [*java, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props[i])],
+                capture_output=True,
+                text=True,
+                timeout=FORMAT_TIMEOUT_S,
+                check=False,
+            )
+            if fmt.returncode != 0:
+                raise RuntimeError(f"kafka storage format failed: {(fmt.stderr or fmt.stdout)[-300:]}")
+        for i in ids:
+            server = ServerProcess(
+                f"kafka broker {i}",
+                [*java, "kafka.Kafka", str(props[i])],
+                props[i].parent / "kafka.log",
+                cwd=props[i].parent,
+            )
+            server.start()
+            self._servers.append(server)
+        self.server_pid = self._servers[0].pid
+        for server, i in zip(self._servers, ids, strict=True):
+            await server.wait_until(functools.partial(port_open, ports[i][0]), "broker port", START_TIMEOUT_S)
+        self._bootstrap = ",".join(f"{LOOPBACK_HOST}:{ports[i][0]}" for i in ids)
+        await self._servers[0].wait_until(self._create_topic, "topic creation", START_TIMEOUT_S)
         self._producer = AIOKafkaProducer(
             bootstrap_servers=self._bootstrap,
             acks="all",
@@ -174,7 +193,14 @@ class KafkaPeer:
         await self._producer.start()
         # Waits until the new topic's leader is in the metadata.
         await asyncio.wait_for(self._producer.partitions_for(TOPIC), START_TIMEOUT_S)
-        self.version = f"Kafka {kafka_version} (KRaft), aiokafka {aiokafka.__version__}"
+        brokers = (
+            "" if self.brokers == 1 else f", {self.brokers} brokers, min.insync.replicas={self.min_insync}"
+        )
+        self.version = f"Kafka {kafka_version} (KRaft{brokers}), aiokafka {aiokafka.__version__}"
+
+    def cpu_s(self) -> float:
+        """CPU seconds of every broker process so far."""
+        return sum(s.cpu_s() for s in self._servers)
 
     async def _create_topic(self) -> bool:
         """Create the one-partition topic through the admin API; True once it exists."""
@@ -194,8 +220,11 @@ class KafkaPeer:
                     NewTopic(
                         name,
                         num_partitions=partitions,
-                        replication_factor=1,
-                        topic_configs={"max.message.bytes": str(MAX_MESSAGE_BYTES)},
+                        replication_factor=self.brokers,
+                        topic_configs={
+                            "max.message.bytes": str(MAX_MESSAGE_BYTES),
+                            "min.insync.replicas": str(self.min_insync),
+                        },
                     )
                 ]
             )
@@ -281,5 +310,6 @@ class KafkaPeer:
                 await self._producer.stop()
             finally:
                 self._producer = None
-        if self._server is not None:
-            self._server.stop()
+        servers, self._servers = self._servers, []
+        for server in servers:
+            server.stop()
