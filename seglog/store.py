@@ -500,6 +500,9 @@ class Store:
         """
         self._check_open()
         validate_db_name(name)
+        db = self._dbs.get(name)
+        if db is not None:
+            return db  # open already: no config read (a cluster node asks per fetched shard)
         async with self._db_lock:
             config = await asyncio.to_thread(self._read_config, name)
             return await self._open_db_locked(name, config)
