@@ -62,7 +62,7 @@ import seglog
 from bench import net
 from bench.compare import _filesystem, _machine
 from bench.core import _git_state
-from bench.net import Env, ProduceRow, Row, Send, _f, _log, _pct, _self_cpu_s
+from bench.net import Env, ProduceRow, Row, Send, _f, _log, _pct
 from bench.peers._server import LOOPBACK_HOST, ServerProcess, free_port, port_open
 from seglog._routing import route_rows
 from seglog.client import Consumer, Producer
@@ -506,13 +506,19 @@ async def steady(
     """
     per_tick = max(1, round(rate * tick_ms / 1000))
     ticks = max(1, round(seconds * 1000 / tick_ms))
-    total = per_tick * ticks
     keys, topics = net.device_columns()
-    acks: list[float] = []
-    lat: list[np.ndarray[Any, Any]] = []
-    received = 0
-    got_all = asyncio.Event()
-    failures: list[BaseException] = []
+
+    def table_for(i: int, ts: int) -> pa.Table:
+        devices = pa.array((np.arange(per_tick) + i * per_tick) % net.DEVICES)
+        return pa.table(
+            {
+                "ts": pa.array(np.full(per_tick, ts, np.int64)),
+                "topic": topics.take(devices),
+                "key": keys.take(devices),
+                "value": net.text_values(per_tick, 100, i),
+            }
+        )
+
     async with contextlib.AsyncExitStack() as stack:
         producer = await stack.enter_async_context(
             Producer(producer_url, db, acks="all", linger_ms=1, max_in_flight=SHARDS, bootstrap=bootstrap)
@@ -521,87 +527,13 @@ async def steady(
             Consumer(producer_url, db, auto_offset_reset="earliest", bootstrap=bootstrap)
         )
 
-        async def receive() -> None:
-            nonlocal received
-            while received < total:
-                tables = await consumer.getmany_arrow(timeout_ms=1000)
-                now = time.time_ns() // 1000
-                for t in tables.values():
-                    lat.append(now - t.column("ts").to_numpy())
-                    received += t.num_rows
-            got_all.set()
+        async def send(table: pa.Table) -> object:
+            return await (await producer.send_arrow(table))
 
-        receiver = asyncio.create_task(receive())
-        loop = asyncio.get_running_loop()
-        cpu0, ccpu0 = cpu(), _self_cpu_s()
-        start = loop.time()
-        late = 0
-        pending: set[asyncio.Future[pa.Table]] = set()
-        for i in range(ticks):
-            # The schedule is the workload: tick i is due at start + i * tick, whatever the acks do.
-            delay = start + i * tick_ms / 1000 - loop.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            elif delay < -tick_ms / 1000:
-                late += 1
-            devices = pa.array((np.arange(per_tick) + i * per_tick) % net.DEVICES)
-            table = pa.table(
-                {
-                    "ts": pa.array(np.full(per_tick, time.time_ns() // 1000, np.int64)),
-                    "topic": topics.take(devices),
-                    "key": keys.take(devices),
-                    "value": net.text_values(per_tick, 100, i),
-                }
-            )
-            t0 = time.perf_counter()
-            fut = await producer.send_arrow(table)
-            pending.add(fut)
-
-            def done(f: asyncio.Future[pa.Table], t0: float = t0) -> None:
-                pending.discard(f)
-                if f.exception() is not None:
-                    failures.append(f.exception())  # type: ignore[arg-type]
-                else:
-                    acks.append(time.perf_counter() - t0)
-
-            fut.add_done_callback(done)
-        sent_s = loop.time() - start + tick_ms / 1000
-        await asyncio.gather(*pending, return_exceptions=True)
-        try:
-            await asyncio.wait_for(got_all.wait(), 60)
-        except TimeoutError:
-            _log(f"  {name}: received {received} of {total}")
-        finally:
-            receiver.cancel()
-            await asyncio.gather(receiver, return_exceptions=True)
-        server_cpu, client_cpu = cpu() - cpu0, _self_cpu_s() - ccpu0
-    lat_ms = np.concatenate(lat) / 1000 if lat else np.zeros(0)
-    row = Row(
-        "steady",
-        100,
-        f"{rate:,} records/s, {per_tick} every {tick_ms:g} ms",
-        name,
-        received,
-        sent_s,
-        0,
-        _pct(lat_ms, 50),
-        _pct(lat_ms, 99),
-        server_cpu,
-        client_cpu,
-        extra={
-            "max_ms": float(lat_ms.max()) if len(lat_ms) else float("nan"),
-            "target_rate": rate,
-            "achieved_rate": received / sent_s,
-            "ack_p50_ms": _pct(acks, 50) * 1000,
-            "ack_p99_ms": _pct(acks, 99) * 1000,
-            "late_ticks": late,
-        },
-    )
-    if failures or received != total:
-        row.status = f"received {received} of {total}; {len(failures)} sends failed" + (
-            f" ({failures[0]!r})" if failures else ""
+        paced = await net.paced_tail(
+            consumer, send, table_for, per_tick=per_tick, ticks=ticks, tick_ms=tick_ms, server_cpu_s=cpu
         )
-    return row
+    return paced.row("steady", f"{rate:,} records/s, {per_tick} every {tick_ms:g} ms", name, rate)
 
 
 async def run_steady(

@@ -636,6 +636,123 @@ CONSUME_ROWS: list[tuple[str, str, ConsumeFn, bool]] = [
 ]
 
 
+@dataclass
+class Paced:
+    """What a paced sender and a tailing consumer measured (:func:`paced_tail`)."""
+
+    total: int
+    received: int
+    sent_s: float
+    # Receipt - ts of every record received, ms.
+    lat_ms: np.ndarray[Any, Any]
+    # Seconds from a tick's table handed over to its acknowledgement.
+    acks: list[float]
+    late_ticks: int
+    server_cpu_s: float
+    client_cpu_s: float
+    failures: list[BaseException]
+
+    def row(self, section: str, shape: str, system: str, rate: int) -> Row:
+        """The result as a bench row (latencies as p50/p99, the rest in ``extra``)."""
+        row = Row(
+            section,
+            100,
+            shape,
+            system,
+            self.received,
+            self.sent_s,
+            0,
+            _pct(self.lat_ms, 50),
+            _pct(self.lat_ms, 99),
+            self.server_cpu_s,
+            self.client_cpu_s,
+            extra={
+                "max_ms": float(self.lat_ms.max()) if len(self.lat_ms) else float("nan"),
+                "target_rate": rate,
+                "achieved_rate": self.received / self.sent_s,
+                "ack_p50_ms": _pct(self.acks, 50) * 1000,
+                "ack_p99_ms": _pct(self.acks, 99) * 1000,
+                "late_ticks": self.late_ticks,
+            },
+        )
+        if self.failures or self.received != self.total:
+            row.status = f"received {self.received} of {self.total}; {len(self.failures)} sends failed" + (
+                f" ({self.failures[0]!r})" if self.failures else ""
+            )
+        return row
+
+
+async def paced_tail(
+    consumer: Consumer,
+    send: Callable[[pa.Table], Awaitable[object]],
+    table_for: Callable[[int, int], pa.Table],
+    *,
+    per_tick: int,
+    ticks: int,
+    tick_ms: float,
+    server_cpu_s: Callable[[], float],
+) -> Paced:
+    """Hand ``table_for(tick, ts_us)`` to ``send`` every ``tick_ms`` (each tick its own task, so
+    a slow acknowledgement never delays the schedule) while ``consumer`` tails; latency =
+    wall clock when ``getmany_arrow`` returned a record - its ``ts``."""
+    total = per_tick * ticks
+    acks: list[float] = []
+    lat: list[np.ndarray[Any, Any]] = []
+    failures: list[BaseException] = []
+    received = 0
+    got_all = asyncio.Event()
+
+    async def receive() -> None:
+        nonlocal received
+        while received < total:
+            tables = await consumer.getmany_arrow(timeout_ms=1000)
+            now = time.time_ns() // 1000
+            for t in tables.values():
+                lat.append(now - t.column("ts").to_numpy())
+                received += t.num_rows
+        got_all.set()
+
+    async def post(i: int) -> None:
+        table = table_for(i, time.time_ns() // 1000)
+        t0 = time.perf_counter()
+        try:
+            await send(table)
+        except Exception as exc:
+            failures.append(exc)
+            return
+        acks.append(time.perf_counter() - t0)
+
+    receiver = asyncio.create_task(receive())
+    cpu0, ccpu0 = server_cpu_s(), _self_cpu_s()
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    tasks: set[asyncio.Task[None]] = set()
+    late = 0
+    for i in range(ticks):
+        # The schedule is the workload: tick i is due at start + i * tick, whatever the acks do.
+        delay = start + i * tick_ms / 1000 - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        elif delay < -tick_ms / 1000:
+            late += 1
+        task = asyncio.create_task(post(i))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+    sent_s = loop.time() - start + tick_ms / 1000
+    await asyncio.gather(*tasks)
+    try:
+        await asyncio.wait_for(got_all.wait(), 60)
+    except TimeoutError:
+        _log(f"  received {received} of {total} within 60 s of the last send")
+    finally:
+        receiver.cancel()
+        await asyncio.gather(receiver, return_exceptions=True)
+    lat_ms = np.concatenate(lat) / 1000 if lat else np.zeros(0)
+    return Paced(
+        total, received, sent_s, lat_ms, acks, late, server_cpu_s() - cpu0, _self_cpu_s() - ccpu0, failures
+    )
+
+
 async def end_to_end(
     env: Env, node: Node, rate: int, seconds: float, tick_ms: float, *, producer: bool = False
 ) -> Row:
@@ -651,7 +768,6 @@ async def end_to_end(
     name = await targets.create("node", env.shards, 100)
     per_tick = max(1, round(rate * tick_ms / 1000))
     ticks = max(1, round(seconds * 1000 / tick_ms))
-    total = per_tick * ticks
     keys, topics = device_columns()
     template = pa.table(
         {
@@ -661,87 +777,39 @@ async def end_to_end(
         }
     )
     path = f"{protocol.API_PREFIX}/dbs/{name}/records"
-    acks: list[float] = []
-    lat: list[np.ndarray[Any, Any]] = []
-    received = 0
-    got_all = asyncio.Event()
 
-    sender: Producer | None = None
-
-    async def post(i: int) -> None:
-        ts = time.time_ns() // 1000
-        table = template.add_column(0, "ts", pa.array(np.full(per_tick, ts, np.int64)))
-        t0 = time.perf_counter()
-        if sender is not None:
-            await (await sender.send_arrow(table))
-        else:
-            await env.session.request(
-                "POST", path, data=memoryview(ipc_stream(table)), content_type=protocol.ARROW_STREAM
-            )
-        acks.append(time.perf_counter() - t0)
+    def table_for(_tick: int, ts: int) -> pa.Table:
+        return template.add_column(0, "ts", pa.array(np.full(per_tick, ts, np.int64)))
 
     async with contextlib.AsyncExitStack() as stack:
         consumer = await stack.enter_async_context(Consumer(env.url, name, auto_offset_reset="earliest"))
         if producer:
             sender = await stack.enter_async_context(Producer(env.url, name, acks=1))
 
-        async def receive() -> None:
-            nonlocal received
-            while received < total:
-                tables = await consumer.getmany_arrow(timeout_ms=1000)
-                now = time.time_ns() // 1000
-                for t in tables.values():
-                    lat.append(now - t.column("ts").to_numpy())
-                    received += t.num_rows
-            got_all.set()
+            async def send(table: pa.Table) -> object:
+                return await (await sender.send_arrow(table))
 
-        receiver = asyncio.create_task(receive())
-        await asyncio.sleep(0.2)  # the consumer's first long polls are parked
-        cpu0, ccpu0 = node.cpu_s(), _self_cpu_s()
-        loop = asyncio.get_running_loop()
-        start = loop.time()
-        tasks: set[asyncio.Task[None]] = set()
-        late = 0
-        for i in range(ticks):
-            # The schedule is the workload: tick i is due at start + i * tick, whatever the acks do.
-            delay = start + i * tick_ms / 1000 - loop.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            elif delay < -tick_ms / 1000:
-                late += 1
-            task = asyncio.create_task(post(i))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
-        sent_s = loop.time() - start + tick_ms / 1000
-        await asyncio.gather(*tasks)
-        try:
-            await asyncio.wait_for(got_all.wait(), 60)
-        finally:
-            receiver.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await receiver
-        cpu, ccpu = node.cpu_s() - cpu0, _self_cpu_s() - ccpu0
-    lat_ms = np.concatenate(lat) / 1000 if lat else np.zeros(0)
-    return Row(
+        else:
+
+            async def send(table: pa.Table) -> object:
+                return await env.session.request(
+                    "POST", path, data=memoryview(ipc_stream(table)), content_type=protocol.ARROW_STREAM
+                )
+
+        paced = await paced_tail(
+            consumer,
+            send,
+            table_for,
+            per_tick=per_tick,
+            ticks=ticks,
+            tick_ms=tick_ms,
+            server_cpu_s=node.cpu_s,
+        )
+    return paced.row(
         "e2e",
-        100,
         f"{env.shards} shard{'s' if env.shards > 1 else ''}, {per_tick} records every {tick_ms:g} ms",
         "Producer.send_arrow -> tailing Consumer" if producer else "network Arrow -> tailing Consumer",
-        received,
-        sent_s,
-        0,
-        _pct(lat_ms, 50),
-        _pct(lat_ms, 99),
-        cpu,
-        ccpu,
-        extra={
-            "max_ms": float(lat_ms.max()) if len(lat_ms) else float("nan"),
-            "target_rate": rate,
-            "achieved_rate": received / sent_s,
-            "ack_p50_ms": _pct(acks, 50) * 1000,
-            "ack_p99_ms": _pct(acks, 99) * 1000,
-            "late_ticks": late,
-        },
+        rate,
     )
 
 
