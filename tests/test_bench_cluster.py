@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.skipif(shutil.which("etcd") is None, reason="etcd is not installed (make etcd)")
 def test_cluster_bench_tiny_run(tmp_path: Path) -> None:
     out = subprocess.run(
         [
