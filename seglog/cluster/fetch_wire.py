@@ -45,6 +45,7 @@ __all__ = [
     "encode_reply",
     "encode_shards_request",
     "request_int",
+    "request_object",
 ]
 
 FETCH_REPLY: Final = "application/vnd.seglog.fetch-reply"
@@ -95,6 +96,23 @@ class ShardsRequest:
     leader_only: bool = False
 
 
+def request_object(body: bytes, what: str, shards_type: type, shape: str) -> dict[str, Any]:
+    """A fetch body's JSON object, with a ``shards`` of ``shards_type`` of bounded size.
+
+    Raises:
+        InvalidRequest: Not JSON, not such an object, or too many shards.
+    """
+    try:
+        obj = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InvalidRequest(f"{what}: not JSON: {exc}") from None
+    if not isinstance(obj, dict) or not isinstance(obj.get("shards"), shards_type):
+        raise InvalidRequest(f"{what}: expected {shape}")
+    if len(obj["shards"]) > MAX_PARTS_PER_FETCH:
+        raise InvalidRequest(f"{what}: more than {MAX_PARTS_PER_FETCH} shards")
+    return obj
+
+
 def encode_shards_request(request: ShardsRequest) -> bytes:
     """The JSON body of a consumer's fetch."""
     obj: dict[str, Any] = {
@@ -115,14 +133,9 @@ def decode_shards_request(body: bytes) -> ShardsRequest:
     Raises:
         InvalidRequest: The body is not such a request.
     """
-    try:
-        obj = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InvalidRequest(f"fetch: not JSON: {exc}") from None
-    if not isinstance(obj, dict) or not isinstance(obj.get("shards"), dict) or not obj["shards"]:
-        raise InvalidRequest('fetch: expected {"shards": {"<shard>": offset, ...}, "wait_ms", "max_bytes"}')
-    if len(obj["shards"]) > MAX_PARTS_PER_FETCH:
-        raise InvalidRequest(f"fetch: more than {MAX_PARTS_PER_FETCH} shards")
+    obj = request_object(body, "fetch", dict, '{"shards": {"<shard>": offset, ...}, "wait_ms", "max_bytes"}')
+    if not obj["shards"]:
+        raise InvalidRequest("fetch: no shards asked for")
     offsets = {}
     for key, offset in obj["shards"].items():
         if not key.isdecimal() or type(offset) is not int or offset < 0:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from seglog.cluster.fetch_wire import MAX_PARTS_PER_FETCH, request_int
+from seglog.cluster.fetch_wire import request_int, request_object
 from seglog.errors import InvalidRequest
 
 __all__ = ["PartRequest", "decode_request", "encode_request"]
@@ -58,14 +58,7 @@ def decode_request(body: bytes) -> tuple[int, list[PartRequest], int, int]:
     Raises:
         InvalidRequest: The body is not such a request.
     """
-    try:
-        obj = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InvalidRequest(f"replica fetch: not JSON: {exc}") from None
-    if not isinstance(obj, dict) or not isinstance(obj.get("shards"), list):
-        raise InvalidRequest("replica fetch: expected an object with a 'shards' list")
-    if len(obj["shards"]) > MAX_PARTS_PER_FETCH:
-        raise InvalidRequest(f"replica fetch: more than {MAX_PARTS_PER_FETCH} shards")
+    obj = request_object(body, _WHAT, list, "an object with a 'shards' list")
     parts = []
     for item in obj["shards"]:
         if not isinstance(item, dict) or not isinstance(item.get("db"), str):
