@@ -235,8 +235,8 @@ async def _produce_replicated_many(
 
     Leadership (and ``acks="all"``'s ISR size) is checked for every shard before the body is
     read, and the whole body validated before any shard is written, so a refused request
-    writes nothing. Each shard is appended under its own leader epoch and acknowledged per
-    ``acks``; the reply waits for all of them. If one fails after others were written, the
+    writes nothing. Frames are stamped with each shard's own leader epoch and every shard is
+    acknowledged per ``acks``; the reply waits for all of them. If one fails after others were written, the
     request fails and a retry may store those others twice (at least once, as any ambiguous
     failure).
     """
@@ -246,25 +246,38 @@ async def _produce_replicated_many(
     body = await request.read()
     started = time.perf_counter()
     table, rows = _parse_arrow_batches(body, batch_shards)
-    cfg = db.config
-    table_to_batch(
-        table, max_record_bytes=cfg.max_record_bytes, min_ts_us=cfg.min_ts_us, max_ts_us=cfg.max_ts_us
-    )
+    # Frames carry their shard's leader epoch: one append per epoch among the shards (usually
+    # one). With several, the whole body is validated first so a bad row writes nothing.
+    by_epoch: dict[int, list[int]] = {}
+    for shard, lead in leads.items():
+        by_epoch.setdefault(lead.leader_epoch, []).append(shard)
+    if len(by_epoch) > 1:
+        cfg = db.config
+        table_to_batch(
+            table, max_record_bytes=cfg.max_record_bytes, min_ts_us=cfg.min_ts_us, max_ts_us=cfg.max_ts_us
+        )
 
-    async def one(shard: int) -> dict[str, int]:
-        lead = leads[shard]
-        part = table.take(pa.array(np.flatnonzero(rows == shard)))
-        result = await db.append_arrow(part, shard=shard, leader_epoch=lead.leader_epoch)
-        offsets = result.column("offset").to_numpy()
-        base = int(offsets[0]) if len(offsets) else db.end_offset(shard)
-        await cluster.appended(db, shard, lead, base + len(offsets), acks)
-        return {"shard": shard, "base_offset": base, "count": len(offsets)}
+    async def append(epoch: int, shards: list[int]) -> list[dict[str, int]]:
+        if len(by_epoch) == 1:
+            part, part_rows = table, rows
+        else:
+            keep = np.flatnonzero(np.isin(rows, shards))
+            part, part_rows = table.take(pa.array(keep)), rows[keep]
+        result = await db.append_arrow(part, shards=part_rows, leader_epoch=epoch)
+        parts = reply_parts(result.column("shard").to_numpy(), result.column("offset").to_numpy())
+        await asyncio.gather(
+            *(
+                cluster.appended(db, p["shard"], leads[p["shard"]], p["base_offset"] + p["count"], acks)
+                for p in parts
+            )
+        )
+        return parts
 
-    outcomes = await asyncio.gather(*(one(s) for s in leads), return_exceptions=True)
+    outcomes = await asyncio.gather(*(append(e, s) for e, s in by_epoch.items()), return_exceptions=True)
     failed = next((o for o in outcomes if isinstance(o, BaseException)), None)
     if failed is not None:
         raise failed
-    parts = [o for o in outcomes if not isinstance(o, BaseException) and o["count"]]
+    parts = [p for o in outcomes if not isinstance(o, BaseException) for p in o]
     count = sum(p["count"] for p in parts)
     request.app[NODE].metrics.append_done(db.name, count, len(body), time.perf_counter() - started)
     return web.json_response({"count": count, "parts": parts})
