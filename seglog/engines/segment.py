@@ -15,7 +15,6 @@ import heapq
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor
 from pathlib import Path
@@ -426,10 +425,8 @@ class _ReadFlush:
         with self._lock:
             self._started = True
             shards = self._shards
-        tailed = time.monotonic() - TAILED_S
-        for s in self.writer.pending_shards():
-            if s.frames_read_at >= tailed:
-                shards.setdefault(s.number, s)
+        for s in self.writer.tailed_pending():
+            shards.setdefault(s.number, s)
         self.writer.flush_shards(list(shards.values()))
 
 
@@ -977,7 +974,8 @@ class SegmentEngine(StreamLookups):
             OffsetOutOfRange: ``offset`` is outside ``[start, end]``.
         """
         s = self._shard(shard)
-        s.frames_read_at = time.monotonic()
+        if s.writer is not None:
+            s.writer.note_tailed(s)
         if s.pending:
             await self._flush_for_read(s)
         if offset >= s.log.active.base_offset and max_bytes <= _INLINE_READ_BYTES:

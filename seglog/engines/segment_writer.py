@@ -162,6 +162,9 @@ class WorkerLog:
         self._dirty: dict[int, _Shard] = {}  # written since the last checkpoint, not synced
         # Shards whose high watermark moved since it was last written (set on the loop).
         self.hw_dirty: dict[int, _Shard] = {}
+        # Shards read as frames lately (set on the loop by ``note_tailed``, expired here), so
+        # finding the tailed ones costs nothing per idle shard.
+        self._tailed: dict[int, _Shard] = {}
         self._hw_flushed_at = time.monotonic()  # the last flush_high_watermarks pass (worker)
         self.closed = False
 
@@ -452,6 +455,23 @@ class WorkerLog:
         if self._pending_since is None:
             self._pending_since = time.monotonic()
 
+    def note_tailed(self, s: _Shard) -> None:
+        """(Loop) ``s`` was just read as frames: it counts as tailed for ``TAILED_S``."""
+        s.frames_read_at = time.monotonic()
+        self._tailed[s.number] = s
+
+    def tailed_pending(self) -> list[_Shard]:
+        """(Worker) The tailed shards that hold buffered rows; forgets those read too long ago."""
+        cutoff = time.monotonic() - TAILED_S
+        hot = []
+        for s in list(self._tailed.values()):
+            if s.frames_read_at < cutoff:
+                # A read racing this only loses its in-drain flush once: it flushes for itself.
+                self._tailed.pop(s.number, None)
+            elif s.pending:
+                hot.append(s)
+        return hot
+
     def _flush_tailed(self) -> None:
         """Write the buffered rows of tailed shards into their segments now, in this drain.
 
@@ -460,8 +480,7 @@ class WorkerLog:
         already durable in the journal, so a failure only leaves them pending (a read flushes
         them again) and never fails the append.
         """
-        tailed = time.monotonic() - TAILED_S
-        hot = [s for s in self._pending_shards.values() if s.frames_read_at >= tailed]
+        hot = self.tailed_pending()
         if not hot:
             return
         try:
@@ -603,10 +622,6 @@ class WorkerLog:
             )
         if first is not None:
             raise first
-
-    def pending_shards(self) -> list[_Shard]:
-        """(Worker) The shards with buffered rows."""
-        return list(self._pending_shards.values())
 
     def flush_shard(self, s: _Shard) -> None:
         """(Worker) Write ``s``'s pending rows into its segment before a maintenance step."""
