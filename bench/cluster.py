@@ -952,19 +952,7 @@ def render(meta: dict[str, Any], rows: list[Row], failover: Failover | None, arg
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="small sizes and 3 kills: under 3 minutes")
-    p.add_argument(
-        "--sizes", type=lambda v: [int(x) for x in v.split(",")], default=[100, 1024], help="value sizes (B)"
-    )
-    p.add_argument(
-        "--records",
-        type=int,
-        default=None,
-        help="records per size (default 1M at 100 B, 250k at 1 KiB; --quick 100k/25k)",
-    )
-    p.add_argument("--records-100", type=int, default=1_000_000, help=argparse.SUPPRESS)
-    p.add_argument("--records-1k", type=int, default=250_000, help=argparse.SUPPRESS)
-    p.add_argument("--batch", type=int, default=5000, help="records per produce batch")
-    p.add_argument("--senders", type=int, default=4, help="concurrent senders (batches in flight)")
+    net.add_workload_args(p, quick_records="100k/25k")
     p.add_argument("--in-flight", type=int, default=SHARDS, help="Producer max_in_flight (requests)")
     p.add_argument("--steady-rate", type=int, default=10_000, help="records/s of the steady producer")
     p.add_argument("--steady-seconds", type=float, default=None, help="default 10 (--quick: 3)")

@@ -1053,9 +1053,9 @@ def render(meta: dict[str, Any], rows: list[Row], args: argparse.Namespace) -> s
     return "\n".join(out) + "\n"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="small sizes: well under 3 minutes")
+def add_workload_args(p: argparse.ArgumentParser, *, quick_records: str) -> None:
+    """The produce workload's options (value sizes, records, batch, senders), shared by
+    ``bench.net`` and ``bench.cluster``."""
     p.add_argument(
         "--sizes", type=lambda v: [int(x) for x in v.split(",")], default=[100, 1024], help="value sizes (B)"
     )
@@ -1063,12 +1063,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--records",
         type=int,
         default=None,
-        help="records per size (default 1M at 100 B, 250k at 1 KiB; --quick 200k/50k)",
+        help=f"records per size (default 1M at 100 B, 250k at 1 KiB; --quick {quick_records})",
     )
     p.add_argument("--records-100", type=int, default=1_000_000, help=argparse.SUPPRESS)
     p.add_argument("--records-1k", type=int, default=250_000, help=argparse.SUPPRESS)
     p.add_argument("--batch", type=int, default=5000, help="records per produce batch")
     p.add_argument("--senders", type=int, default=4, help="concurrent senders (batches in flight)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="small sizes: well under 3 minutes")
+    add_workload_args(p, quick_records="200k/50k")
     p.add_argument("--shards", type=int, default=16, help="shards (Kafka partitions)")
     p.add_argument("--consume-runs", type=int, default=3, help="drains per consume row (the median is shown)")
     p.add_argument("--only", default="", help="run only the rows whose name matches this regex")
