@@ -166,6 +166,7 @@ class Database:
         self._active_tails = 0
         self._subscriptions: SubscriptionManager | None = None  # made by the first subscribe
         engine.listener = self._wake
+        engine.listener_many = self._wake_many
         self._config_lock = asyncio.Lock()
         self._closed = False
 
@@ -961,6 +962,23 @@ class Database:
             event = self._wakeups.pop(key, None)
             if event is not None:
                 event.set()
+
+    def _wake_many(self, shards: np.ndarray[Any, Any]) -> None:
+        """:meth:`_wake` for every shard of one append, without a call per shard when nobody waits."""
+        if self._subscriptions is not None:
+            for shard in shards.tolist():
+                self._subscriptions.notify(shard)
+        if not self._wakeups:
+            return
+        event = self._wakeups.pop(_ANY_SHARD, None)
+        if event is not None:
+            event.set()
+        waiting = [k for k in self._wakeups if k != _ANY_SHARD]
+        if waiting:
+            for key in np.asarray(waiting)[np.isin(waiting, shards)].tolist():
+                event = self._wakeups.pop(key, None)
+                if event is not None:
+                    event.set()
 
     def _wakeup(self, shard: int) -> asyncio.Event:
         """An event set by the next completed append to ``shard`` (``_ANY_SHARD``: to any)."""

@@ -26,7 +26,7 @@ def _engine(db: Any) -> Any:
 
 
 def _buffered(db: Any) -> set[int]:
-    return {s for s in range(SHARDS) if _engine(db)._shards[s].pending}
+    return {s for s in range(SHARDS) if _engine(db)._shards[s].has_pending}
 
 
 async def _append_keyed(db: Any, tag: int, n: int = 64) -> dict[int, list[bytes]]:

@@ -302,9 +302,9 @@ def test_single_shard_flushes_release_the_buffered_requests(run, data_dir: Path)
                     [seglog.Record(topic="m", value=b"%d-%d" % (b, i), key=b"k%d" % i) for i in range(100)]
                 )
             writer = db._engine._writers[0]  # type: ignore[attr-defined]
-            assert writer._pending_rows, "the appends never took the buffered path"
+            assert writer._pending._parts, "the appends never took the buffered path"
             await db.seal()  # each shard flushed on its own before its segment is sealed
-            assert not writer._pending_rows
+            assert not writer._pending._parts and writer._pending.count == 0
             total = 0
             for shard in range(4):
                 total += len(await read_all(db, shard))

@@ -240,7 +240,7 @@ def test_tailed_shards_rows_reach_their_segments_in_the_append(tmp_path: Path) -
             before = {s: db.end_offset(s) for s in range(4)}
             await db.append_arrow(table)
             engine: Any = db._engine  # white box: which shards still hold buffered rows
-            pending = {s.number for s in engine._shards if s.pending}
+            pending = {s.number for s in engine._shards if s.has_pending}
             assert 2 not in pending
             assert pending == {0, 1, 3}
             frames = await db.read_frames(2, before[2])

@@ -214,6 +214,10 @@ class Engine(Protocol):
     listener: Callable[[int], None] | None
     """Called on the event loop with a shard number after an append to it completed."""
 
+    listener_many: Callable[[np.ndarray[Any, Any]], None] | None
+    """When set, an engine may call it once with the shard numbers an append completed on,
+    instead of ``listener`` once per shard."""
+
     async def read_arrow(
         self, shard: int, offset: int, max_records: int, upper: int | None = None
     ) -> pa.Table:

@@ -626,6 +626,7 @@ class FrameTableEngine(StreamLookups, abc.ABC):
         self._executor = executor
         self._closed = False
         self.listener: Callable[[int], None] | None = None
+        self.listener_many: Callable[[np.ndarray[Any, Any]], None] | None = None  # not used here
         # Shards a truncate_to is cutting: appends to them are refused until it is done.
         self._truncating: set[int] = set()
         self._streams: StreamStamper | None = (

@@ -44,6 +44,7 @@ from seglog.engines.frames import (
     split_batch,
 )
 from seglog.engines.frames import with_offsets as _with_offsets
+from seglog.engines.pending_rows import PendingPart, ShardArrays
 from seglog.engines.segment_writer import (
     TAILED_S,
     FrameRequest,
@@ -114,8 +115,9 @@ class _Shard:
     """One shard: its log, its index, its pending rows and its offsets.
 
     ``next_offset`` is the event loop's (the next offset to assign); ``durable_end`` the
-    worker's (acknowledged); ``pending`` holds acknowledged rows not yet in the segment
-    (:mod:`seglog.engines.segment_writer`), as ``(base offset, batch)`` in offset order.
+    worker's (acknowledged); rows from ``pending_start`` on are acknowledged but still in the
+    worker's buffer, not the segment (:mod:`seglog.engines.pending_rows`). All three live in
+    the database's :class:`ShardArrays`.
     """
 
     def __init__(
@@ -124,19 +126,16 @@ class _Shard:
         log_: ShardLog,
         index: ShardIndex,
         config: EngineConfig,
-        next_offsets: np.ndarray[Any, np.dtype[np.int64]],
+        arrays: ShardArrays,
     ) -> None:
         self.number = number
         self.log = log_
         self.index = index
         self.config = config
-        # Every shard's next offset in one array the engine assigns from in one numpy step.
-        self._next_offsets = next_offsets
+        # Every shard's positions in arrays the engine updates in one numpy step per append.
+        self._arrays = arrays
         self.next_offset = log_.next_offset  # event loop
         self.durable_end = log_.next_offset  # acknowledged (worker thread)
-        # Rows durable in the journal, not yet in a segment: (base offset, batch, first row,
-        # row count); the batch is a whole rows request, cut only when read or flushed.
-        self.pending: list[tuple[int, pa.RecordBatch, int, int]] = []
         self.maintenance = Maintenance()
         self.writer: WorkerLog | None = None
         # time.monotonic() of the last read of frames (event loop): a shard read lately is
@@ -230,11 +229,30 @@ class _Shard:
     @property
     def next_offset(self) -> int:
         """The next offset to assign (event loop)."""
-        return int(self._next_offsets[self.number])
+        return int(self._arrays.next_offsets[self.number])
 
     @next_offset.setter
     def next_offset(self, offset: int) -> None:
-        self._next_offsets[self.number] = offset
+        self._arrays.next_offsets[self.number] = offset
+
+    @property
+    def durable_end(self) -> int:
+        """The end of what was acknowledged (set by the worker)."""
+        return int(self._arrays.durable_ends[self.number])
+
+    @durable_end.setter
+    def durable_end(self, offset: int) -> None:
+        self._arrays.durable_ends[self.number] = offset
+
+    @property
+    def pending_start(self) -> int:
+        """The first offset buffered in the worker and not in the segment yet (-1: none)."""
+        return int(self._arrays.pending_starts[self.number])
+
+    @property
+    def has_pending(self) -> bool:
+        """Whether acknowledged rows of this shard wait in its worker's buffer."""
+        return bool(self._arrays.pending_starts[self.number] >= 0)
 
     def check_writable(self) -> None:
         """Raise :class:`StorageError` if the shard is read-only."""
@@ -274,28 +292,30 @@ class _Shard:
         """The index entries of frames just written."""
         return [_entry(p, batch.column("key"), _frame_tags(batch)) for p, batch in frames]
 
-    def pending_snapshot(self, stop: int) -> tuple[int, list[tuple[int, pa.RecordBatch, int, int]]]:
-        """``(first pending offset or stop, pending rows)``: the segments hold all below the first.
+    def pending_snapshot(self, stop: int, lower: int = 0) -> tuple[int, list[tuple[int, pa.RecordBatch]]]:
+        """``(first pending offset or stop, [(base, rows)])``: the segments hold all below the first.
 
-        Read ``durable_end`` before taking it: a flush writes the segment before it empties
-        the list, so everything below ``stop`` is in one or the other.
+        Read ``durable_end`` before taking it (``stop``): a flush writes the segment before it
+        forgets the rows, so everything below ``stop`` is in one or the other. Rows wholly
+        below ``lower`` may be left out.
         """
-        pending = list(self.pending)
-        return (pending[0][0] if pending else stop), pending
+        if self.writer is None or self.pending_start < 0:
+            return stop, []
+        return self.writer.pending_snapshot(self, stop, lower)
 
     @staticmethod
     def pending_tables(
-        pending: list[tuple[int, pa.RecordBatch, int, int]], offset: int, stop: int
+        pending: list[tuple[int, pa.RecordBatch]], offset: int, stop: int
     ) -> list[pa.RecordBatch]:
         """Rows ``[offset, stop)`` of a pending snapshot (:data:`READ_SCHEMA` batches)."""
         out = []
-        for base, batch, row, count in pending:
-            end = base + count
+        for base, batch in pending:
+            end = base + batch.num_rows
             if end <= offset or base >= stop:
                 continue
             lo = max(offset, base) - base
             hi = min(stop, end) - base
-            out.append(_with_offsets(batch.slice(row, count), base, lo, hi))
+            out.append(_with_offsets(batch, base, lo, hi))
         return out
 
     # maintenance (the shard's I/O worker) ---------------------------------------------
@@ -531,7 +551,7 @@ class SegmentEngine(StreamLookups):
         io_pool: IoPool,
         executor: Executor,
         index: DbIndex,
-        next_offsets: np.ndarray[Any, np.dtype[np.int64]],
+        arrays: ShardArrays,
         streams: StreamStamper | None = None,
     ) -> None:
         self.config = config
@@ -539,7 +559,8 @@ class SegmentEngine(StreamLookups):
         #: Frames decoded by :meth:`read_stream` (stream reads skip frames; tests compare).
         self.stream_frames_read = 0
         self._shards = shards
-        self._next_offsets = next_offsets  # shard n's next offset at [n] (see _Shard)
+        self._arrays = arrays  # shard n's positions at [n] (see _Shard)
+        self._next_offsets = arrays.next_offsets
         self._writers = writers
         self._index = index  # every shard's index, one LMDB environment
         self._io_pool = io_pool
@@ -549,6 +570,8 @@ class SegmentEngine(StreamLookups):
         self._truncating: set[int] = set()  # shards whose truncate_to runs (appends refused)
         # Called on the event loop with the shard number when an append to it completed.
         self.listener: Callable[[int], None] | None = None
+        # Called instead of ``listener`` with the shard numbers of one append, when set.
+        self.listener_many: Callable[[np.ndarray[Any, Any]], None] | None = None
         # Per I/O worker, the queued flush that reads of shards with buffered rows join.
         self._read_flushes: dict[int, _ReadFlush] = {}
 
@@ -558,7 +581,7 @@ class SegmentEngine(StreamLookups):
         clock_ms: Callable[[], int] = lambda: config.clock_us() // 1000  # noqa: E731
         db_index = DbIndex(config.directory / INDEX_DIR, index_interval_bytes=config.index_interval_bytes)
         shards = []
-        next_offsets = np.zeros(config.shards, np.int64)
+        arrays = ShardArrays.zeros(config.shards)
         try:
             for n in range(config.shards):
                 directory = config.directory / shard_dir_name(n)
@@ -570,7 +593,7 @@ class SegmentEngine(StreamLookups):
                 )
                 # A shard's own index (the layout before indexes were shared) is removed.
                 index = db_index.shard(n, legacy_dir=directory / INDEX_DIR)
-                shards.append(_Shard(n, log_, index, config, next_offsets))
+                shards.append(_Shard(n, log_, index, config, arrays))
             replay_journals(config.directory, shards, compression=config.compression)
             for shard in shards:
                 _catch_up_index(shard)
@@ -603,6 +626,7 @@ class SegmentEngine(StreamLookups):
                 w,
                 shards[w::workers],
                 journal,
+                arrays,
                 fsync=config.fsync,
                 fsync_interval_ms=config.fsync_interval_ms,
                 buffer_ms=config.buffer_ms,
@@ -615,7 +639,7 @@ class SegmentEngine(StreamLookups):
                 s.writer = writer
         for stale in sorted((config.directory / "journal").glob("*.journal"))[workers:]:
             stale.unlink()  # an earlier open had more I/O workers; replayed above
-        return cls(config, shards, writers, io_pool, executor, db_index, next_offsets, streams)
+        return cls(config, shards, writers, io_pool, executor, db_index, arrays, streams)
 
     def _shard(self, shard: int) -> _Shard:
         if self._closed:
@@ -686,79 +710,74 @@ class SegmentEngine(StreamLookups):
         if self._closed:
             raise ClosedResourceError("the database is closed")
         n = batch.num_rows
-        nshards = len(self._shards)
         workers = self._io_pool.io_workers
         if not 0 <= leader_epoch <= MAX_EPOCH:
             raise InvalidArgument(f"leader_epoch must be in 0..{MAX_EPOCH}, not {leader_epoch!r}")
         if self._truncating and bool(np.isin(routes, list(self._truncating)).any()):
             raise BusyResourceError(f"shards {sorted(self._truncating)} are being truncated; retry")
-        key = (routes % workers).astype(np.int64) * nshards + routes
+        # Offsets are assigned per shard in row order without moving the rows: a sort of
+        # the batch here would copy every row on the loop, and the flush sorts anyway.
+        sorted_routes = routes
         order: np.ndarray[Any, Any] | None = None
-        if n > 1 and bool((key[1:] < key[:-1]).any()):
-            order = np.argsort(key, kind="stable")
-            key = key[order]
-            batch = batch.take(pa.array(order))
-        cuts = np.flatnonzero(key[1:] != key[:-1]) + 1
-        starts = np.concatenate(([0], cuts))
+        if n > 1 and bool((routes[1:] < routes[:-1]).any()):
+            order = np.argsort(routes, kind="stable")
+            sorted_routes = routes[order]
+        starts = np.concatenate(([0], np.flatnonzero(sorted_routes[1:] != sorted_routes[:-1]) + 1))
         counts = np.diff(np.concatenate((starts, [n])))
-        ids = key[starts] % nshards
-        bases_arr = self._next_offsets[ids]
-        sorted_offsets = np.repeat(bases_arr - starts, counts) + np.arange(n, dtype=np.int64)
-        sorted_shards = (key % nshards).astype(np.int32)
+        ids = sorted_routes[starts].astype(np.int64)
+        bases = self._next_offsets[ids]
+        offsets = np.repeat(bases - starts, counts) + np.arange(n, dtype=np.int64)
+        if order is not None:
+            unsorted = np.empty(n, np.int64)
+            unsorted[order] = offsets
+            offsets = unsorted
         stamper = self._streams
-        # Groups (one per shard) are cut into one run per worker: shards n % workers.
-        worker_of = ids % workers
-        runs = np.flatnonzero(worker_of[1:] != worker_of[:-1]) + 1
-        run_starts = [0, *runs.tolist()]
-        run_ends = [*runs.tolist(), len(ids)]
-        shard_ids = ids.tolist()
-        shards = [self._shards[i] for i in shard_ids]
-        bases = bases_arr.tolist()
-        starts_l = starts.tolist()
-        counts_l = counts.tolist()
-        # Requests are built before any offset moves: an encoding error assigns nothing.
-        requests: list[tuple[WorkerLog, FrameRequest | RowsRequest, list[_Shard], int]] = []
+        # One request per I/O worker (shards n % workers), built before any offset moves:
+        # an encoding error assigns nothing.
+        requests: list[tuple[WorkerLog, FrameRequest | RowsRequest, np.ndarray[Any, Any], int]] = []
         try:
             if stamper is not None:
                 # Stamped in offset order as the offsets are assigned (nothing awaits until
                 # they are taken); a failure before that forgets what the batch taught.
                 if len(ids) == 1:
-                    stamps = stamper.stamp(batch.column("topic"), shard_ids[0], bases[0])
+                    stamps = stamper.stamp(batch.column("topic"), int(ids[0]), int(bases[0]))
                 else:
-                    stamps = stamper.stamp(batch.column("topic"), sorted_shards, sorted_offsets)
+                    stamps = stamper.stamp(batch.column("topic"), routes, offsets)
                 batch = stamp_batch(batch, stamps)
-            for i, j in zip(run_starts, run_ends, strict=True):
-                writer = shards[i].writer
-                assert writer is not None
-                writer.check_writable(shards[i].number)  # read-only is per worker, not per shard
-                lo = starts_l[i]
-                hi = starts_l[j - 1] + counts_l[j - 1]
+            worker_of = ids % workers
+            for w in np.unique(worker_of).tolist():
+                writer = self._writers[w]
+                mine = worker_of == w
+                wids = ids[mine] if workers > 1 else ids
+                writer.check_writable(int(wids[0]))  # read-only is per worker, not per shard
+                if workers == 1 or bool(mine.all()):
+                    wbatch, wroutes, woffsets = batch, routes, offsets
+                else:
+                    rows = np.flatnonzero(routes % workers == w)
+                    wbatch, wroutes, woffsets = batch.take(pa.array(rows)), routes[rows], offsets[rows]
                 req: FrameRequest | RowsRequest
-                if j == i + 1:
-                    frames, batches = self._encode(bases[i], batch.slice(lo, hi - lo), leader_epoch)
-                    req = FrameRequest(writer.gen, shards[i], frames, batches)
+                if len(wids) == 1:
+                    s = self._shards[int(wids[0])]
+                    frames, batches = self._encode(int(woffsets[0]), wbatch, leader_epoch)
+                    req = FrameRequest(writer.gen, s, frames, batches)
                     size = sum(f.size for f in frames)
                 else:
-                    part = batch.slice(lo, hi - lo)
-                    groups = list(
-                        zip(
-                            shards[i:j],
-                            [a - lo for a in starts_l[i:j]],
-                            counts_l[i:j],
-                            bases[i:j],
-                            strict=True,
-                        )
+                    part = PendingPart(
+                        wbatch,
+                        wroutes.astype(np.int32, copy=False),
+                        woffsets,
+                        wids,
+                        bases[mine] if workers > 1 else bases,
+                        counts[mine] if workers > 1 else counts,
                     )
-                    req = RowsRequest(
-                        writer.gen, part, groups, sorted_shards[lo:hi], sorted_offsets[lo:hi], leader_epoch
-                    )
-                    size = part.nbytes
-                requests.append((writer, req, shards[i:j], size))
+                    req = RowsRequest(writer.gen, part, leader_epoch)
+                    size = wbatch.nbytes
+                requests.append((writer, req, wids, size))
             if quota is not None:
                 quota.admit(sum(r[3] for r in requests))
         except BaseException:
             if stamper is not None:
-                for shard_id, base in zip(shard_ids, bases, strict=True):
+                for shard_id, base in zip(ids.tolist(), bases.tolist(), strict=True):
                     stamper.cut(shard_id, base)
             raise
         self._next_offsets[ids] += counts  # ids are distinct: one group per shard
@@ -768,32 +787,32 @@ class SegmentEngine(StreamLookups):
             writer.loop = loop
             futures.append(self._io_pool.submit(writer.worker, writer, req))
         outcomes = await await_outcomes(futures)
-        listener = self.listener
-        if listener is not None:
-            for (_, _, owned, _), outcome in zip(requests, outcomes, strict=True):
-                if not isinstance(outcome, BaseException):
-                    for s in owned:
-                        listener(s.number)
+        for (_, _, wids, _), outcome in zip(requests, outcomes, strict=True):
+            if not isinstance(outcome, BaseException):
+                self._notify(wids)
         if any(isinstance(o, BaseException) for o in outcomes):
             failed: dict[int, BaseException] = {}
             written: dict[int, int] = {}
-            k = 0
-            for (_, _, owned, size), outcome in zip(requests, outcomes, strict=True):
+            base_of = dict(zip(ids.tolist(), bases.tolist(), strict=True))
+            for (_, _, wids, size), outcome in zip(requests, outcomes, strict=True):
                 if isinstance(outcome, BaseException):
-                    for s in owned:
-                        failed[s.number] = outcome
+                    for number in wids.tolist():
+                        failed[number] = outcome
                     if quota is not None:
                         quota.release(size)
                 else:
-                    for m, s in enumerate(owned):
-                        written[s.number] = bases[k + m]
-                k += len(owned)
+                    for number in wids.tolist():
+                        written[number] = base_of[number]
             raise_if_failed(failed, written)
-        if order is None:
-            return sorted_offsets
-        offsets = np.empty(n, np.int64)
-        offsets[order] = sorted_offsets
         return offsets
+
+    def _notify(self, ids: np.ndarray[Any, Any]) -> None:
+        """Tell the listeners that appends to the shards ``ids`` completed."""
+        if self.listener_many is not None:
+            self.listener_many(ids)
+        elif self.listener is not None:
+            for number in ids.tolist():
+                self.listener(number)
 
     # --- replica log ----------------------------------------------------------------------
 
@@ -976,7 +995,7 @@ class SegmentEngine(StreamLookups):
         s = self._shard(shard)
         if s.writer is not None:
             s.writer.note_tailed(s)
-        if s.pending:
+        if s.has_pending:
             await self._flush_for_read(s)
         if offset >= s.log.active.base_offset and max_bytes <= _INLINE_READ_BYTES:
             # The tail of the active segment was just written: it is in the page cache, and
@@ -1044,7 +1063,7 @@ class SegmentEngine(StreamLookups):
         collector = StreamCollector(want, max_records, max_frames)
         if offset >= end:
             return collector.result(offset)
-        mem_start, pending = s.pending_snapshot(end)
+        mem_start, pending = s.pending_snapshot(end, offset)
         seg_stop = min(end, mem_start)
         pos = offset
         try:
@@ -1071,10 +1090,10 @@ class SegmentEngine(StreamLookups):
         if collector.done:
             return collector.result(pos)
         pos = max(pos, seg_stop)
-        for base, batch, row, count in pending:
+        for base, part in pending:
+            count = part.num_rows
             if base + count <= pos:
                 continue
-            part = batch.slice(row, count)
             collector.add(part, base, max(pos, base) - base, min(end, base + count) - base)
             if collector.stop_at is not None:
                 break
@@ -1156,7 +1175,7 @@ class SegmentEngine(StreamLookups):
             stop = min(stop, upper)
         if offset >= stop:
             return empty_read_table()
-        mem_start, pending = s.pending_snapshot(stop)
+        mem_start, pending = s.pending_snapshot(stop, offset)
         seg_stop = min(stop, mem_start)
         out: list[pa.RecordBatch] = []
         try:
@@ -1196,7 +1215,7 @@ class SegmentEngine(StreamLookups):
         begin = start if lower is None else max(start, lower)
         if begin >= end:
             return end
-        mem_start, pending = s.pending_snapshot(end)
+        mem_start, pending = s.pending_snapshot(end, begin)
         seg_stop = min(end, mem_start)
         if begin < seg_stop:
             for fp in s.frames(begin, seg_stop):

@@ -8,9 +8,10 @@ An append is cut on the event loop into one request per worker:
   the journal entry;
 * a **rows request** when the worker gets rows of several shards (keyed records spread over
   many shards): the rows go to the journal as one Arrow batch (with ``shard`` and
-  ``offset`` columns) and wait in the shard's *pending* buffer; they are written into the
-  shard's segment as frames later, many producers' rows at once (:meth:`WorkerLog.flush`),
-  so a record that is one of 1024 shards' share of a batch does not cost a frame of its own.
+  ``offset`` columns, in append order) and wait in the worker's pending buffer
+  (:mod:`seglog.engines.pending_rows`); they are written into the shards' segments as
+  frames later, many producers' rows at once (:meth:`WorkerLog.flush`), so a record that is
+  one of 1024 shards' share of a batch does not cost a frame of its own.
 
 A drain writes every request's segment frames (page cache), then all journal entries with
 one ``pwritev`` and one ``fdatasync`` (``fsync="always"``), and only then acknowledges. A
@@ -41,6 +42,7 @@ import pyarrow as pa
 
 from seglog.engines.base import Fsync, ReadOnlyReason
 from seglog.engines.frames import IntervalSync, split_stream_runs
+from seglog.engines.pending_rows import PendingPart, PendingRows, ShardArrays
 from seglog.errors import CorruptFrame, StorageError
 from seglog.io_pool import ItemError
 from seglog.record import FRAME_SCHEMA, EncodedFrame, encode_frame, parse_header, verify_frame
@@ -93,20 +95,18 @@ class FrameRequest(NamedTuple):
 
 
 class RowsRequest(NamedTuple):
-    """Rows of several shards of one worker, sorted by shard (see the module docstring)."""
+    """Rows of several shards of one worker, in append order (see the module docstring)."""
 
     gen: int
-    batch: pa.RecordBatch  # FRAME_SCHEMA rows, grouped by shard
-    groups: list[tuple[_Shard, int, int, int]]  # (shard, first row, row count, base offset)
-    shard_col: np.ndarray[Any, np.dtype[np.int32]]  # each row's shard
-    offset_col: np.ndarray[Any, np.dtype[np.int64]]  # each row's offset
+    part: PendingPart  # the rows, each row's shard and offset, and per-shard bases and counts
     epoch: int = 0  # the leader epoch its frames are stamped with (kept in the journal entry)
 
 
 def rows_body(req: RowsRequest) -> pa.Buffer:
     """The journal body of a rows request: its batch plus ``shard`` and ``offset`` columns."""
+    p = req.part
     full = pa.RecordBatch.from_arrays(
-        [*req.batch.columns, pa.array(req.shard_col), pa.array(req.offset_col)], schema=_ROWS_SCHEMA
+        [*p.batch.columns, pa.array(p.shard_col), pa.array(p.offset_col)], schema=_ROWS_SCHEMA
     )
     return full.serialize()
 
@@ -125,6 +125,7 @@ class WorkerLog:
         worker: int,
         shards: list[_Shard],
         journal: Journal,
+        arrays: ShardArrays,
         *,
         fsync: str,
         fsync_interval_ms: int,
@@ -149,16 +150,12 @@ class WorkerLog:
         self.failed: BaseException | None = None
         self.read_only_reason: ReadOnlyReason | None = None
         self._min_gen = 0  # worker thread
-        self._pending_bytes = 0
-        self._pending_since: float | None = None
+        self._by_number = {s.number: s for s in shards}
+        self._pending = PendingRows(arrays, np.array([s.number for s in shards], np.int64))
         self._pending_epoch = 0  # every pending row has it: a request of another epoch flushes first
         # No shard of this worker knows a leader epoch below this: appends at or below it
         # need no epoch-cache check (the standalone case: epoch 0 everywhere, no file).
         self._known_epoch_floor = min((s.known_epoch for s in shards), default=0)
-        self._pending_shards: dict[int, _Shard] = {}
-        # Every buffered rows request since the last complete flush, with each row's shard and
-        # offset: a flush of all shards sorts these once instead of joining each shard's slices.
-        self._pending_rows: list[tuple[pa.RecordBatch, np.ndarray[Any, Any], np.ndarray[Any, Any]]] = []
         self._dirty: dict[int, _Shard] = {}  # written since the last checkpoint, not synced
         # Shards whose high watermark moved since it was last written (set on the loop).
         self.hw_dirty: dict[int, _Shard] = {}
@@ -201,7 +198,7 @@ class WorkerLog:
         run_epoch: int | None = None  # the epoch of the run's rows requests (they share one)
         for item in items:
             if isinstance(item, FrameRequest) and any(
-                isinstance(r, RowsRequest) and bool((r.shard_col == item.shard.number).any()) for r in run
+                isinstance(r, RowsRequest) and item.shard.number in r.part.ids for r in run
             ):
                 # Its shard's rows earlier in this drain are buffered only once durable.
                 results.extend(self._write_run(run))
@@ -260,7 +257,7 @@ class WorkerLog:
             if not self.journal.fits(need):
                 self.checkpoint()
             stage = "segment write"
-            if self._pending_shards and any(
+            if self._pending.count and any(
                 isinstance(i, RowsRequest) and i.epoch != self._pending_epoch for i in items
             ):
                 self.flush()
@@ -268,7 +265,7 @@ class WorkerLog:
                 if not isinstance(item, FrameRequest):
                     continue
                 s = item.shard
-                if s.pending:
+                if s.has_pending:
                     self._flush_shard(s)
                 if item.frames[0].header.base_offset != s.log.next_offset:
                     raise StorageError(
@@ -320,8 +317,8 @@ class WorkerLog:
                 if isinstance(item, FrameRequest):
                     item.shard.maybe_snapshot()
                 else:
-                    for s, _lo, _count, _base in item.groups:
-                        s.maybe_snapshot()
+                    for n in item.part.ids.tolist():
+                        self._by_number[n].maybe_snapshot()
         return out
 
     def _note_epochs(self, items: Sequence[FrameRequest | RowsRequest]) -> None:
@@ -343,7 +340,8 @@ class WorkerLog:
                             s.assign_epoch(h.leader_epoch, h.base_offset)
                             assigned = True
                 elif item.epoch > floor:
-                    for s, _lo, _count, base in item.groups:
+                    for n, base in zip(item.part.ids.tolist(), item.part.bases.tolist(), strict=True):
+                        s = self._by_number[n]
                         if item.epoch > s.known_epoch:
                             s.assign_epoch(item.epoch, base)
                             assigned = True
@@ -445,15 +443,14 @@ class WorkerLog:
     # --- pending rows ------------------------------------------------------------------
 
     def _buffer(self, req: RowsRequest) -> None:
-        for s, lo, count, base in req.groups:
-            s.pending.append((base, req.batch, lo, count))
-            s.durable_end = base + count
-            self._pending_shards[s.number] = s
-        self._pending_rows.append((req.batch, req.shard_col, req.offset_col))
+        self._pending.add(req.part)
         self._pending_epoch = req.epoch
-        self._pending_bytes += req.batch.nbytes
-        if self._pending_since is None:
-            self._pending_since = time.monotonic()
+
+    def pending_snapshot(
+        self, s: _Shard, stop: int, lower: int = 0
+    ) -> tuple[int, list[tuple[int, pa.RecordBatch]]]:
+        """(Any thread) ``s``'s buffered rows below ``stop`` (see :meth:`PendingRows.snapshot`)."""
+        return self._pending.snapshot(s.number, stop, lower)
 
     def note_tailed(self, s: _Shard) -> None:
         """(Loop) ``s`` was just read as frames: it counts as tailed for ``TAILED_S``."""
@@ -468,7 +465,7 @@ class WorkerLog:
             if s.frames_read_at < cutoff:
                 # A read racing this only loses its in-drain flush once: it flushes for itself.
                 self._tailed.pop(s.number, None)
-            elif s.pending:
+            elif s.has_pending:
                 hot.append(s)
         return hot
 
@@ -508,41 +505,31 @@ class WorkerLog:
     def _flush_shards(self, shards: Sequence[_Shard]) -> OSError | None:
         """Write shards' pending rows into their segments as frames (the rows are durable already).
 
-        The pending rows of all of them are concatenated once and cut back into one run of
+        The pending rows of all of them are gathered once and cut back into one run of
         frames per shard; the frames of all of them are indexed in one transaction.
 
         Returns:
             The first segment write that failed (that shard was rolled back and its rows stay
             pending; the others were written), or ``None``.
         """
-        shards = [s for s in shards if s.pending]
+        shards = sorted((s for s in shards if s.has_pending), key=lambda s: s.number)
         if not shards:
             return None
-        for s in shards:
-            base = s.pending[0][0]
-            if base != s.log.next_offset:
+        log_ends = np.array([s.log.next_offset for s in shards], np.int64)
+        for s, end in zip(shards, log_ends.tolist(), strict=True):
+            if s.pending_start != end:
                 raise StorageError(
-                    f"shard {s.number}: pending rows at {base} do not continue the log at {s.log.next_offset}"
+                    f"shard {s.number}: pending rows at {s.pending_start} do not continue the log at {end}"
                 )
-        pendings = [list(s.pending) for s in shards]
-        if len(shards) == len(self._pending_shards) and len(self._pending_rows) > 1:
-            shards, rows_of = self._sorted_pending(shards, pendings)
-            pendings = [list(s.pending) for s in shards]
-        else:
-            parts = [b.slice(row, count) for pending in pendings for _, b, row, count in pending]
-            combined = pa.concat_batches(parts) if len(parts) > 1 else parts[0]
-            rows_of = []
-            at = 0
-            for pending in pendings:
-                total = sum(p[3] for p in pending)
-                rows_of.append(combined.slice(at, total))
-                at += total
+        try:
+            rows_of = self._pending.collect(np.array([s.number for s in shards], np.int64), log_ends)
+        except StorageError as exc:
+            raise StorageError(f"I/O worker {self.worker}: {exc}") from None
         first: OSError | None = None
         written: list[tuple[_Shard, list[tuple[FramePosition, pa.RecordBatch]]]] = []
-        for s, pending, rows in zip(shards, pendings, rows_of, strict=True):
+        for s, rows, offset in zip(shards, rows_of, log_ends.tolist(), strict=True):
             frames: list[EncodedFrame] = []
             batches: list[pa.RecordBatch] = []
-            offset = pending[0][0]
             for part in split_stream_runs(rows, frame_bytes=s.log.segment_bytes // 2):
                 frames.append(
                     encode_frame(part, offset, compression=self.compression, leader_epoch=self._pending_epoch)
@@ -561,50 +548,12 @@ class WorkerLog:
                         s.log.fence(mark)
                 first = first or exc
                 continue
-            s.pending = s.pending[len(pending) :]  # rebound, not cut: loop-thread readers copy it
-            if not s.pending:
-                self._pending_shards.pop(s.number, None)
+            self._pending.done(s.number)
             self._dirty[s.number] = s
             self._publish(s)
             written.append((s, list(zip(positions, batches, strict=True))))
         self._index(written)
-        if not self._pending_shards:  # every buffered row is in a segment now
-            self._pending_rows.clear()
-            self._pending_bytes = 0
-            self._pending_since = None
         return first
-
-    def _sorted_pending(
-        self, shards: list[_Shard], pendings: list[list[tuple[int, pa.RecordBatch, int, int]]]
-    ) -> tuple[list[_Shard], list[pa.RecordBatch]]:
-        """Every pending row of the worker in (shard, offset) order, cut into one batch per shard.
-
-        Rows a single-shard flush wrote meanwhile (below the shard's log end) are left out.
-
-        Raises:
-            StorageError: The buffered requests do not add up to the shards' pending rows.
-        """
-        batch = pa.concat_batches([b for b, _, _ in self._pending_rows])
-        shard_col = np.concatenate([c for _, c, _ in self._pending_rows])
-        offset_col = np.concatenate([o for _, _, o in self._pending_rows])
-        log_end = np.full(int(shard_col.max()) + 1, np.iinfo(np.int64).max, np.int64)
-        by_number = {s.number: s for s in shards}
-        for s in shards:
-            if s.number < len(log_end):
-                log_end[s.number] = s.log.next_offset
-        keep = np.flatnonzero(offset_col >= log_end[shard_col])
-        order = keep[np.lexsort((offset_col[keep], shard_col[keep]))]
-        sorted_shards = shard_col[order]
-        numbers, starts, counts = np.unique(sorted_shards, return_index=True, return_counts=True)
-        rows = batch.take(pa.array(order))
-        expected = {s.number: sum(q[3] for q in p) for s, p in zip(shards, pendings, strict=True)}
-        got = dict(zip(numbers.tolist(), counts.tolist(), strict=True))
-        if got != expected:
-            raise StorageError(
-                f"I/O worker {self.worker}: buffered rows do not match the shards' pending rows"
-            )
-        out_shards = [by_number[n] for n in numbers.tolist()]
-        return out_shards, [rows.slice(a, c) for a, c in zip(starts.tolist(), counts.tolist(), strict=True)]
 
     def flush(self) -> None:
         """Write every pending buffer into its segment.
@@ -612,7 +561,7 @@ class WorkerLog:
         Raises:
             OSError: A segment write failed (that shard's rows stay pending; retried later).
         """
-        first = self._flush_shards(list(self._pending_shards.values()))
+        first = self._flush_shards([self._by_number[n] for n in self._pending.shard_numbers()])
         if first is not None:
             log.warning(
                 "I/O worker %d: writing buffered rows into a segment failed (%s); they are "
@@ -665,9 +614,10 @@ class WorkerLog:
         if self.hw_dirty:
             hw_due = self._hw_flushed_at + HW_FLUSH_INTERVAL_S
             due = hw_due if due is None else min(due, hw_due)
-        if self._pending_since is not None:
-            flush_at = self._pending_since + self.buffer_s
-            if self._pending_bytes >= self.buffer_bytes:
+        since = self._pending.since
+        if since is not None:
+            flush_at = since + self.buffer_s
+            if self._pending.nbytes >= self.buffer_bytes:
                 flush_at = 0.0
             due = flush_at if due is None else min(due, flush_at)
         return due
@@ -685,9 +635,9 @@ class WorkerLog:
         # Pending rows wait for their deadline even when the worker is idle: they are durable
         # and readable in-process already, and flushing on every lull (which a busy event
         # loop causes too) would cut each shard's rows into many small frames.
-        due = self._pending_since is not None and (
-            time.monotonic() >= self._pending_since + self.buffer_s
-            or self._pending_bytes >= self.buffer_bytes
+        since = self._pending.since
+        due = since is not None and (
+            time.monotonic() >= since + self.buffer_s or self._pending.nbytes >= self.buffer_bytes
         )
         if due:
             with contextlib.suppress(OSError):  # logged; retried at the next deadline or checkpoint
@@ -820,6 +770,11 @@ def _replay_rows(
     shard_col = batch.column("shard").to_numpy()
     offset_col = batch.column("offset").to_numpy()
     rows = pa.RecordBatch.from_arrays([batch.column(n) for n in FRAME_SCHEMA.names], schema=FRAME_SCHEMA)
+    if len(shard_col) > 1 and bool((shard_col[1:] < shard_col[:-1]).any()):
+        # Rows are journaled in append order; a stable sort keeps each shard's offset order.
+        order = np.argsort(shard_col, kind="stable")
+        shard_col, offset_col = shard_col[order], offset_col[order]
+        rows = rows.take(pa.array(order))
     bounds = np.flatnonzero(np.diff(shard_col)) + 1
     starts = [0, *bounds.tolist()]
     stops = [*bounds.tolist(), len(shard_col)]

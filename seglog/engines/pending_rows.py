@@ -1,0 +1,192 @@
+"""Acknowledged rows of one I/O worker that are not in their segments yet, kept per request.
+
+A many-shard append gives each I/O worker one rows request: its rows in append order (not
+grouped by shard) with each row's shard and offset. The rows are durable in the journal and
+wait here until a flush writes them into their shards' segments as frames. Nothing is kept
+per shard per request: a request costs one list entry and a few numpy assignments, whatever
+the number of shards it touches (a list of per-shard tuples per request made the garbage
+collector walk the heap every few hundred appends at 1024 shards). A shard's own rows are
+found when needed:
+
+* a flush of every pending shard concatenates the requests once and sorts them by
+  ``(shard, offset)``;
+* a flush of some shards and a read of one shard look only at the requests since the shard's
+  first pending one (a read from a recent offset walks back from the newest request).
+
+Per-shard positions live in :class:`ShardArrays` (numpy, indexed by shard number) shared by
+the event loop and the worker. The worker makes a request visible in this order: the list
+entry, the shard's pending start, its durable end; a reader takes them in the reverse order
+(durable end, list, pending start), so everything below the durable end it read is either in
+the list it took or already in the segment (a flush writes the segment before it clears a
+shard's pending start, and empties the list only after every shard's start is cleared).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Final, NamedTuple
+
+import numpy as np
+import pyarrow as pa
+
+from seglog.errors import StorageError
+
+__all__ = ["NO_PENDING", "PendingPart", "PendingRows", "ShardArrays"]
+
+NO_PENDING: Final = -1  # a shard's pending start when nothing of it is buffered
+_END: Final = np.iinfo(np.int64).max
+
+
+class ShardArrays(NamedTuple):
+    """Per-shard positions of one database, indexed by shard number (one numpy step per append)."""
+
+    next_offsets: np.ndarray[Any, np.dtype[np.int64]]  # the next offset to assign (event loop)
+    durable_ends: np.ndarray[Any, np.dtype[np.int64]]  # the acknowledged end (worker thread)
+    pending_starts: np.ndarray[Any, np.dtype[np.int64]]  # first buffered offset, or NO_PENDING
+
+    @classmethod
+    def zeros(cls, shards: int) -> ShardArrays:
+        """Arrays for ``shards`` shards: offsets 0, nothing pending."""
+        return cls(
+            np.zeros(shards, np.int64), np.zeros(shards, np.int64), np.full(shards, NO_PENDING, np.int64)
+        )
+
+
+class PendingPart(NamedTuple):
+    """One buffered rows request."""
+
+    batch: pa.RecordBatch  # FRAME_SCHEMA rows in append order
+    shard_col: np.ndarray[Any, Any]  # each row's shard (int32)
+    offset_col: np.ndarray[Any, Any]  # each row's offset (int64)
+    ids: np.ndarray[Any, Any]  # the shards it holds rows of, ascending (int64)
+    bases: np.ndarray[Any, Any]  # each of those shards' first offset in it
+    counts: np.ndarray[Any, Any]  # each of those shards' row count in it
+
+
+class PendingRows:
+    """The buffered rows requests of one I/O worker (worker thread; reads from any thread).
+
+    Attributes:
+        count: Shards with buffered rows.
+        nbytes: Bytes buffered since the buffer was last empty.
+        since: ``time.monotonic()`` of the first request buffered since then, or ``None``.
+    """
+
+    def __init__(self, arrays: ShardArrays, numbers: np.ndarray[Any, Any]) -> None:
+        self._arrays = arrays
+        self._numbers = numbers  # this worker's shards
+        self._first = np.full(len(arrays.pending_starts), -1, np.int64)  # seq of first part per shard
+        self._parts: list[PendingPart] = []
+        self._seq0 = 0  # the sequence number of _parts[0]
+        self.count = 0
+        self.nbytes = 0
+        self.since: float | None = None
+
+    def add(self, part: PendingPart) -> None:
+        """(Worker) Buffer a request made durable; move its shards' durable ends."""
+        starts = self._arrays.pending_starts
+        self._parts.append(part)  # before the starts: see the module docstring
+        ids = part.ids
+        new = starts[ids] < 0
+        if new.any():
+            fresh = ids[new]
+            self._first[fresh] = self._seq0 + len(self._parts) - 1
+            starts[fresh] = part.bases[new]
+            self.count += len(fresh)
+        self._arrays.durable_ends[ids] = part.bases + part.counts
+        self.nbytes += part.batch.nbytes
+        if self.since is None:
+            self.since = time.monotonic()
+
+    def shard_numbers(self) -> list[int]:
+        """(Worker) This worker's shards with buffered rows."""
+        starts = self._arrays.pending_starts
+        return [int(n) for n in self._numbers[starts[self._numbers] >= 0]]
+
+    def snapshot(self, shard: int, stop: int, lower: int = 0) -> tuple[int, list[tuple[int, pa.RecordBatch]]]:
+        """``(first pending offset or stop, [(base, rows)])``: ``shard``'s buffered rows below ``stop``.
+
+        Read the shard's durable end (``stop``) before calling. Parts wholly below ``lower``
+        are left out (a reader from ``lower`` on does not need them); each part's rows are
+        the shard's rows of one request, in offset order.
+        """
+        parts = list(self._parts)
+        start = int(self._arrays.pending_starts[shard])
+        if start < 0:
+            return stop, []
+        if start >= stop:
+            return start, []
+        floor = max(start, lower)
+        out: list[tuple[int, pa.RecordBatch]] = []
+        for part in reversed(parts):
+            ids = part.ids
+            k = int(np.searchsorted(ids, shard))
+            if k >= len(ids) or ids[k] != shard:
+                continue
+            base = int(part.bases[k])
+            if base >= stop:
+                continue
+            if base + int(part.counts[k]) <= floor:
+                break
+            out.append((base, part.batch.take(np.flatnonzero(part.shard_col == shard))))
+        out.reverse()
+        return start, out
+
+    def collect(self, numbers: np.ndarray[Any, Any], log_ends: np.ndarray[Any, Any]) -> list[pa.RecordBatch]:
+        """(Worker) The buffered rows of ``numbers`` (ascending), one batch per shard in offset order.
+
+        Rows below a shard's ``log_ends`` entry (already written by an earlier flush of that
+        shard alone) are left out.
+
+        Raises:
+            StorageError: The buffered requests do not add up to the shards' pending rows.
+        """
+        ends = np.full(len(self._first), _END, np.int64)
+        ends[numbers] = log_ends
+        if len(numbers) == self.count:
+            parts = self._parts
+        else:
+            parts = self._parts[int(self._first[numbers].min()) - self._seq0 :]
+        idx: np.ndarray[Any, Any] | None = None  # rows of ``batch`` kept (None: all)
+        if len(parts) > 1 and len(numbers) == self.count:
+            # Everything buffered: one concatenation; rows single flushes wrote are dropped.
+            batch = pa.concat_batches([p.batch for p in parts])
+            shard_col = np.concatenate([p.shard_col for p in parts])
+            offset_col = np.concatenate([p.offset_col for p in parts])
+            idx = np.flatnonzero(offset_col >= ends[shard_col])
+            if len(idx) == len(offset_col):
+                idx = None
+            else:
+                shard_col, offset_col = shard_col[idx], offset_col[idx]
+        else:
+            pieces = []
+            for p in parts:
+                keep = np.flatnonzero(p.offset_col >= ends[p.shard_col])
+                if len(keep) == p.batch.num_rows:
+                    pieces.append((p.batch, p.shard_col, p.offset_col))
+                elif len(keep):
+                    pieces.append((p.batch.take(keep), p.shard_col[keep], p.offset_col[keep]))
+            if not pieces:
+                raise StorageError("buffered rows do not match the shards' pending rows")
+            batch = pa.concat_batches([b for b, _, _ in pieces]) if len(pieces) > 1 else pieces[0][0]
+            shard_col = np.concatenate([c for _, c, _ in pieces])
+            offset_col = np.concatenate([o for _, _, o in pieces])
+        order = np.lexsort((offset_col, shard_col))
+        sorted_shards = shard_col[order]
+        got, starts, counts = np.unique(sorted_shards, return_index=True, return_counts=True)
+        expected = self._arrays.durable_ends[numbers] - self._arrays.pending_starts[numbers]
+        if not (np.array_equal(got, numbers) and np.array_equal(counts, expected)):
+            raise StorageError("buffered rows do not match the shards' pending rows")
+        rows = batch.take(pa.array(order if idx is None else idx[order]))
+        return [rows.slice(a, c) for a, c in zip(starts.tolist(), counts.tolist(), strict=True)]
+
+    def done(self, shard: int) -> None:
+        """(Worker) ``shard``'s buffered rows are in its segment now."""
+        self._arrays.pending_starts[shard] = NO_PENDING
+        self._first[shard] = -1
+        self.count -= 1
+        if self.count == 0:  # every buffered row is in a segment: forget the requests
+            self._seq0 += len(self._parts)
+            self._parts = []  # rebound, not cleared: readers may hold the old list
+            self.nbytes = 0
+            self.since = None
