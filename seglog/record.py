@@ -519,9 +519,29 @@ def records_to_batch(
         ts = pc.coalesce(ts, _stamps(now_us() if default_ts_us is None else default_ts_us, n))
     _check_ts_range(ts, min_ts_us, max_ts_us)
     keys = pa.array(keys_py, type=pa.binary())
-    headers = pa.nulls(n, HEADERS_TYPE) if headers_py.count(None) == n else _headers_array(headers_py)
+    headers = null_headers(n) if headers_py.count(None) == n else _headers_array(headers_py)
     streams = pa.repeat(pa.scalar(stream, pa.uint32()), n) if n else pa.array([], pa.uint32())
     return _frame_batch(ts=ts, topic=topics, key=keys, value=values, headers=headers, stream=streams)
+
+
+_HEADERS_COLUMN: Final = FRAME_SCHEMA.get_field_index("headers")
+
+# All-null headers columns are slices of one array built once: ``pa.nulls`` of a map type
+# makes Arrow IPC write offsets for every row of the parent into each frame cut from it.
+_NULL_HEADERS: list[pa.Array] = []
+_NULL_HEADERS_ROWS: Final = 1 << 16
+
+
+def null_headers(n: int) -> pa.Array:
+    """An all-null headers column of ``n`` rows that serialises compactly, also when sliced."""
+    if not _NULL_HEADERS or len(_NULL_HEADERS[0]) < n:
+        _NULL_HEADERS[:] = [pa.array([None] * max(n, _NULL_HEADERS_ROWS), type=HEADERS_TYPE)]
+    return _NULL_HEADERS[0].slice(0, n)
+
+
+def _is_null_headers(column: pa.Array) -> bool:
+    """Whether ``column`` is a slice made by :func:`null_headers`."""
+    return bool(_NULL_HEADERS) and column.buffers()[1].address == _NULL_HEADERS[0].buffers()[1].address
 
 
 def table_to_batch(
@@ -580,9 +600,7 @@ def table_to_batch(
         ts = _stamps(now_us() if default_ts_us is None else default_ts_us, n)
     _check_ts_range(ts, min_ts_us, max_ts_us)
     keys = column("key", pa.binary(), InvalidKey) if "key" in names else pa.nulls(n, pa.binary())
-    headers = (
-        column("headers", HEADERS_TYPE, InvalidHeaders) if "headers" in names else pa.nulls(n, HEADERS_TYPE)
-    )
+    headers = column("headers", HEADERS_TYPE, InvalidHeaders) if "headers" in names else null_headers(n)
     if "stream" in names:
         streams = column("stream", pa.uint32(), InvalidRecord)
     else:
@@ -615,6 +633,13 @@ def encode_frame(
     """Encode one batch (with :data:`FRAME_SCHEMA`) as a frame starting at ``base_offset``."""
     if batch.num_rows == 0:
         raise InvalidArgument("a frame holds at least one record")
+    headers = batch.column(_HEADERS_COLUMN)
+    if headers.null_count == batch.num_rows and not _is_null_headers(headers):
+        # A slice of an all-null map made elsewhere (pa.nulls) would carry its parent's
+        # offsets into the frame: the frame gets a compact one of its own.
+        batch = batch.set_column(
+            _HEADERS_COLUMN, FRAME_SCHEMA.field(_HEADERS_COLUMN), null_headers(batch.num_rows)
+        )
     raw = batch.serialize()
     raw_len = raw.size
     if compression == COMPRESSION_ZSTD:

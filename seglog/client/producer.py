@@ -151,6 +151,7 @@ from seglog.record import (
     HEADERS_TYPE,
     RecordMeta,
     now_us,
+    null_headers,
     table_to_batch,
     validate_record,
 )
@@ -941,7 +942,7 @@ class Producer:
     def _group_items(self, group: _Group) -> list[_Item]:
         n = len(group.futs)
         headers = (
-            pa.nulls(n, HEADERS_TYPE)
+            null_headers(n)
             if group.headers is None
             else pa.array([None if h is None else list(h.items()) for h in group.headers], HEADERS_TYPE)
         )

@@ -171,9 +171,13 @@ class PendingRows:
             batch = pa.concat_batches([b for b, _, _ in pieces]) if len(pieces) > 1 else pieces[0][0]
             shard_col = np.concatenate([c for _, c, _ in pieces])
             offset_col = np.concatenate([o for _, _, o in pieces])
-        order = np.lexsort((offset_col, shard_col))
+        # Requests are kept in append order and a shard's rows come in offset order in each:
+        # a stable sort by shard alone (a radix sort) leaves every shard's rows in offset order.
+        order = np.argsort(shard_col, kind="stable")
         sorted_shards = shard_col[order]
-        got, starts, counts = np.unique(sorted_shards, return_index=True, return_counts=True)
+        starts = np.concatenate(([0], np.flatnonzero(sorted_shards[1:] != sorted_shards[:-1]) + 1))
+        counts = np.diff(np.concatenate((starts, [len(sorted_shards)])))
+        got = sorted_shards[starts]
         expected = self._arrays.durable_ends[numbers] - self._arrays.pending_starts[numbers]
         if not (np.array_equal(got, numbers) and np.array_equal(counts, expected)):
             raise StorageError("buffered rows do not match the shards' pending rows")

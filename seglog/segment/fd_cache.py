@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -26,9 +27,23 @@ from typing import Final
 
 __all__ = ["OPEN_FILES_MAX", "CachedFile", "DescriptorCache", "descriptors"]
 
+
+def _capacity_for_limit() -> int:
+    """A quarter of the process's descriptor limit, between 256 and 4096: a store of 1024
+    shards (two files each) then keeps its descriptors open where the limit allows, and
+    stays within the default ``ulimit -n`` of 1024 otherwise."""
+    try:
+        soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (OSError, ValueError):
+        return 256
+    if soft == resource.RLIM_INFINITY:
+        return 4096
+    return max(256, min(4096, soft // 4))
+
+
 # Descriptors the cache keeps open at most (each segment's read mapping holds one more while
-# it is mapped: see LogSegment).
-OPEN_FILES_MAX: Final = 256
+# it is mapped: see LogSegment); read once, when seglog is imported.
+OPEN_FILES_MAX: Final = _capacity_for_limit()
 
 
 class DescriptorCache:
@@ -46,12 +61,16 @@ class DescriptorCache:
 
     def _admit(self, f: CachedFile) -> None:
         """(Lock held) ``f`` was just opened: make room for it, then track it."""
-        if len(self._open) >= self.capacity:
-            for victim in list(self._open):
+        excess = len(self._open) - self.capacity + 1
+        if excess > 0:
+            victims = []  # the least recently used unpinned ones (no copy of the whole LRU)
+            for victim in self._open:
                 if victim._pins == 0:
-                    victim._drop_locked()
-                    if len(self._open) < self.capacity:
+                    victims.append(victim)
+                    if len(victims) == excess:
                         break
+            for victim in victims:
+                victim._drop_locked()
         self._open[f] = None
 
     def _touch(self, f: CachedFile) -> None:
