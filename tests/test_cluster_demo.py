@@ -69,3 +69,16 @@ def test_cluster_demo_refuses_bad_options(bad: list[str]) -> None:
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 1
     assert "--kill-after" in done.stderr
+
+
+def test_cluster_demo_help() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "seglog.cli", "demo-cluster", "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0 and "usage: seglog demo-cluster" in done.stdout
+    assert "--kill-after" in done.stdout

@@ -15,7 +15,7 @@ What the cluster does while etcd is down (the README's "etcd down" paragraph):
   lease, registers under a new one and reclaims its shards under a new leader epoch (or the
   controller elects another ISR member first). Writes resume within seconds of etcd's return.
 
-Checked like tests/test_cluster_faults.py (Jepsen's queue checks): every acknowledged value
+Checked like tests/test_cluster_faults.py (Jepsen's queue checks, tests/queue_checker.py): every acknowledged value
 is in the final log exactly once at its acknowledged offset and every replica holds the same
 log; a value refused before writing never appears; every record the consumer saw is in the
 final log at the offset it saw it at (nothing it read was later truncated); no shard state
@@ -36,6 +36,7 @@ from seglog.client._http import NodeSession
 from seglog.cluster import protocol
 from seglog.errors import NotEnoughReplicas, NotEnoughReplicasAfterAppend, NotLeader, SeglogError
 from tests.etcd_fixtures import EtcdProcess
+from tests.queue_checker import check_queue
 from tests.server_fixtures import ServerFactory, ServerProcess
 from tests.test_cluster import DB, cluster_view, create_replicated, read_all, start_cluster, until
 
@@ -239,37 +240,14 @@ def test_etcd_restart_loses_nothing_and_writes_resume(
                 logs[i], _ = await until(
                     lambda i=i: _log_at(sessions[i], hw), f"node {i} at the high watermark"
                 )
-            _check(h, final, logs)
+            check_queue(final, logs, h.acked, h.refused, h.unknown, h.consumed)
+            assert not h.violations, h.violations[:5]
         finally:
             stop.set()
             for s in sessions.values():
                 await s.close()
 
     run(main())
-
-
-def _check(h: History, final: list[tuple[int, bytes]], logs: dict[int, list[tuple[int, bytes]]]) -> None:
-    where: dict[str, list[int]] = {}
-    for offset, v in final:
-        where.setdefault(v.decode(), []).append(offset)
-    by_offset = dict(final)
-    lost = [v for v in h.acked if v not in where]
-    duplicated = {v: o for v, o in where.items() if len(o) > 1}
-    inconsistent = {v: (o, where[v]) for v, o in h.acked.items() if v in where and where[v] != [o]}
-    g1a = [v for v in h.refused if v in where]
-    truncated_reads = [(o, v) for o, v in h.consumed if by_offset.get(o) != v]
-    offsets = [o for o, _ in h.consumed]
-    assert len(h.acked) > 50, f"too few acknowledged writes to mean anything: {len(h.acked)}"
-    assert not lost, f"lost-write: {lost[:10]} of {len(h.acked)} acknowledged"
-    assert not duplicated, f"duplicate: {list(duplicated.items())[:5]}"
-    assert not inconsistent, f"inconsistent-offsets: {list(inconsistent.items())[:5]}"
-    assert not g1a, f"G1a (refused but visible): {g1a[:10]}"
-    assert set(where) <= set(h.acked) | h.unknown, "a value nobody sent"
-    assert not truncated_reads, f"the consumer read records later truncated: {truncated_reads[:5]}"
-    assert offsets == sorted(set(offsets)), "the consumer saw an offset twice or went back"
-    assert not h.violations, h.violations[:5]
-    for i, log in logs.items():
-        assert log[: len(final)] == final, f"node {i} diverges"
 
 
 async def _at_least(n: int, want: int) -> bool:

@@ -224,36 +224,32 @@ class NodeLease:
     async def _keepalive(self) -> None:
         loop = asyncio.get_running_loop()
         # ``deadline``: the lease cannot outlive it (the send time of the grant or of the last
-        # refresh etcd answered, plus the TTL it reported).
+        # refresh etcd answered, plus the TTL it reported); etcd's own expiry is no earlier.
         while True:
             sent = loop.time()
+            left = self.deadline - sent
+            if left <= 0:
+                log.warning("node %d: etcd unreachable until lease %x expired", self.info.node_id, self.lease)
+                self.lost.set()
+                return
             try:
                 # Bounded by the deadline: a hung etcd must not keep the node past it.
-                async with asyncio.timeout(max(self.deadline - sent, KEEPALIVE_RETRY_S)):
+                async with asyncio.timeout(left):
                     ttl = await self.meta.etcd.lease_keepalive(self.lease)
             except LeaseNotFound:
                 log.warning("node %d: etcd says lease %x is gone", self.info.node_id, self.lease)
                 self.lost.set()
                 return
-            except (MetadataError, TimeoutError) as exc:
+            except (MetadataError, TimeoutError):
                 # etcd unreachable (down, restarting): the lease may well survive (etcd renews
-                # every lease when it comes back), so keep trying until it would have expired
-                # by our own clock, not a moment before. Until then the node keeps its roles:
-                # a leader keeps acknowledging acks="all" appends with the ISR it has, which
-                # it cannot change without etcd.
+                # every lease when it comes back), so keep trying until it has expired by our
+                # own clock, not a moment before. Until then the node keeps its roles: a
+                # leader keeps acknowledging acks="all" appends with the ISR it has, which it
+                # cannot change without etcd.
                 now = loop.time()
-                if now >= self.deadline:
-                    log.warning(
-                        "node %d: etcd unreachable until lease %x expired: %s",
-                        self.info.node_id,
-                        self.lease,
-                        exc,
-                    )
-                    self.lost.set()
-                    return
                 self.unreachable_since = self.unreachable_since or now
                 # A back-off before the next attempt, not synchronisation.
-                await asyncio.sleep(min(KEEPALIVE_RETRY_S, self.deadline - now))
+                await asyncio.sleep(min(KEEPALIVE_RETRY_S, max(self.deadline - now, 0.0)))
                 continue
             if self.unreachable_since is not None:
                 log.info(
