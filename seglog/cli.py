@@ -1023,6 +1023,25 @@ def _parser(network: bool = False) -> argparse.ArgumentParser:
     )
     d.add_argument("--no-network", action="store_true", help="skip the network step")
 
+    dc = sub.add_parser(
+        "demo-cluster",
+        parents=[common],
+        help="a 3-node cluster (etcd + `seglog serve` nodes): SIGKILL a leader mid-stream, lose nothing acknowledged",
+    )
+    dc.add_argument("--seconds", type=float, default=6.0, help="how long the producer runs (default 6)")
+    dc.add_argument(
+        "--kill-after", type=float, default=2.0, help="SIGKILL shard 0's leader after this (default 2)"
+    )
+    dc.add_argument("--shards", type=_int_at_least(1), default=4, help="shards of the database (default 4)")
+    dc.add_argument("--rate", type=_int_at_least(20), default=2000, help="records/s sent (default 2000)")
+    dc.add_argument(
+        "--node-ttl-s", type=_int_at_least(1), default=2, help="node lease TTL: failure detection (default 2)"
+    )
+    dc.add_argument(
+        "--dir", default=None, help="parent of the temporary work directory (default: system temp)"
+    )
+    dc.add_argument("--keep", action="store_true", help="keep the work directory (etcd, node data, logs)")
+
     i = sub.add_parser(
         "inspect", parents=[common, values], help="dump frame headers of a segment file and verify every CRC"
     )
@@ -1254,6 +1273,10 @@ def _run(args: argparse.Namespace) -> int:
         return cli_net.run(args)
     if args.command == "demo":
         return asyncio.run(_demo(args))
+    if args.command == "demo-cluster":
+        from seglog.cluster import demo as cluster_demo
+
+        return 0 if asyncio.run(cluster_demo.run_demo(args)).ok else 1
     if args.command == "inspect":
         return _inspect(args)
     if args.command == "stats":

@@ -39,7 +39,9 @@ async def until(check: Callable[[], Awaitable[T | None]], what: str, timeout_s: 
     raise AssertionError(f"timed out waiting for {what} (last error: {last!r})")
 
 
-def start_cluster(server_factory: ServerFactory, etcd: EtcdProcess, n: int = 3) -> dict[int, ServerProcess]:
+def start_cluster(
+    server_factory: ServerFactory, etcd: EtcdProcess, n: int = 3, *, ttl_s: int = 2
+) -> dict[int, ServerProcess]:
     return {
         i: server_factory(
             "--etcd",
@@ -47,7 +49,7 @@ def start_cluster(server_factory: ServerFactory, etcd: EtcdProcess, n: int = 3) 
             "--node-id",
             str(i),
             "--node-ttl-s",
-            "2",
+            str(ttl_s),
             "--replica-lag-time-max-ms",
             "1500",
             "--log-level",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter
 from collections.abc import Callable, Coroutine
 from dataclasses import replace
@@ -113,6 +114,52 @@ def test_keepalive_outlives_the_ttl(etcd: EtcdProcess, run: Run[None]) -> None:
             await client.lease_revoke(node.lease)
             await asyncio.wait_for(node.lost.wait(), WAIT_S)
             await node.close(revoke=False)
+
+    run(main())
+
+
+def test_keepalive_rides_out_an_etcd_restart(etcd: EtcdProcess, run: Run[None]) -> None:
+    """etcd down for less than the lease: the lease is kept; down for longer: lost at its TTL."""
+
+    async def main() -> None:
+        async with EtcdClient(etcd.url) as client:
+            meta = ClusterMetadata(client)
+            node = await meta.register_node(NodeInfo(4, "http://n4"), ttl_s=6)
+            node.start_keepalive()
+            etcd.kill()
+            # Failed refreshes (one every TTL/3) must not give the lease up before it expires.
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(node.lost.wait(), 2.5)
+            assert node.unreachable_since is not None
+            etcd.start()
+            deadline = time.monotonic() + WAIT_S
+            while node.unreachable_since is not None:
+                assert time.monotonic() < deadline, "the keepalive never reached etcd again"
+                await asyncio.sleep(0.05)  # polling the keepalive's state with a deadline
+            assert not node.lost.is_set()
+            assert 4 in await meta.live_nodes()
+            # Down past the lease: the loss is reported once the TTL ran out by our clock.
+            etcd.kill()
+            down = time.monotonic()
+            await asyncio.wait_for(node.lost.wait(), 6 + 2)
+            assert time.monotonic() - down <= 6 + 0.5
+            await node.close(revoke=False)
+
+    run(main())
+
+
+def test_a_campaign_finds_its_own_controller_key(etcd: EtcdProcess, run: Run[None]) -> None:
+    """A controller whose loop restarts (an etcd error) gets its role back under the same lease."""
+
+    async def main() -> None:
+        async with EtcdClient(etcd.url) as client:
+            meta = ClusterMetadata(client)
+            lease1 = await client.lease_grant(30)
+            lease2 = await client.lease_grant(30)
+            first = await meta.campaign(1, lease1)
+            assert first is not None
+            assert await meta.campaign(1, lease1) == first
+            assert await meta.campaign(2, lease2) is None
 
     run(main())
 

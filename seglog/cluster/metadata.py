@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Final
@@ -55,6 +56,10 @@ NO_LEADER: Final = -1
 DEFAULT_NODE_TTL_S: Final = 6
 # etcd's default --max-txn-ops: a database's shard keys are written in chunks of this.
 MAX_TXN_OPS: Final = 128
+# While etcd does not answer, a lease refresh is retried this often (until the lease expires).
+KEEPALIVE_RETRY_S: Final = 0.25
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,13 +193,27 @@ def place_replicas(shards: int, replication_factor: int, nodes: Sequence[int]) -
 class NodeLease:
     """A node's registration: its key lives while :meth:`keep_alive` keeps the lease."""
 
-    def __init__(self, meta: ClusterMetadata, info: NodeInfo, lease: int, ttl_s: int) -> None:
+    def __init__(
+        self,
+        meta: ClusterMetadata,
+        info: NodeInfo,
+        lease: int,
+        ttl_s: int,
+        *,
+        granted_at: float | None = None,
+    ) -> None:
+        """``granted_at``: event-loop time the grant was sent (default: now)."""
         self.meta = meta
         self.info = info
         self.lease = lease
         self.ttl_s = ttl_s
-        # Set when etcd reports the lease gone: the node must stop acting as a cluster member.
+        # Set when etcd reports the lease gone, or when etcd stayed unreachable until the
+        # lease expired by this node's clock: the node must stop acting as a cluster member.
         self.lost = asyncio.Event()
+        # Event-loop time by which the lease has expired unless refreshed.
+        self.deadline = (asyncio.get_running_loop().time() if granted_at is None else granted_at) + ttl_s
+        # Event-loop time of the first failed refresh of the current etcd outage.
+        self.unreachable_since: float | None = None
         self._task: asyncio.Task[None] | None = None
 
     def start_keepalive(self) -> None:
@@ -203,16 +222,46 @@ class NodeLease:
             self._task = asyncio.create_task(self._keepalive(), name=f"lease-node-{self.info.node_id}")
 
     async def _keepalive(self) -> None:
-        try:
-            while True:
-                await self.meta.etcd.lease_keepalive(self.lease)
-                # A timer, not synchronisation: the refresh period etcd leases require.
-                await asyncio.sleep(self.ttl_s / 3)
-        except LeaseNotFound:
-            self.lost.set()
-        except MetadataError:
-            # etcd unreachable: keep trying until the lease would have expired anyway.
-            self.lost.set()
+        loop = asyncio.get_running_loop()
+        # ``deadline``: the lease cannot outlive it (the send time of the grant or of the last
+        # refresh etcd answered, plus the TTL it reported); etcd's own expiry is no earlier.
+        while True:
+            sent = loop.time()
+            left = self.deadline - sent
+            if left <= 0:
+                log.warning("node %d: etcd unreachable until lease %x expired", self.info.node_id, self.lease)
+                self.lost.set()
+                return
+            try:
+                # Bounded by the deadline: a hung etcd must not keep the node past it.
+                async with asyncio.timeout(left):
+                    ttl = await self.meta.etcd.lease_keepalive(self.lease)
+            except LeaseNotFound:
+                log.warning("node %d: etcd says lease %x is gone", self.info.node_id, self.lease)
+                self.lost.set()
+                return
+            except (MetadataError, TimeoutError):
+                # etcd unreachable (down, restarting): the lease may well survive (etcd renews
+                # every lease when it comes back), so keep trying until it has expired by our
+                # own clock, not a moment before. Until then the node keeps its roles: a
+                # leader keeps acknowledging acks="all" appends with the ISR it has, which it
+                # cannot change without etcd.
+                now = loop.time()
+                self.unreachable_since = self.unreachable_since or now
+                # A back-off before the next attempt, not synchronisation.
+                await asyncio.sleep(min(KEEPALIVE_RETRY_S, max(self.deadline - now, 0.0)))
+                continue
+            if self.unreachable_since is not None:
+                log.info(
+                    "node %d: etcd answers again after %.1f s; lease %x kept",
+                    self.info.node_id,
+                    loop.time() - self.unreachable_since,
+                    self.lease,
+                )
+                self.unreachable_since = None
+            self.deadline = sent + ttl
+            # A timer, not synchronisation: the refresh period etcd leases require.
+            await asyncio.sleep(self.ttl_s / 3)
 
     async def close(self, *, revoke: bool = True) -> None:
         """Stop refreshing; with ``revoke`` the node leaves at once (its key is deleted)."""
@@ -273,6 +322,7 @@ class ClusterMetadata:
         """
         if info.node_id < 0:
             raise InvalidArgument(f"node ids are non-negative, not {info.node_id}")
+        granted_at = asyncio.get_running_loop().time()
         lease = await self.etcd.lease_grant(ttl_s)
         value = json.dumps(
             {"node_id": info.node_id, "url": info.url, "unclean_restart": info.unclean_restart}
@@ -280,7 +330,7 @@ class ClusterMetadata:
         if not await self.etcd.cas(self._node_key(info.node_id), 0, value, lease=lease):
             await self.etcd.lease_revoke(lease)
             raise NodeIdInUse(f"node id {info.node_id} is registered by a live process")
-        return NodeLease(self, info, lease, ttl_s)
+        return NodeLease(self, info, lease, ttl_s, granted_at=granted_at)
 
     async def live_nodes(self) -> dict[int, NodeInfo]:
         """Registered (leased) nodes by id."""
@@ -408,15 +458,24 @@ class ClusterMetadata:
     # --- controller -----------------------------------------------------------------------
 
     async def campaign(self, node_id: int, lease: int) -> ControllerLease | None:
-        """Take the controller role if nobody holds it; ``None`` if someone does."""
+        """Take the controller role if nobody holds it; ``None`` if someone else does.
+
+        A key already held under ``lease`` is this node's own role: a campaign after an etcd
+        error (the watch broke while etcd restarted, the lease survived) gets it back rather
+        than waiting for its own key to be deleted, which would happen only when the lease
+        expires, and never while the node keeps it alive.
+        """
         value = json.dumps({"node_id": node_id}).encode()
         result = await self.etcd.txn(
             [Compare(self.controller_key, 0, CompareTarget.CREATE)],
             [Op(self.controller_key, value, lease)],
         )
-        if not result.succeeded:
-            return None
-        return ControllerLease(node_id, lease, result.revision)
+        if result.succeeded:
+            return ControllerLease(node_id, lease, result.revision)
+        kv = await self.etcd.get(self.controller_key)
+        if kv is not None and kv.lease == lease:
+            return ControllerLease(node_id, lease, kv.create_revision)
+        return None
 
     async def controller(self) -> tuple[int, int] | None:
         """``(node_id, epoch)`` of the current controller, or ``None``."""

@@ -201,9 +201,16 @@ class ClusterNode:
                 if asyncio.get_running_loop().time() > deadline:
                     raise
                 await asyncio.sleep(RETRY_DELAY_S)
-        self._lease = lease
         lease.start_keepalive()
-        await self._reclaim_leaderships()
+        try:
+            await self._reclaim_leaderships()
+        except BaseException:
+            # etcd failed half way: give the registration back, or the next attempt would
+            # find this node's own key and wait for a lease it keeps alive itself.
+            with contextlib.suppress(MetadataError):
+                await lease.close(revoke=True)  # stops the keepalive even if etcd is gone again
+            raise
+        self._lease = lease
         self._registered.set()
         self._controller = Controller(self.meta, self.node_id, lease.lease)
         self._controller.start()
@@ -235,13 +242,23 @@ class ClusterNode:
             if self._controller is not None:
                 await self._controller.close()
                 self._controller = None
-            await self._lease.close(revoke=False)
+            old = self._lease
+            await old.close(revoke=False)
             while True:
                 try:
+                    # The old registration is dead to this node (it resigned everything):
+                    # revoke it, or after an etcd restart (which renews every lease) its key
+                    # would block the new registration for a whole TTL.
+                    await old.meta.etcd.lease_revoke(old.lease)
                     await self._register()
                     break
                 except (MetadataError, NodeIdInUse) as exc:
                     log.warning("node %d: registering again failed: %s", self.node_id, exc)
+                    # A back-off after a failure, not synchronisation.
+                    await asyncio.sleep(RETRY_DELAY_S)
+                except Exception:
+                    # This loop is the node's only way back into the cluster: never let it end.
+                    log.exception("node %d: registering again failed", self.node_id)
                     await asyncio.sleep(RETRY_DELAY_S)
 
     # --- metadata -------------------------------------------------------------------------
