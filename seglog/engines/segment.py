@@ -720,7 +720,8 @@ class SegmentEngine(StreamLookups):
         sorted_routes = routes
         order: np.ndarray[Any, Any] | None = None
         if n > 1 and bool((routes[1:] < routes[:-1]).any()):
-            order = np.argsort(routes, kind="stable")
+            # int16 (MAX_SHARDS fits): numpy's stable sort is a radix sort for 16-bit keys.
+            order = np.argsort(routes.astype(np.int16), kind="stable")
             sorted_routes = routes[order]
         starts = np.concatenate(([0], np.flatnonzero(sorted_routes[1:] != sorted_routes[:-1]) + 1))
         counts = np.diff(np.concatenate((starts, [n])))
