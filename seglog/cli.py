@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import IO, Any, Final
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from tqdm import tqdm
 
 import seglog
@@ -51,6 +52,7 @@ from seglog.record import (
 )
 from seglog.store import STORE_FILE, read_db_config
 from seglog.tiering.targets import open_target
+from seglog.topics import filter_literal_prefix, filter_to_regex, is_wildcard_filter, validate_topic_filter
 
 __all__ = ["main"]
 
@@ -789,6 +791,8 @@ Commit = Callable[[int, int], Awaitable[None]]
 
 async def _consume(args: argparse.Namespace) -> int:
     validate_db_name(args.db)
+    if args.topic is not None:
+        validate_topic_filter(args.topic)  # InvalidTopicFilter: one line, exit 1
     root = check_store(args.data)  # never creates the directory
     config = read_db_config(root, args.db)
     if args.shard is not None and not 0 <= args.shard < config.shards:
@@ -813,7 +817,13 @@ async def _consume(args: argparse.Namespace) -> int:
     try:
         db = await store.open_db(args.db)
         group = args.group
-        sources = {}
+        through_streams = args.topic is not None and db.streams_enabled
+        streams: dict[int, list[seglog.Stream]] = {shard: [] for shard in shards}
+        if through_streams:
+            for stream in db.get_streams(args.topic, from_time or 0):
+                if stream.shard in streams:
+                    streams[stream.shard].append(stream)
+        sources: dict[int, AsyncGenerator[pa.Table, None]] = {}
         for shard in shards:
             committed = await db.committed(group, shard) if group else None
             if from_time is not None:
@@ -824,7 +834,12 @@ async def _consume(args: argparse.Namespace) -> int:
                 offset = max(committed, db.start_offset(shard))
             else:
                 offset = db.start_offset(shard)
-            sources[shard] = _until_end(db, shard, offset)
+            if through_streams:
+                sources[shard] = _streams_until_end(db, args.topic, streams[shard], offset)
+            elif args.topic is not None:
+                sources[shard] = _topic_filtered(_until_end(db, shard, offset), args.topic)
+            else:
+                sources[shard] = _until_end(db, shard, offset)
 
         async def commit(shard: int, offset: int) -> None:
             await db.commit(group, shard, offset)
@@ -832,6 +847,12 @@ async def _consume(args: argparse.Namespace) -> int:
         await _print_merged(sources, args, commit if group else None)
     finally:
         await store.close()
+    if args.topic is not None:
+        if through_streams:
+            how = f"wildcard read of {sum(map(len, streams.values()))} stream(s)"
+        else:
+            how = f"filtered scan ({args.db} has no streams)"
+        print(f"--topic {args.topic!r}: {how}", file=sys.stderr)
     return 0
 
 
@@ -857,9 +878,16 @@ async def _consume_read_only(
 
         if stop_at_end:
             sources = {s: f.batches(stop_at_end=True) for s, f in followers.items()}
+            if args.topic is not None:
+                sources = {s: _topic_filtered(b, args.topic) for s, b in sources.items()}
             await _print_merged(sources, args, commit if args.group else None)
         else:
             await _print_live(followers, args, commit if args.group else None)
+    if args.topic is not None:
+        print(
+            f"--topic {args.topic!r}: filtered scan (read-only: another process owns the store)",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -936,6 +964,8 @@ async def _print_live(
         got = False
         for shard, follower in followers.items():
             table = await follower.read_available()
+            if args.topic is not None:
+                table = table.filter(_topic_mask(table, args.topic))
             if not table.num_rows:
                 continue
             got = True
@@ -958,6 +988,76 @@ async def _until_end(db: seglog.Database, shard: int, offset: int) -> AsyncGener
             return
         offset += table.num_rows
         yield table
+
+
+def _topic_mask(table: pa.Table, topic_filter: str) -> pa.Array:
+    """Which rows of ``table`` have a topic matching the MQTT filter (a valid one)."""
+    topics = table.column("topic").combine_chunks()
+    if not is_wildcard_filter(topic_filter):
+        return pc.equal(topics, topic_filter)
+    prefix = filter_literal_prefix(topic_filter)
+    matched = pc.match_substring_regex(topics, filter_to_regex(topic_filter))
+    return pc.and_(pc.starts_with(topics, prefix), matched) if prefix else matched
+
+
+async def _topic_filtered(
+    source: AsyncGenerator[pa.Table, None], topic_filter: str
+) -> AsyncGenerator[pa.Table, None]:
+    """The rows of ``source`` whose topic matches the filter (a scan: every record is read)."""
+    try:
+        async for table in source:
+            kept = table.filter(_topic_mask(table, topic_filter))
+            if kept.num_rows:
+                yield kept  # an empty table would end the shard in _print_merged
+    finally:
+        await source.aclose()
+
+
+async def _stream_batch(
+    db: seglog.Database, it: seglog.Iterator, end: int
+) -> tuple[seglog.Iterator, pa.Table | None]:
+    """The next non-empty batch of a stream before ``end``, or ``None`` when it has no more."""
+    while it.position < end:
+        nxt, table = await db.next_arrow(it, 1000)
+        if table.num_rows:
+            return nxt, table
+        if nxt.position <= it.position:
+            break
+        it = nxt  # a read that skipped frames without a match: go on after them
+    return it, None
+
+
+async def _streams_until_end(
+    db: seglog.Database, topic_filter: str, streams: list[seglog.Stream], offset: int
+) -> AsyncGenerator[pa.Table, None]:
+    """One shard's records matching the filter from ``offset``, read through its streams.
+
+    Each stream is read with its own iterator (only frames holding the stream are read);
+    the streams are merged by offset, so the shard's records come in the order a filtered
+    scan gives them.
+    """
+    if not streams:
+        return
+    end = db.end_offset(streams[0].shard)
+    iters = [db.make_iterator(s, topic_filter).advanced(offset) for s in streams]
+    heads: list[pa.Table | None] = [None] * len(iters)
+    for k in range(len(iters)):
+        iters[k], heads[k] = await _stream_batch(db, iters[k], end)
+    while True:
+        live = [(k, head) for k, head in enumerate(heads) if head is not None]
+        if not live:
+            return
+        firsts = [(head.column("offset")[0].as_py(), k) for k, head in live]
+        _, k = min(firsts)
+        bound = min((o for o, j in firsts if j != k), default=None)
+        head = heads[k]
+        assert head is not None
+        take = head.num_rows if bound is None else pc.sum(pc.less(head.column("offset"), bound)).as_py()
+        yield head.slice(0, take)
+        if take < head.num_rows:
+            heads[k] = head.slice(take)
+        else:
+            iters[k], heads[k] = await _stream_batch(db, iters[k], end)
 
 
 # --- arguments -------------------------------------------------------------------------
@@ -1102,6 +1202,13 @@ def _add_produce_consume(
     )
     start.add_argument("--from-time", help="first record at or after this ISO 8601 time (UTC if naive)")
     co.add_argument("--max", type=_int_at_least(1), help="stop after this many records")
+    co.add_argument(
+        "--topic",
+        metavar="FILTER",
+        help="only records whose topic matches this MQTT filter (+ one level, # the rest; "
+        "$-topics only by a filter naming them): a database with streams reads only the matching "
+        "streams, one without scans and filters",
+    )
     co.add_argument("--group", help="consumer group: start at its committed offsets, commit as records print")
     co.add_argument("--format", choices=("json", "raw"), default="json")
     co.add_argument(
