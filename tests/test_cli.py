@@ -187,3 +187,9 @@ def test_consume_topic_filter_group_and_errors(tmp_path: Path) -> None:
         assert r.returncode == 1 and r.stdout == b"", bad
         line = r.stderr.decode()
         assert line.startswith("seglog: error: ") and line.strip().count("\n") == 0, line
+
+
+def test_network_consume_refuses_topic_filters_clearly() -> None:
+    r = sh("consume", "--url", "http://127.0.0.1:9", "db", "--topic", "sensors/+/temp")
+    assert r.returncode == 1 and r.stderr.decode().count("\n") == 1
+    assert b"InvalidArgument: --topic is not supported with --url" in r.stderr
