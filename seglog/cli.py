@@ -52,7 +52,13 @@ from seglog.record import (
 )
 from seglog.store import STORE_FILE, read_db_config
 from seglog.tiering.targets import open_target
-from seglog.topics import filter_literal_prefix, filter_to_regex, is_wildcard_filter, validate_topic_filter
+from seglog.topics import (
+    filter_literal_prefix,
+    filter_to_regex,
+    is_wildcard_filter,
+    topic_matches,
+    validate_topic_filter,
+)
 
 __all__ = ["main"]
 
@@ -143,7 +149,12 @@ async def _demo(args: argparse.Namespace) -> int:
     batches = [records[i : i + DEMO_BATCH_RECORDS] for i in range(0, n, DEMO_BATCH_RECORDS)]
     tier_uri = f"file://{tier_dir}"
     async with seglog.open(data, fsync="always", tier=tier_uri) as store:
-        db = await store.create_db("telemetry", shards=args.shards, segment_bytes=16 << 20)
+        db = await store.create_db(
+            "telemetry",
+            shards=args.shards,
+            segment_bytes=16 << 20,
+            lts_thresholds=seglog.topics.DEFAULT_LTS_THRESHOLDS,
+        )
         with tqdm(
             total=n, unit="rec", unit_scale=True, desc="ingest (fsync=always)", disable=not _progress(args)
         ) as bar:
@@ -183,6 +194,7 @@ async def _demo(args: argparse.Namespace) -> int:
         by_key = await db.read_key(device)
         expected_key = len([r for r in records if r.key == device])
         stats = db.stats()
+        stream_lines = await _demo_streams(db, records, start_us + n * 1000)
     print()
     print(
         f"{'ingested':<22}{n:>14,} records in {ingest_s:6.2f} s  = {n / ingest_s:>12,.0f} records/s (durable)"
@@ -207,6 +219,8 @@ async def _demo(args: argparse.Namespace) -> int:
     print(
         f"{'tiered':<22}{len(entries)} Parquet objects, {tier_bytes / 1e6:.1f} MB in {tier_s:.2f} s -> {tier_uri}"
     )
+    for line in stream_lines:
+        print(line)
     if not args.no_spark:
         _demo_spark(tier_uri, chart)
     if node_dir is not None:
@@ -216,6 +230,102 @@ async def _demo(args: argparse.Namespace) -> int:
         await cli_net.demo_network(node_dir / "data", records[:net_n], args.shards, DEMO_BATCH_RECORDS)
     print(f"\ndata directory: {data}")
     return 0
+
+
+DEMO_FILTER: Final = "sensors/site03/+/temp"
+DEMO_SUBSCRIBERS = 3
+DEMO_MAX_UNACKED = 50
+DEMO_LIVE_ROUNDS = 5
+
+
+async def _demo_streams(db: seglog.Database, records: list[seglog.Record], live_us: int) -> list[str]:
+    """A wildcard read of one site's temperatures through streams, then subscriptions.
+
+    Every subscriber subscribes to each stream of :data:`DEMO_FILTER` at its head, records
+    for the site arrive, and every subscriber gets each of them once, acknowledging as it
+    goes (at most :data:`DEMO_MAX_UNACKED` unacknowledged); the subscribers of a stream share
+    its reads.
+
+    Returns:
+        The lines to print.
+
+    Raises:
+        SeglogError: A read or a subscription did not return what was written.
+    """
+    t0 = time.perf_counter()
+    streams = db.get_streams(DEMO_FILTER)
+    heads: list[seglog.Iterator] = []
+    total = 0
+    for stream in streams:
+        it = db.make_iterator(stream, DEMO_FILTER)
+        while True:
+            it, table = await _stream_batch(db, it, db.end_offset(stream.shard))
+            if table is None:
+                break
+            total += table.num_rows
+        heads.append(it)
+    read_s = time.perf_counter() - t0
+    topics = Counter(r.topic for r in records)
+    expected = sum(c for t, c in topics.items() if topic_matches(DEMO_FILTER, t))
+    if total != expected:
+        raise SeglogError(f"wildcard read of {DEMO_FILTER} returned {total} records, expected {expected}")
+    site_topics = sorted(t for t in topics if topic_matches(DEMO_FILTER, t))
+    lines = [
+        f"{'wildcard read':<22}{DEMO_FILTER} -> {total:,} records of {len(records):,} from "
+        f"{len(streams)} streams in {read_s:.2f} s"
+    ]
+    if not site_topics:
+        return [*lines, f"{'subscriptions':<22}skipped: no records match {DEMO_FILTER}"]
+
+    t0 = time.perf_counter()
+    want = DEMO_LIVE_ROUNDS * len(site_topics)
+    got = [0] * DEMO_SUBSCRIBERS
+    batches = [0] * DEMO_SUBSCRIBERS
+    most_unacked = 0
+    finished = [asyncio.Event() for _ in range(DEMO_SUBSCRIBERS)]
+
+    async def receive(k: int, sub: seglog.Subscription) -> None:
+        nonlocal most_unacked
+        async for batch in sub:
+            most_unacked = max(most_unacked, sub.unacked)
+            got[k] += len(batch)
+            batches[k] += 1
+            sub.suback(batch.seqno)
+            if got[k] >= want:
+                finished[k].set()
+
+    subs = [db.subscribe(it, max_unacked=DEMO_MAX_UNACKED) for _ in range(DEMO_SUBSCRIBERS) for it in heads]
+    tasks = [asyncio.create_task(receive(i // len(heads), sub)) for i, sub in enumerate(subs)]
+    try:
+        for r in range(DEMO_LIVE_ROUNDS):
+            ts = live_us + r * len(site_topics)
+            await db.append(
+                [
+                    seglog.Record(topic=t, value=b"21.500", ts=ts + i, key=t.split("/")[2].encode())
+                    for i, t in enumerate(site_topics)
+                ]
+            )
+        try:
+            await asyncio.wait_for(asyncio.gather(*(f.wait() for f in finished)), timeout=60)
+        except TimeoutError:
+            raise SeglogError(f"subscribers got {got} of {want} live records within 60 s") from None
+    finally:
+        for sub in subs:
+            await sub.unsubscribe()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    sub_s = time.perf_counter() - t0
+    stats = db.subscription_stats()
+    if got != [want] * DEMO_SUBSCRIBERS or most_unacked > DEMO_MAX_UNACKED:
+        raise SeglogError(f"subscribers got {got} records (wanted {want} each), {most_unacked} unacked")
+    lines.append(
+        f"{'subscriptions':<22}{DEMO_SUBSCRIBERS} subscribers x {len(heads)} streams got {want:,} live "
+        f"records each in {sum(batches):,} batches (max_unacked={DEMO_MAX_UNACKED}, subacked) in {sub_s:.2f} s"
+    )
+    lines.append(
+        f"{'':<22}{stats.shared_reads + stats.catchup_reads:,} stream reads for "
+        f"{stats.records_delivered:,} deliveries: subscribers of a stream share its reads"
+    )
+    return lines
 
 
 def _demo_spark(tier_uri: str, chart: Path) -> None:

@@ -80,6 +80,8 @@ def test_demo_small_with_spark_pipeline(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     assert b"read_key" in r.stdout and b"records/s" in r.stdout and b"Parquet objects" in r.stdout
     assert b"Spark job" in r.stdout
+    assert b"wildcard read         sensors/site03/+/temp -> 500 records of 20,000 from " in r.stdout
+    assert b"3 subscribers x " in r.stdout and b"got 500 live records each" in r.stdout
     chart = tmp_path / "demo-sites.png"
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
