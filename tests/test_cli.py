@@ -195,3 +195,30 @@ def test_network_consume_refuses_topic_filters_clearly() -> None:
     r = sh("consume", "--url", "http://127.0.0.1:9", "db", "--topic", "sensors/+/temp")
     assert r.returncode == 1 and r.stderr.decode().count("\n") == 1
     assert b"InvalidArgument: --topic is not supported with --url" in r.stderr
+
+
+def test_consume_topic_filter_while_another_process_owns_the_store(tmp_path: Path) -> None:
+    """A locked store is read without the lock (seglog.follow): the filter is applied by a scan."""
+    data = tmp_path / "d"
+    _write_topic_dbs(data)
+    expected = [d for d in _docs(sh("consume", str(data), "withstreams")) if str(d["topic"]).endswith("/rpm")]
+
+    async def consume_while_locked() -> tuple[int, bytes, bytes]:
+        async with seglog.open(data):
+            proc = await asyncio.create_subprocess_exec(
+                SEGLOG,
+                "consume",
+                str(data),
+                "withstreams",
+                "--topic",
+                "sensors/+/+/rpm",
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+            )
+            out, err = await proc.communicate()
+            return proc.returncode or 0, out, err
+
+    code, out, err = asyncio.run(consume_while_locked())
+    assert code == 0, err
+    assert [json.loads(x) for x in out.splitlines()] == expected
+    assert b"filtered scan (read-only: another process owns the store)" in err

@@ -88,7 +88,12 @@ from seglog.record import HEADERS_TYPE
 from seglog.tiering.manifest import Manifest, ManifestEntry
 from seglog.tiering.parquet import STREAMS_METADATA_KEY, TIER_SCHEMA, decode_stream_structures
 from seglog.tiering.targets import ObjectInfo, TierTarget, open_target, verify_bytes
-from seglog.topics.filters import filter_literal_prefix, filter_to_regex, is_wildcard_filter
+from seglog.topics.filters import (
+    filter_literal_prefix,
+    filter_to_regex,
+    is_wildcard_filter,
+    validate_topic_filter,
+)
 from seglog.topics.lts import varying_filter_for
 
 if TYPE_CHECKING:
@@ -242,7 +247,7 @@ def _topic_alternatives(mqtt_filter: str | None, preds: Sequence[_Predicate]) ->
         values = [value] if op == "==" else list(value)
         try:
             for v in values:
-                varying_filter_for((), False, v)  # validates the filter
+                validate_topic_filter(v)
         except InvalidTopicFilter:
             continue
         out.append(values)
