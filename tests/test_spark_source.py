@@ -260,12 +260,17 @@ def stream_workload() -> list[Record]:
     return out
 
 
-def tier_workload(tmp_path: Path, db_name: str, *, streams: bool) -> str:
-    """Writes :func:`stream_workload` to a one-shard database, seals and tiers it; the tier URI."""
-    tier_uri = f"file://{tmp_path / 'tier'}"
+def tier_workload(
+    tmp_path: Path, db_name: str, *, streams: bool, tier_uri: str | None = None, **s3: str
+) -> str:
+    """Writes :func:`stream_workload` to a one-shard database, seals and tiers it; the tier URI.
+
+    The tier is a local directory unless ``tier_uri`` (with ``s3_endpoint`` etc.) names one.
+    """
+    tier_uri = tier_uri or f"file://{tmp_path / 'tier'}"
 
     async def write() -> None:
-        async with seglog.open(tmp_path / "data", tier=tier_uri, fsync="never") as store:
+        async with seglog.open(tmp_path / "data", tier=tier_uri, fsync="never", **s3) as store:  # type: ignore[arg-type]
             db = await store.create_db(
                 db_name, shards=1, lts_thresholds=DEFAULT_LTS_THRESHOLDS if streams else None
             )
@@ -334,3 +339,32 @@ def test_mqtt_filter_without_streams_filters_rows(spark: SparkSession, tmp_path:
     got = sorted(r["offset"] for r in df.select("offset").collect())
     assert got == list(range(PHASE_ROWS, 2 * PHASE_ROWS))
     assert scanned(log) == (3, 3, 3 * PHASE_ROWS)  # no stream metadata: every row group is read
+
+
+def test_mqtt_filter_prunes_row_groups_on_minio(
+    spark: SparkSession, minio: MinioServer, bucket: str, tmp_path: Path
+) -> None:
+    endpoint, access_key, secret_key = minio
+    tier_uri = tier_workload(
+        tmp_path,
+        DB,
+        streams=True,
+        tier_uri=f"s3://{bucket}/tier",
+        s3_endpoint=endpoint,
+        s3_access_key=access_key,
+        s3_secret_key=secret_key,
+    )
+    log = tmp_path / "scan.log"
+    df = seglog_df(
+        spark,
+        tier_uri,
+        endpoint=endpoint,
+        access_key=access_key,
+        secret_key=secret_key,
+        mqtt_filter="fleet/b/+/rpm",
+        scan_log=str(log),
+    )
+    assert sorted(r["offset"] for r in df.select("offset").collect()) == list(
+        range(PHASE_ROWS, 2 * PHASE_ROWS)
+    )
+    assert scanned(log) == (1, 3, PHASE_ROWS)
