@@ -110,6 +110,8 @@ def test_cli_quickstart(tmp_path: Path) -> None:
     lines = out.splitlines()
     assert lines[0].startswith('{"shard": 0, "offset": 0, ') and '"value": "1"' in lines[0]
     assert "21.5" in lines  # consume --shard 3 --format raw
+    after = lines.index("21.5") + 1
+    assert lines[after : after + 4] == ["1", "2", "3", "4"]  # consume --topic 'sensors/+/temp' --max 4
     assert any(line.startswith("dashboards") for line in lines) and "telemetry" in out
 
 

@@ -13,12 +13,14 @@ import asyncio
 from collections.abc import Callable
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from seglog.db_config import DbConfig
-from seglog.engines.base import READ_SCHEMA, SegmentedEngine, retention_start
+from seglog.engines.base import READ_SCHEMA, SegmentedEngine, StreamEngine, retention_start
 from seglog.errors import InvalidArgument, OffsetOutOfRange
 from seglog.tiering.db_tier import DbTier
 from seglog.tiering.manifest import Manifest, ManifestEntry
+from seglog.tiering.parquet import StreamStructures
 from seglog.tiering.seam import ColdStats, Release
 
 __all__ = ["TierOrchestrator"]
@@ -96,13 +98,26 @@ class TierOrchestrator:
                     except OffsetOutOfRange:
                         continue  # retention removed it meanwhile
                     if table.num_rows:
-                        done.append(await asyncio.to_thread(tier.upload, shard, table))
+                        streams = self._stream_structures(shard, table)
+                        done.append(await asyncio.to_thread(tier.upload, shard, table, streams))
             freed = 0
             for shard in range(config.shards):
                 freed += await self._local_retention(config, shard)
             if freed:
                 release(freed)
             return done
+
+    def _stream_structures(self, shard: int, table: pa.Table) -> StreamStructures | None:
+        """The learned structure of each stream in ``table`` (None: the database has no streams)."""
+        engine = self._engine
+        if not isinstance(engine, StreamEngine) or not engine.streams_enabled:
+            return None
+        out: dict[int, tuple[tuple[str, ...], bool]] = {}
+        for sid in pc.unique(table.column("stream")).to_pylist():
+            found = engine.stream_structure(shard, sid)
+            if found is not None:  # unknown ids stay out: readers then keep their rows
+                out[sid] = found
+        return out
 
     async def _local_retention(self, config: DbConfig, shard: int) -> int:
         """Delete committed local segments past local retention (oldest first); bytes freed."""
