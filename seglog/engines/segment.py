@@ -717,21 +717,30 @@ class SegmentEngine(StreamLookups):
             raise BusyResourceError(f"shards {sorted(self._truncating)} are being truncated; retry")
         # Offsets are assigned per shard in row order without moving the rows: a sort of
         # the batch here would copy every row on the loop, and the flush sorts anyway.
-        sorted_routes = routes
-        order: np.ndarray[Any, Any] | None = None
-        if n > 1 and bool((routes[1:] < routes[:-1]).any()):
-            # int16 (MAX_SHARDS fits): numpy's stable sort is a radix sort for 16-bit keys.
-            order = np.argsort(routes.astype(np.int16), kind="stable")
-            sorted_routes = routes[order]
-        starts = np.concatenate(([0], np.flatnonzero(sorted_routes[1:] != sorted_routes[:-1]) + 1))
-        counts = np.diff(np.concatenate((starts, [n])))
-        ids = sorted_routes[starts].astype(np.int64)
-        bases = self._next_offsets[ids]
-        offsets = np.repeat(bases - starts, counts) + np.arange(n, dtype=np.int64)
-        if order is not None:
-            unsorted = np.empty(n, np.int64)
-            unsorted[order] = offsets
-            offsets = unsorted
+        first = int(routes[0])
+        if n == 1 or not bool((routes != first).any()):
+            # One shard (a keyed append to a one-shard database, a forced shard): a fixed
+            # cost of a few numpy calls, which is most of a 1000-row append's loop time.
+            ids = np.array([first], np.int64)
+            counts = np.array([n], np.int64)
+            bases = self._next_offsets[ids]
+            offsets = np.arange(int(bases[0]), int(bases[0]) + n, dtype=np.int64)
+        else:
+            sorted_routes = routes
+            order: np.ndarray[Any, Any] | None = None
+            if bool((routes[1:] < routes[:-1]).any()):
+                # int16 (MAX_SHARDS fits): numpy's stable sort is a radix sort for 16-bit keys.
+                order = np.argsort(routes.astype(np.int16), kind="stable")
+                sorted_routes = routes[order]
+            starts = np.concatenate(([0], np.flatnonzero(sorted_routes[1:] != sorted_routes[:-1]) + 1))
+            counts = np.diff(np.concatenate((starts, [n])))
+            ids = sorted_routes[starts].astype(np.int64)
+            bases = self._next_offsets[ids]
+            offsets = np.repeat(bases - starts, counts) + np.arange(n, dtype=np.int64)
+            if order is not None:
+                unsorted = np.empty(n, np.int64)
+                unsorted[order] = offsets
+                offsets = unsorted
         stamper = self._streams
         # One request per I/O worker (shards n % workers), built before any offset moves:
         # an encoding error assigns nothing.
@@ -745,13 +754,13 @@ class SegmentEngine(StreamLookups):
                 else:
                     stamps = stamper.stamp(batch.column("topic"), routes, offsets)
                 batch = stamp_batch(batch, stamps)
-            worker_of = ids % workers
-            for w in np.unique(worker_of).tolist():
+            worker_of = ids % workers if workers > 1 else None
+            for w in [0] if worker_of is None else np.unique(worker_of).tolist():
                 writer = self._writers[w]
-                mine = worker_of == w
-                wids = ids[mine] if workers > 1 else ids
+                mine = None if worker_of is None else worker_of == w
+                wids = ids if mine is None else ids[mine]
                 writer.check_writable(int(wids[0]))  # read-only is per worker, not per shard
-                if workers == 1 or bool(mine.all()):
+                if mine is None or bool(mine.all()):
                     wbatch, wroutes, woffsets = batch, routes, offsets
                 else:
                     rows = np.flatnonzero(routes % workers == w)
@@ -768,8 +777,8 @@ class SegmentEngine(StreamLookups):
                         wroutes.astype(np.int32, copy=False),
                         woffsets,
                         wids,
-                        bases[mine] if workers > 1 else bases,
-                        counts[mine] if workers > 1 else counts,
+                        bases if mine is None else bases[mine],
+                        counts if mine is None else counts[mine],
                     )
                     req = RowsRequest(writer.gen, part, leader_epoch)
                     size = wbatch.nbytes
