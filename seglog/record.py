@@ -383,7 +383,10 @@ def _check_values(values: pa.Array, max_record_bytes: int) -> None:
         return
     # From the offsets buffer: numpy's per-call cost is a fraction of pyarrow.compute's.
     offsets = np.frombuffer(values.buffers()[1], np.int32, n + 1, values.offset * 4)
-    if int(offsets[-1]) - int(offsets[0]) > max_record_bytes and int(np.diff(offsets).max()) > max_record_bytes:
+    if (
+        int(offsets[-1]) - int(offsets[0]) > max_record_bytes
+        and int(np.diff(offsets).max()) > max_record_bytes
+    ):
         idx = _first_true(pc.greater(pc.binary_length(values), max_record_bytes))
         raise RecordTooLarge(f"value is larger than max_record_bytes={max_record_bytes}", index=idx)
 
