@@ -715,6 +715,8 @@ class Database:
             # The read ran into the next generation, whose ids name other streams.
             if table.num_rows and table.column("offset")[-1].as_py() >= end:
                 table = table.filter(pc.less(table.column("offset"), end))
+            if not table.num_rows:
+                return replace(iterator, position=end, end_of_stream=True), table
             next_offset = end
         return iterator.advanced(next_offset), table
 
@@ -727,8 +729,15 @@ class Database:
         """Have the engine note (or stop noting) where appends stamp a stream (subscriptions)."""
         self._streams().watch_stream(shard, stream, watch)
 
-    def _stream_stamped_since(self, shard: int, stream: int, offset: int) -> bool:
-        """Whether a watched stream may have records at ``offset`` or later (see the engine's)."""
+    def _stream_stamped_since(self, shard: int, stream: int, offset: int, generation: int = 1) -> bool:
+        """Whether a watched stream may have records at ``offset`` or later (see the engine's).
+
+        ``True`` for a generation that is not the current one: a read then finds its end
+        (``end_of_stream``) or that it was dropped.
+        """
+        gens = self._generations()
+        if gens is not None and generation != gens.list_generations()[-1].id:
+            return True
         return self._streams().stream_stamped_since(shard, stream, offset)
 
     def subscribe(self, iterator: StreamIterator, *, max_unacked: int) -> Subscription:
@@ -799,7 +808,13 @@ class Database:
         async with self._gen_lock:
             self._check()
             await engine.add_generation(self._clock_us())
+        self._wake_subscriptions()  # those of the old generation read to its end
         return self.list_slabs()[-1]
+
+    def _wake_subscriptions(self) -> None:
+        if self._subscriptions is not None:
+            for shard in range(self.config.shards):
+                self._subscriptions.notify(shard)
 
     def list_slabs(self) -> list[Slab]:
         """Every generation of the database, dropped ones too, oldest first (the last one
@@ -859,9 +874,7 @@ class Database:
                     f"generation {generation} of {self.name!r} is the current one: add a generation first"
                 )
             await engine.mark_generation_dropped(generation)
-            if self._subscriptions is not None:
-                for shard in range(self.config.shards):
-                    self._subscriptions.notify(shard)  # their reads of it now fail
+            self._wake_subscriptions()  # their reads of it now fail
             live = next(g for g in engine.list_generations() if not g.dropped)
             freed = 0
             for shard in range(self.config.shards):

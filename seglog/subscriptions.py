@@ -437,7 +437,7 @@ class _Beam:
             if sub.iterator.position >= self.position and not sub.stuck:
                 self._join(sub)
         if self.members and self.position < end:
-            if self.manager.db._stream_stamped_since(self.shard, self.stream, self.position):
+            if self.manager.db._stream_stamped_since(self.shard, self.stream, self.position, self.generation):
                 worked = await self._shared_read()
             else:
                 self._skip_to(end)

@@ -157,6 +157,28 @@ class GenerationLog:
         atomic_write(self.directory / GENERATIONS_FILE, json.dumps(doc, separators=(",", ":")).encode())
         self.generations = generations
 
+    def clamp_to(self, log_ends: list[int]) -> bool:
+        """Move generation starts past a shard's log end back to it (at open, durably).
+
+        A generation starts at each shard's *next* offset when it is added, which counts
+        appends still in flight; a crash may lose them (they were never acknowledged), and
+        their offsets are handed out again, to the current generation's records.
+
+        Returns:
+            Whether anything moved (then the manifest was rewritten).
+
+        Raises:
+            OSError: The manifest could not be written.
+        """
+        clamped = [
+            replace(g, starts=tuple(min(start, end) for start, end in zip(g.starts, log_ends, strict=True)))
+            for g in self.generations
+        ]
+        if clamped == self.generations:
+            return False
+        self.commit(clamped)
+        return True
+
     def forget_tries(self, generation: int) -> None:
         """Delete a dropped generation's tries file (best effort)."""
         self._tries.pop(generation, None)

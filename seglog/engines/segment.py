@@ -607,6 +607,7 @@ class SegmentEngine(GenerationLookups, StreamLookups):
             if config.lts_thresholds is not None:
                 streams = StreamStamper(config.shards, config.lts_thresholds)
                 generations = GenerationLog(config.directory, config.shards)
+                generations.clamp_to([s.log.next_offset for s in shards])
                 current = generations.current
                 snapshots = SnapshotFiles(config.directory, generations.snapshot_subdir(current.id))
                 for shard in shards:
