@@ -34,7 +34,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final
 
@@ -479,7 +479,9 @@ class _Beam:
         self.position = it.position
         if it.end_of_stream and not table.num_rows:
             for sub in list(self.members):
-                sub._deliver(table, sub.iterator.advanced(it.position), lagging=False)
+                sub._deliver(
+                    table, replace(sub.iterator, position=it.position, end_of_stream=True), lagging=False
+                )
                 self._retire(sub)
             return True
         for group in list(self.groups.values()):

@@ -326,3 +326,58 @@ def test_crash_during_add_generation(run: Any, data_dir: Path) -> None:
 
         total_gens = run(verify())
     assert total_gens > 3
+
+
+def test_subscription_ends_at_generation_end(run: Any, data_dir: Path) -> None:
+    async def go() -> None:
+        async with seglog.open(data_dir) as store:
+            db = await make_db(store)
+            await put(db, ["s/d0/t", "s/d1/t", "s/d2/t", "s/d3/t"], "g1")
+            it = db.make_iterator(only(db.get_streams("s/+/t"), 1, "s/+/t"), "s/+/t")
+            sub = db.subscribe(it, max_unacked=100)
+            got: list[bytes] = []
+
+            async def consume() -> None:
+                async for batch in sub:
+                    got.extend(r.value for r in batch.records)
+                    sub.suback(batch.seqno)
+                    if len(got) == 2:
+                        await db.add_generation()  # caught up: the subscription ends now
+                        await put(db, ["s/d9/t"], "g2")  # generation 2: not delivered
+
+            async with asyncio.timeout(30):
+                await consume()
+            assert got == [b"g1:s/d2/t", b"g1:s/d3/t"]
+            assert sub.iterator.end_of_stream
+
+    run(go())
+
+
+def test_tier_objects_name_their_generations_structures(run: Any, tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    from seglog.tiering.parquet import STREAMS_METADATA_KEY, decode_stream_structures
+
+    tier = tmp_path / "tier"
+
+    async def go() -> None:
+        async with seglog.open(tmp_path / "data", tier=tier.as_uri(), retention_interval_ms=None) as store:
+            db = await make_db(store)
+            await put(db, ["s/d0/t", "s/d1/t", "s/d2/t", "static/a"], "g1")
+            g1 = {s.id: (s.structure, s.special) for s in db.get_streams("#") if s.generation == 1}
+            await db.add_generation()  # seals generation 1's segment
+            await put(db, ["static/a", "s/d7/t"], "g2")
+            await db.seal()
+            entries = await db.tier_now()
+            assert len(entries) == 2
+            g2 = {s.id: (s.structure, s.special) for s in db.get_streams("#") if s.generation == 2}
+            objects = sorted(tier.rglob("*.parquet"))
+            assert len(objects) == 2
+            metas = [
+                decode_stream_structures(pq.read_schema(p).metadata[STREAMS_METADATA_KEY.encode()])
+                for p in objects
+            ]
+            assert metas[0] == g1
+            assert metas[1] == g2 and metas[1] != {k: g1[k] for k in metas[1]}
+
+    run(go())
