@@ -62,8 +62,10 @@ async def main(data: str) -> None:
         await asyncio.gather(*(producer(db, p, batches) for p in range(3)), generations(db, batches))
 
 
-def run_and_kill(data: Path, kill_after_generations: int) -> list[str]:
-    """Run the child until it asked for that many generations, SIGKILL it, return its lines."""
+def run_and_kill(data: Path, kill_after_generations: int, lines_after: int = 0) -> list[str]:
+    """Run the child until it asked for that many generations (and printed ``lines_after``
+    more lines: the first lines after an ``A`` line come while ``add_generation`` runs, so
+    the kill lands before, inside or after it), SIGKILL it, return its lines."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "tests.generations_child", str(data)],
         cwd=ROOT,
@@ -73,11 +75,14 @@ def run_and_kill(data: Path, kill_after_generations: int) -> list[str]:
     assert proc.stdout is not None
     lines: list[str] = []
     asked = 0
+    after = 0
     try:
         for line in proc.stdout:
             lines.append(line)
-            asked += line.startswith("A ")
             if asked >= kill_after_generations:
+                after += 1
+            asked += line.startswith("A ")
+            if asked >= kill_after_generations and after >= lines_after:
                 break
         os.kill(proc.pid, signal.SIGKILL)
         lines.extend(proc.stdout.read().splitlines(keepends=True))

@@ -288,8 +288,8 @@ def test_crash_during_add_generation(run: Any, data_dir: Path) -> None:
     from tests.generations_child import run_and_kill, topic_for
 
     total_gens = 0
-    for round_, kill_after in enumerate([5, 12, 20]):
-        lines = run_and_kill(data_dir, kill_after)
+    for round_, (kill_after, lines_after) in enumerate([(5, 0), (9, 1), (14, 2), (18, 6)]):
+        lines = run_and_kill(data_dir, kill_after, lines_after)
         acked = [tuple(map(int, ln.split()[1:])) for ln in lines if ln.startswith("R ") and ln.endswith("\n")]
         done = [int(ln.split()[1]) for ln in lines if ln.startswith("G ") and ln.endswith("\n")]
         assert acked and done, round_

@@ -1432,7 +1432,24 @@ class SegmentEngine(GenerationLookups, StreamLookups):
         stamper.begin_generation([lts.inherit_wildcards() for lts in finals])
         if current.id > 1 and gens.generations[-3].dropped:  # no longer a recovery base
             gens.forget_tries(current.id - 1)
-        await asyncio.gather(*(self.seal(s.number) for s in self._shards))
+
+        def seal_at_boundary(s: _Shard) -> int:
+            end = s.log.next_offset  # every append queued before is in (or failed)
+            if s.log.active.size:
+                s.log.roll()
+            return end
+
+        ends = await asyncio.gather(
+            *(self._on_worker(s, functools.partial(seal_at_boundary, s)) for s in self._shards)
+        )
+        if any(end < start for end, start in zip(ends, new.starts, strict=True)):
+            # A write of the old generation failed: its offsets are handed out again, to
+            # records stamped by the new tries, so the new generation starts there.
+            try:
+                await asyncio.to_thread(gens.clamp_to, list(ends))
+            except OSError as exc:
+                raise StorageError(f"cannot write generation {new.id}'s starts") from exc
+            new = gens.current
         old_files = SnapshotFiles(self.config.directory, gens.snapshot_subdir(current.id))
         for s in self._shards:
             with contextlib.suppress(OSError):
