@@ -19,6 +19,7 @@ import pytest
 import seglog
 from seglog import Iterator, Record, Slab, Stream
 from seglog.engines.generations import GENERATIONS_FILE
+from seglog.engines.segment import shard_dir_name
 from seglog.errors import (
     CurrentGeneration,
     GenerationDropped,
@@ -205,9 +206,15 @@ def test_drop_slab_under_live_iterator_and_subscription(run: Any, data_dir: Path
             await put(db, ["s/x/t"], "g2")
             with pytest.raises(CurrentGeneration):
                 await db.drop_slab(slabs)
+            segments = data_dir / "dbs" / "g" / shard_dir_name(0)
+            assert f"{slabs.since[0]:020d}.log" in {
+                p.name for p in segments.glob("*.log")
+            }  # sealed at the boundary
             freed = await db.drop_slab(db.list_slabs()[0])
             assert freed > 0
             assert db.start_offset(0) == slabs.since[0]
+            # Generation 1's segments are gone: the first one left starts at generation 2.
+            assert min(p.name for p in segments.glob("*.log")) == f"{slabs.since[0]:020d}.log"
             with pytest.raises(GenerationDropped) as info:
                 await db.next(it)
             assert isinstance(info.value, OffsetOutOfRange) and info.value.generation == 1

@@ -104,11 +104,10 @@ class GenerationLog:
 
     def get(self, generation: int) -> GenerationInfo | None:
         """A generation of the manifest, or ``None`` (never existed, or forgotten)."""
-        first = self.generations[0].id
-        i = generation - first
-        if type(generation) is not int or not 0 <= i < len(self.generations):
+        if type(generation) is not int:
             return None
-        return self.generations[i]
+        i = generation - self.generations[0].id
+        return self.generations[i] if 0 <= i < len(self.generations) else None
 
     def end(self, generation: int, shard: int) -> int | None:
         """The offset of ``shard`` where ``generation`` ends (``None``: it is the current one)."""
