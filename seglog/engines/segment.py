@@ -69,6 +69,7 @@ from seglog.errors import (
     BusyResourceError,
     ClosedResourceError,
     CorruptFrame,
+    CorruptLTS,
     InvalidArgument,
     OffsetOutOfRange,
     StorageError,
@@ -88,6 +89,7 @@ from seglog.segment.epoch_cache import MAX_EPOCH, UNDEFINED_EPOCH, UNDEFINED_OFF
 from seglog.segment.high_watermark import HighWatermarkCheckpoint
 from seglog.segment.journal import Journal
 from seglog.segment.log_segment import SEGMENT_SUFFIX
+from seglog.topics.lts import LTS
 from seglog.topics.streams import StreamStamper
 
 __all__ = ["SegmentEngine", "SegmentRange", "shard_dir_name"]
@@ -615,8 +617,10 @@ class SegmentEngine(GenerationLookups, StreamLookups):
                     shard.snapshots = snapshots
                     base = None
                     if current.id > 1:
-                        prev = generations.final_trie(current.id - 1, shard.number)
-                        base = (prev.inherit_wildcards(), current.starts[shard.number])
+                        base = (
+                            _inherited_trie(generations, current.id, shard.number, config.lts_thresholds),
+                            current.starts[shard.number],
+                        )
                     shard.snap_end = recover_shard(
                         streams,
                         snapshots,
@@ -1584,6 +1588,19 @@ def _frame_at(s: _Shard, base: int, where: IndexPosition) -> FramePosition | Non
         return None
     header = parse_header(seg.view(where.pos, where.pos + FRAME_HEADER_BYTES), 0)
     return FramePosition(seg, where.pos, header)
+
+
+def _inherited_trie(gens: GenerationLog, generation: int, shard: int, thresholds: Sequence[int]) -> LTS:
+    """The trie ``generation`` started with in ``shard`` (its predecessor's wildcards).
+
+    A missing or damaged tries file is logged, not fatal: the generation's log is learned
+    from an empty trie, and records whose stamps then disagree are logged by the recovery.
+    """
+    try:
+        return gens.final_trie(generation - 1, shard).inherit_wildcards()
+    except CorruptLTS as exc:
+        log.error("shard %d: generation %d's starting trie is unavailable (%s)", shard, generation, exc)
+        return LTS(thresholds, cache_size=0)
 
 
 def _frame_batches(s: _Shard, offset: int) -> Iterator[tuple[int, pa.RecordBatch]]:
