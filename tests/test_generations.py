@@ -388,3 +388,31 @@ def test_tier_objects_name_their_generations_structures(run: Any, tmp_path: Path
             assert metas[1] == g2 and metas[1] != {k: g1[k] for k in metas[1]}
 
     run(go())
+
+
+def test_damaged_tries_file_is_not_fatal(run: Any, data_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    async def first() -> None:
+        async with seglog.open(data_dir) as store:
+            db = await make_db(store)
+            await put(db, ["s/d0/t", "s/d1/t", "s/d2/t"], "g1")
+            await db.add_generation()
+            await put(db, ["s/d3/t"], "g2")
+
+    async def second() -> None:
+        async with seglog.open(data_dir) as store:
+            db = await store.open_db("g")
+            assert db.list_slabs()[-1].generation == 2
+            offsets = await put(db, ["s/d4/t"], "g2b")
+            assert db.end_offset(0) == offsets[0] + 1
+            # Generation 2's records are still read through a stream of generation 2.
+            streams = [s for s in db.get_streams("s/#") if s.generation == 2]
+            assert streams
+            got = [r.value for s in streams for r in (await drain(db, db.make_iterator(s, "s/#")))[1]]
+            assert b"g2b:s/d4/t" in got
+
+    run(first())
+    path = data_dir / "dbs" / "g" / "generations" / "gen-000001.lts"
+    path.write_bytes(path.read_bytes()[:-3] + b"xyz")
+    run(second())
+    assert "starting trie is unavailable" in caplog.text
+    assert "its streams are left out of stream reads" in caplog.text

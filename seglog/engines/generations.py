@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import struct
 import zlib
 from dataclasses import replace
@@ -41,6 +42,8 @@ from seglog.topics.lts import LTS
 from seglog.topics.streams import StreamStamper
 
 __all__ = ["GENERATIONS_FILE", "GEN_DIR", "GenerationLog", "GenerationLookups"]
+
+log = logging.getLogger("seglog.engines.generations")
 
 GENERATIONS_FILE: Final = "generations.json"
 GEN_DIR: Final = "generations"
@@ -138,6 +141,11 @@ class GenerationLog:
             tries = self._tries[generation] = decode_tries(data, self.shards, path)
         return tries[shard]
 
+    def mark_unreadable(self, generation: int) -> None:
+        """Serve empty tries for a closed generation whose tries file is damaged."""
+        empty = LTS([1], cache_size=0)
+        self._tries[generation] = [empty] * self.shards
+
     def snapshot_subdir(self, generation: int) -> str | None:
         """Where generation's LTS snapshots go under ``lts/`` (``None``: ``lts/`` itself)."""
         return None if generation == 1 else f"gen-{generation:06d}"
@@ -214,7 +222,13 @@ class GenerationLookups:
             raise UnknownGeneration(f"no generation {generation!r}")
         if generation == gens.current.id:
             return None
-        return gens.final_trie(generation, shard)
+        try:
+            return gens.final_trie(generation, shard)
+        except CorruptLTS as exc:
+            # Its streams cannot be matched any more (its records stay readable by offset).
+            log.error("generation %d: %s; its streams are left out of stream reads", generation, exc)
+            gens.mark_unreadable(generation)
+            return gens.final_trie(generation, shard)
 
     def generation_streams(
         self, generation: int, shard: int, topic_filter: str
