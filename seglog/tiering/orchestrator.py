@@ -10,13 +10,14 @@ reads), and the tier only through :class:`~seglog.tiering.db_tier.DbTier`.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from seglog.db_config import DbConfig
-from seglog.engines.base import READ_SCHEMA, SegmentedEngine, StreamEngine, retention_start
+from seglog.engines.base import READ_SCHEMA, GenerationEngine, SegmentedEngine, StreamEngine, retention_start
 from seglog.errors import InvalidArgument, OffsetOutOfRange
 from seglog.tiering.db_tier import DbTier
 from seglog.tiering.manifest import Manifest, ManifestEntry
@@ -112,9 +113,22 @@ class TierOrchestrator:
         engine = self._engine
         if not isinstance(engine, StreamEngine) or not engine.streams_enabled:
             return None
+        lookup = engine.stream_structure
+        if isinstance(engine, GenerationEngine) and engine.generations_enabled:
+            # Stream ids are per generation: name the structures of the generation the rows
+            # belong to; rows of several generations (or a dropped one) get no structures
+            # (readers then keep every row).
+            gens = engine.list_generations()
+            offsets = table.column("offset")
+            first, last = int(offsets[0].as_py()), int(offsets[-1].as_py())
+            i = max(k for k, g in enumerate(gens) if g.starts[shard] <= first or k == 0)
+            if gens[i].dropped or (i + 1 < len(gens) and last >= gens[i + 1].starts[shard]):
+                return None
+            generation = gens[i].id
+            lookup = functools.partial(engine.generation_stream_structure, generation)
         out: dict[int, tuple[tuple[str, ...], bool]] = {}
         for sid in pc.unique(table.column("stream")).to_pylist():
-            found = engine.stream_structure(shard, sid)
+            found = lookup(shard, sid)
             if found is not None:  # unknown ids stay out: readers then keep their rows
                 out[sid] = found
         return out
