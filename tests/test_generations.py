@@ -416,3 +416,25 @@ def test_damaged_tries_file_is_not_fatal(run: Any, data_dir: Path, caplog: pytes
     run(second())
     assert "starting trie is unavailable" in caplog.text
     assert "its streams are left out of stream reads" in caplog.text
+
+
+def test_appends_during_add_generation_wait_and_land_in_the_new_one(run: Any, data_dir: Path) -> None:
+    """add_generation writes its files off the loop: appends arriving meanwhile wait at its gate,
+    then take offsets past the boundary and the new generation's stream ids (never a mix)."""
+
+    async def go() -> None:
+        async with seglog.open(data_dir) as store:
+            db = await make_db(store)
+            await put(db, ["s/d0/t", "static/a"], "g1")
+            switch = asyncio.create_task(db.add_generation())
+            await asyncio.sleep(0)  # a yield, not a delay: the switch runs up to its file write
+            during = asyncio.create_task(put(db, ["static/a"], "during"))
+            slab = await switch
+            (offset,) = await during
+            assert offset >= slab.since[0]
+            g2 = only(db.get_streams("static/a"), 2, "static/a")
+            assert await stamped(db, offset) == g2.id
+            _, got = await drain(db, db.make_iterator(g2, "static/a", 0))
+            assert [r.value for r in got] == [b"during:static/a"]
+
+    run(go())

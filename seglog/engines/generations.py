@@ -154,14 +154,27 @@ class GenerationLog:
 
     def write_final_tries(self, generation: int, tries: list[LTS]) -> None:
         """Write a generation's final tries durably (before the manifest names its successor)."""
+        self.save_final_tries(generation, tries)
+        self._tries[generation] = tries
+
+    def save_final_tries(self, generation: int, tries: list[LTS]) -> None:
+        """(Any thread) The file part of :meth:`write_final_tries`; :meth:`adopt` takes it in."""
         makedirs_durable(self.directory / GEN_DIR)
         atomic_write(self.tries_path(generation), encode_tries(tries))
-        self._tries[generation] = tries
 
     def commit(self, generations: list[GenerationInfo]) -> None:
         """Replace the manifest atomically and durably (raises ``OSError``; the old one stays)."""
+        self.save_manifest(generations)
+        self.generations = generations
+
+    def save_manifest(self, generations: list[GenerationInfo]) -> None:
+        """(Any thread) The file part of :meth:`commit`."""
         doc = {"version": _MANIFEST_VERSION, "generations": [_info_json(g) for g in generations]}
         atomic_write(self.directory / GENERATIONS_FILE, json.dumps(doc, separators=(",", ":")).encode())
+
+    def adopt(self, generation: int, tries: list[LTS], generations: list[GenerationInfo]) -> None:
+        """(Loop) Take in what :meth:`save_final_tries` and :meth:`save_manifest` wrote."""
+        self._tries[generation] = tries
         self.generations = generations
 
     def clamp_to(self, log_ends: list[int]) -> bool:

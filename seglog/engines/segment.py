@@ -578,6 +578,8 @@ class SegmentEngine(GenerationLookups, StreamLookups):
         self.listener: Callable[[int], None] | None = None
         # Called instead of ``listener`` with the shard numbers of one append, when set.
         self.listener_many: Callable[[np.ndarray[Any, Any]], None] | None = None
+        # Set while add_generation switches tries: appends wait for it before taking offsets.
+        self._generation_gate: asyncio.Event | None = None
         # Per I/O worker, the queued flush that reads of shards with buffered rows join.
         self._read_flushes: dict[int, _ReadFlush] = {}
 
@@ -728,6 +730,8 @@ class SegmentEngine(GenerationLookups, StreamLookups):
         """
         if self._closed:
             raise ClosedResourceError("the database is closed")
+        while self._generation_gate is not None:  # add_generation switches tries: after it
+            await self._generation_gate.wait()
         n = batch.num_rows
         workers = self._io_pool.io_workers
         if not 0 <= leader_epoch <= MAX_EPOCH:
@@ -1412,10 +1416,11 @@ class SegmentEngine(GenerationLookups, StreamLookups):
     async def add_generation(self, created_us: int) -> GenerationInfo:
         """Close the current generation and start the next one on every shard.
 
-        One step on the event loop, nothing awaited (so no append interleaves): the boundary
-        of every shard is its next offset; the closing generation's tries and then the
-        manifest naming the new one are written durably; then the stamper switches to the
-        inherited tries (every offset from the boundaries on is stamped by them). A crash
+        Appends wait at a gate while it switches (none is assigned offsets meanwhile): the
+        boundary of every shard is its next offset; the closing generation's tries and then the
+        manifest naming the new one are written durably (in a thread: the loop keeps serving
+        reads); then the stamper switches to the inherited tries (every offset from the
+        boundaries on is stamped by them) and the gate opens. A crash
         before the manifest is replaced leaves the old generation current, after it the new
         one: never a mix. Afterwards every shard's active segment is sealed, so the new
         generation starts a segment (what ``drop_slab`` deletes is whole segments).
@@ -1429,22 +1434,36 @@ class SegmentEngine(GenerationLookups, StreamLookups):
         assert gens is not None
         if self._closed:
             raise ClosedResourceError("the database is closed")
-        current = gens.current
-        new = GenerationInfo(current.id + 1, created_us, tuple(self._next_offsets.tolist()))
-        finals = stamper.copy_tries()
+        while self._generation_gate is not None:  # another switch runs: after it
+            await self._generation_gate.wait()
+        gate = self._generation_gate = asyncio.Event()
         try:
-            gens.write_final_tries(current.id, finals)
-            gens.commit([*gens.generations, new])
-        except OSError as exc:
-            raise StorageError(
-                f"cannot write generation {new.id}; the current one stays {current.id}"
-            ) from exc
-        files = SnapshotFiles(self.config.directory, gens.snapshot_subdir(new.id))
-        for s in self._shards:  # before the switch: a snapshot of the old tries goes to the
-            s.snapshots = files  # new directory at an offset <= the start, which an open ignores
-        stamper.begin_generation([lts.inherit_wildcards() for lts in finals])
+            current = gens.current
+            new = GenerationInfo(current.id + 1, created_us, tuple(self._next_offsets.tolist()))
+            finals = stamper.copy_tries()
+
+            after = [*gens.generations, new]
+
+            def commit() -> None:  # files only: the in-memory state changes on the loop
+                gens.save_final_tries(current.id, finals)
+                gens.save_manifest(after)
+
+            try:
+                await asyncio.to_thread(commit)
+            except OSError as exc:
+                raise StorageError(
+                    f"cannot write generation {new.id}; the current one stays {current.id}"
+                ) from exc
+            gens.adopt(current.id, finals, after)
+            files = SnapshotFiles(self.config.directory, gens.snapshot_subdir(new.id))
+            for s in self._shards:  # before the switch: a snapshot of the old tries goes to the
+                s.snapshots = files  # new directory at an offset <= the start, which an open ignores
+            stamper.begin_generation([lts.inherit_wildcards() for lts in finals])
+        finally:
+            self._generation_gate = None
+            gate.set()
         if current.id > 1 and gens.generations[-3].dropped:  # no longer a recovery base
-            gens.forget_tries(current.id - 1)
+            gens.forget_tries(current.id - 1)  # one unlink
 
         def seal_at_boundary(s: _Shard) -> int:
             end = s.log.next_offset  # every append queued before is in (or failed)
@@ -1464,9 +1483,13 @@ class SegmentEngine(GenerationLookups, StreamLookups):
                 raise StorageError(f"cannot write generation {new.id}'s starts") from exc
             new = gens.current
         old_files = SnapshotFiles(self.config.directory, gens.snapshot_subdir(current.id))
-        for s in self._shards:
-            with contextlib.suppress(OSError):
-                old_files.path(s.number).unlink(missing_ok=True)
+
+        def forget_snapshots() -> None:
+            for s in self._shards:
+                with contextlib.suppress(OSError):
+                    old_files.path(s.number).unlink(missing_ok=True)
+
+        await asyncio.to_thread(forget_snapshots)
         return new
 
     async def truncate_before(self, shard: int, offset: int) -> int:
