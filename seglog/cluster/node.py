@@ -137,6 +137,8 @@ class ClusterNode:
         self._lease: NodeLease | None = None
         self._controller: Controller | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        # ISR expansions started by a follower's fetch: at most one per shard at a time.
+        self._expanding: dict[ShardKey, asyncio.Task[None]] = {}
         self._http: aiohttp.ClientSession | None = None
         # Set once the first metadata snapshot was applied (roles known).
         self.ready = asyncio.Event()
@@ -162,7 +164,11 @@ class ClusterNode:
         self._closing = True
         for state in self.leading.values():
             state.resign(NO_LEADER, state.leader_epoch)
-        tasks = [*self._tasks, *(f.task for f in self._fetchers.values() if f.task is not None)]
+        tasks = [
+            *self._tasks,
+            *self._expanding.values(),
+            *(f.task for f in self._fetchers.values() if f.task is not None),
+        ]
         for task in tasks:
             task.cancel()
         for task in tasks:
@@ -464,6 +470,8 @@ class ClusterNode:
                 lead = self._check_fetch(p)
                 if lead.on_fetch(follower, p.offset):
                     self._publish(p.db, p.shard, lead)
+                if follower in self.nodes and lead.expansion_due(follower):
+                    self._expand_soon((p.db, p.shard), lead)
                 db = await self.store.open_db(p.db)
                 frames = b""
                 if p.offset < db.end_offset(p.shard) and budget > 0:
@@ -510,6 +518,27 @@ class ClusterNode:
             await asyncio.sleep(period_s)
             for key, lead in list(self.leading.items()):
                 await self._maybe_change_isr(key, lead)
+
+    def _expand_soon(self, key: ShardKey, lead: ShardLeaderState) -> None:
+        """Propose the ISR change now (a follower's fetch reached the high watermark).
+
+        Kafka's ``maybeExpandIsr`` on the fetch path: a caught-up replica rejoins within one
+        fetch round instead of at the next periodic check. One expansion per shard at a time;
+        a failed one is retried by the follower's next fetch.
+        """
+        if key in self._expanding or self._closing:
+            return
+        task = asyncio.create_task(self._expand(key, lead), name=f"expand-{self.node_id}-{key[0]}-{key[1]}")
+        self._expanding[key] = task
+
+    async def _expand(self, key: ShardKey, lead: ShardLeaderState) -> None:
+        try:
+            if self.leading.get(key) is lead:
+                await self._maybe_change_isr(key, lead)
+        except Exception:
+            log.exception("%s/%d: ISR expansion failed", *key)
+        finally:
+            self._expanding.pop(key, None)
 
     async def _maybe_change_isr(self, key: ShardKey, lead: ShardLeaderState) -> None:
         change = lead.proposed_isr_change()
