@@ -196,6 +196,7 @@ class ClusterNode:
             self.config.advertise_url,
             unclean_restart=self.store.last_shutdown is Shutdown.MACHINE_RESTART,
         )
+        await self._leave_isrs()
         deadline = asyncio.get_running_loop().time() + 3 * self.config.node_ttl_s + 5
         while True:
             try:
@@ -220,6 +221,39 @@ class ClusterNode:
         self._registered.set()
         self._controller = Controller(self.meta, self.node_id, lease.lease)
         self._controller.start()
+
+    async def _leave_isrs(self) -> None:
+        """Before (re-)registering, leave the ISR of every shard this node is a follower of.
+
+        A replica that starts (or comes back after losing its lease) may hold less than the
+        high watermark: recovery cut its log at a bit-flipped or torn frame, or a machine
+        restart lost unsynced writes. Until a fetch shows it caught up (it then rejoins at
+        once, see :meth:`_expand_soon`) it must not count as in sync, or the controller could
+        elect it and the good replicas would truncate acknowledged records to its log
+        (Jepsen's NATS 2.12.1 case; Kafka fences a restarted broker out of the ISR the same
+        way, KIP-903). This runs before the node is live, so no election can pick it in
+        between. Left alone: a shard it leads (reclaimed under a new epoch after
+        registering) and one whose ISR it is the only member of (the last replica standing
+        stays on record: nothing better is known).
+        """
+        for name in await self.meta.list_dbs():
+            for shard, (state, revision) in (await self.meta.shards(name)).items():
+                while self.node_id in state.isr and state.leader != self.node_id and len(state.isr) > 1:
+                    new = replace(state, isr=tuple(r for r in state.isr if r != self.node_id))
+                    try:
+                        await self.meta.update_shard(name, shard, state, revision, new)
+                    except StaleMetadata:
+                        state, revision = await self.meta.shard(name, shard)
+                        continue
+                    log.info(
+                        "node %d leaves the ISR of %s/%d until it catches up: %s -> %s",
+                        self.node_id,
+                        name,
+                        shard,
+                        list(state.isr),
+                        list(new.isr),
+                    )
+                    break
 
     async def _reclaim_leaderships(self) -> None:
         for name in await self.meta.list_dbs():

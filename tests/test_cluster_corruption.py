@@ -1,0 +1,235 @@
+"""A bit-flipped or truncated data file on one replica (Jepsen's NATS 2.12.1 case), on real processes.
+
+The damaged replica detects the damage when it opens the shard (frame CRC / length checks
+cut the log at the first bad frame), is never elected while it lacks acknowledged records,
+refetches the rest from the leader and ends byte-identical to the others below the high
+watermark; nothing corrupt is ever served.
+
+The election check is deterministic: the follower is killed while in the ISR and the two
+other nodes are paused (SIGSTOP) at once, so no controller removes it from the ISR when its
+lease expires. The damaged follower restarts alone and becomes the controller; it must not
+elect itself (it restarted, so it is out of the ISR until it catches up). With the old code
+it did, and the paused nodes then truncated their acknowledged records to its cut log.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any, Final, TypeVar
+
+import pytest
+
+from seglog.client._http import NodeSession
+from seglog.cluster.metadata import NO_LEADER
+from seglog.errors import NotEnoughReplicas, NotLeader
+from seglog.record import FRAME_HEADER_BYTES, parse_header
+from tests.etcd_fixtures import EtcdProcess
+from tests.queue_checker import check_queue
+from tests.server_fixtures import ServerFactory, ServerProcess
+from tests.test_cluster import (
+    DB,
+    _produce_ok,
+    _when_hw,
+    cluster_view,
+    create_replicated,
+    produce,
+    read_all,
+    start_cluster,
+    until,
+)
+
+T = TypeVar("T")
+Run = Callable[[Coroutine[Any, Any, T]], T]
+BATCHES: Final = 40
+PER_BATCH: Final = 25
+
+
+def shard_segments(data: Path, shard: int = 0) -> list[Path]:
+    """The segment files of ``shard`` of the test database under a node's data directory."""
+    found = sorted(p for p in data.rglob(f"shard-{shard:04d}/*.log") if DB in p.parts)
+    assert found, f"no segment files for {DB}/{shard} under {data}"
+    return found
+
+
+def frames_of(path: Path) -> list[tuple[int, int, int, int]]:
+    """(position, size, base offset, next offset) of every frame in a segment file."""
+    buf = path.read_bytes()
+    out = []
+    pos = 0
+    while pos < len(buf):
+        header = parse_header(buf, pos)
+        out.append((pos, header.size, header.base_offset, header.next_offset))
+        pos += header.size
+    return out
+
+
+def damage(data: Path, how: str, below: int) -> int:
+    """Flip a byte in, or cut the file inside, the frame holding offset ``below // 2``.
+
+    Returns the base offset of the damaged frame (recovery must cut the log there).
+    """
+    target = below // 2
+    for path in shard_segments(data):
+        for pos, size, base, nxt in frames_of(path):
+            if base <= target < nxt:
+                assert nxt <= below
+                if how == "flip":
+                    at = pos + FRAME_HEADER_BYTES + (size - FRAME_HEADER_BYTES) // 2
+                    with open(path, "r+b") as f:
+                        f.seek(at)
+                        byte = f.read(1)
+                        f.seek(at)
+                        f.write(bytes([byte[0] ^ 0x10]))
+                else:
+                    os.truncate(path, pos + size // 2)
+                return base
+    raise AssertionError(f"no frame holds offset {target}")
+
+
+async def raw_frames(session: NodeSession, hw: int) -> bytes:
+    """The stored frames of shard 0 below ``hw``, byte for byte, as the node serves them."""
+    out = bytearray()
+    offset = 0
+    while offset < hw:
+        reply = await session.request(
+            "GET", f"/v1/dbs/{DB}/shards/0/frames", params={"offset": offset, "max_bytes": 1 << 20}
+        )
+        body = reply.body
+        if not body:
+            break
+        pos = 0
+        while pos < len(body):
+            header = parse_header(body, pos)
+            if header.base_offset >= hw:
+                return bytes(out)
+            out += body[pos : pos + header.size]
+            offset = header.next_offset
+            pos += header.size
+    return bytes(out)
+
+
+async def shard_state(session: NodeSession) -> dict[str, Any] | None:
+    view = await cluster_view(session)
+    states = view["dbs"].get(DB, {}).get("state", [])
+    return dict(states[0]) if states else None
+
+
+@pytest.mark.parametrize("how", ["flip", "truncate"])
+def test_a_damaged_follower_is_repaired_and_never_elected_while_behind(
+    how: str, server_factory: ServerFactory, etcd: EtcdProcess, run: Run[None]
+) -> None:
+    nodes = start_cluster(server_factory, etcd)
+
+    async def main() -> None:
+        sessions = {i: NodeSession(p.url, timeout_s=5) for i, p in nodes.items()}
+        acked: dict[str, int] = {}
+        try:
+            await create_replicated(sessions[1], 1, 3, 2)
+
+            async def led() -> tuple[int, dict[str, Any]] | None:
+                state = await shard_state(sessions[1])
+                if state is None or state["leader"] <= 0 or sorted(state["isr"]) != [1, 2, 3]:
+                    return None
+                leader = int(state["leader"])
+                view = await cluster_view(sessions[leader])
+                return (leader, state) if any(p["db"] == DB for p in view["leading"]) else None
+
+            leader, state = await until(led, "a leader and a full ISR")
+            for b in range(BATCHES):
+                values = [f"a{b}-{i}" for i in range(PER_BATCH)]
+                reply = await produce(sessions[leader], 0, values)
+                base = reply["parts"][0]["base_offset"]
+                acked.update({v: base + i for i, v in enumerate(values)})
+            hw = len(acked)
+            # acks=all: every ISR member holds all of it; the follower's copy is complete.
+            follower = next(r for r in state["replicas"] if r != leader)
+            others = [i for i in (1, 2, 3) if i != follower]
+            await until(lambda: _when_hw(sessions[follower], 0, hw), "the follower at the HW")
+
+            # The follower crashes while in the ISR; the others pause at once, so nobody
+            # removes it from the ISR when its lease expires.
+            nodes[follower].kill()
+            for i in others:
+                _signal(nodes[i], signal.SIGSTOP)
+            cut_at = damage(nodes[follower].data, how, hw)
+            nodes[follower].restart()
+            await sessions[follower].close()
+            sessions[follower] = NodeSession(nodes[follower].url, timeout_s=5)
+
+            # Detected at open: the log is cut at the damaged frame; what it serves is intact.
+            async def cut() -> dict[str, Any] | None:
+                offsets = (await sessions[follower].request("GET", f"/v1/dbs/{DB}")).json()["offsets"]
+                return dict(offsets[0]) if offsets else None
+
+            local = await until(cut, "the damaged follower's copy")
+            assert local["end"] == cut_at, (local, cut_at)
+            records, served_hw = await read_all(sessions[follower], 0)
+            assert served_hw <= cut_at
+            assert all(acked[v.decode()] == o for o, v in records)
+
+            # Alone, it becomes the controller: it must not elect itself (it lacks acked records).
+            async def decided() -> dict[str, Any] | None:
+                view = await cluster_view(sessions[follower])
+                if not view["controller"] or list(view["nodes"]) != [str(follower)]:
+                    return None  # the paused nodes' leases have not all expired yet
+                state = await shard_state(sessions[follower])
+                return state if state is not None and state["leader"] in (NO_LEADER, follower) else None
+
+            state = await until(decided, "the restarted follower alone, controlling the cluster")
+            assert state["leader"] == NO_LEADER, state
+            assert follower not in state["isr"], state
+            with pytest.raises((NotLeader, NotEnoughReplicas)):
+                await produce(sessions[follower], 0, ["never"])
+
+            # The others wake up: a good replica leads, the damaged one refetches and rejoins.
+            for i in others:
+                _signal(nodes[i], signal.SIGCONT)
+
+            async def healed() -> int | None:
+                # The newest state any node knows (a node just woken from SIGSTOP still has
+                # the old one), with all three in the ISR and a leader that knows it leads.
+                views = [await cluster_view(sessions[i]) for i in (1, 2, 3)]
+                states = [v["dbs"][DB]["state"][0] for v in views if DB in v["dbs"]]
+                state = max(states, key=lambda s: s["partition_epoch"])
+                if state["leader"] <= 0 or sorted(state["isr"]) != [1, 2, 3]:
+                    return None
+                leads = views[state["leader"] - 1]["leading"]
+                return int(state["leader"]) if any(p["db"] == DB for p in leads) else None
+
+            async def produce_more(values: list[str]) -> bool:
+                new_leader = await healed()
+                return new_leader is not None and await _produce_ok(sessions[new_leader], values)
+
+            await until(healed, "a leader with all three replicas in the ISR")
+            more = [f"b{i}" for i in range(PER_BATCH)]
+            await until(lambda: produce_more(more), "a produce after healing")
+            new_leader = await until(healed, "the leader after healing")
+            hw_now = len(acked) + len(more)
+            final, final_hw = await until(lambda: _when_hw(sessions[new_leader], 0, hw_now), "the HW")
+            acked.update({v: o for o, v in ((o, v.decode()) for o, v in final) if v in more})
+            logs = {}
+            for i in (1, 2, 3):
+                logs[i], _ = await until(
+                    lambda i=i: _when_hw(sessions[i], 0, final_hw), f"node {i} at the HW"
+                )
+            check_queue(final, logs, acked, refused=["never"], unknown=[])
+            # Byte-identical frames below the high watermark on every replica.
+            copies = {i: await raw_frames(sessions[i], final_hw) for i in (1, 2, 3)}
+            assert copies[follower] == copies[new_leader]
+            assert len({*copies.values()}) == 1
+        finally:
+            for i in (1, 2, 3):
+                if nodes[i].proc is not None and nodes[i].proc.poll() is None:  # type: ignore[union-attr]
+                    _signal(nodes[i], signal.SIGCONT)
+            for s in sessions.values():
+                await s.close()
+
+    run(main())
+
+
+def _signal(node: ServerProcess, sig: signal.Signals) -> None:
+    assert node.proc is not None
+    node.proc.send_signal(sig)
