@@ -24,8 +24,8 @@ import pytest
 
 from seglog.client._http import NodeSession
 from seglog.cluster.metadata import NO_LEADER
-from seglog.errors import NotEnoughReplicas, NotLeader
-from seglog.record import FRAME_HEADER_BYTES, parse_header
+from seglog.errors import CorruptFrame, NotEnoughReplicas, NotLeader
+from seglog.record import FRAME_HEADER_BYTES, decode_frames, parse_header
 from tests.etcd_fixtures import EtcdProcess
 from tests.queue_checker import check_queue
 from tests.server_fixtures import ServerFactory, ServerProcess
@@ -233,3 +233,108 @@ def test_a_damaged_follower_is_repaired_and_never_elected_while_behind(
 def _signal(node: ServerProcess, sig: signal.Signals) -> None:
     assert node.proc is not None
     node.proc.send_signal(sig)
+
+
+def cut_before(data: Path, offset: int) -> int:
+    """Cut a node's shard 0 file back to the start of the frame holding ``offset``; its base."""
+    for path in shard_segments(data):
+        for pos, _size, base, nxt in frames_of(path):
+            if base <= offset < nxt:
+                os.truncate(path, pos)
+                return base
+    raise AssertionError(f"no frame holds offset {offset}")
+
+
+@pytest.mark.parametrize("trigger", ["consumer", "follower"])
+def test_a_damaged_frame_on_the_leader_is_never_served_and_is_repaired(
+    trigger: str, server_factory: ServerFactory, etcd: EtcdProcess, run: Run[None]
+) -> None:
+    """A byte flips in the running leader's file below the HW. A read that reaches the frame
+    (a consumer's, or a lagging follower's fetch) gets ``CorruptFrame``, never the bytes; the
+    leader hands the shard to the in-sync replica that holds the frame, cuts its own copy
+    there and refetches it: every replica ends byte-identical, nothing acknowledged lost."""
+    nodes = start_cluster(server_factory, etcd)
+
+    async def main() -> None:
+        sessions = {i: NodeSession(p.url, timeout_s=5) for i, p in nodes.items()}
+        acked: dict[str, int] = {}
+        try:
+            await create_replicated(sessions[1], 1, 3, 2)
+
+            async def led() -> tuple[int, dict[str, Any]] | None:
+                state = await shard_state(sessions[1])
+                if state is None or state["leader"] <= 0 or sorted(state["isr"]) != [1, 2, 3]:
+                    return None
+                leader = int(state["leader"])
+                view = await cluster_view(sessions[leader])
+                return (leader, state) if any(p["db"] == DB for p in view["leading"]) else None
+
+            leader, state = await until(led, "a leader and a full ISR")
+            for b in range(BATCHES):
+                values = [f"a{b}-{i}" for i in range(PER_BATCH)]
+                reply = await produce(sessions[leader], 0, values)
+                base = reply["parts"][0]["base_offset"]
+                acked.update({v: base + i for i, v in enumerate(values)})
+            hw = len(acked)
+            lagger, keeper = (r for r in state["replicas"] if r != leader)
+            await until(lambda: _when_hw(sessions[keeper], 0, hw), "the keeper at the HW")
+            # A follower that will have to fetch across the damaged frame: down, and cut back.
+            nodes[lagger].kill()
+
+            async def without_lagger() -> bool:
+                state = await shard_state(sessions[leader])
+                return state is not None and sorted(state["isr"]) == sorted([leader, keeper])
+
+            await until(without_lagger, "the stopped follower out of the ISR")
+            cut_before(nodes[lagger].data, hw // 5)
+            bad = damage(nodes[leader].data, "flip", hw)  # while the leader runs
+            bad_values = {v for v, o in acked.items() if o >= bad}
+            if trigger == "consumer":
+                with pytest.raises(CorruptFrame):
+                    await sessions[leader].request(
+                        "GET", f"/v1/dbs/{DB}/shards/0/frames", params={"offset": bad, "max_bytes": 1 << 20}
+                    )
+                # What precedes the frame is still served; the frame itself never.
+                reply = await sessions[leader].request(
+                    "GET", f"/v1/dbs/{DB}/shards/0/frames", params={"offset": 0, "max_bytes": 1 << 24}
+                )
+                served = decode_frames(reply.body, 0, hw)
+                assert not bad_values & {v.decode() for v in served.column("value").to_pylist()}
+            nodes[lagger].restart()
+            await sessions[lagger].close()
+            sessions[lagger] = NodeSession(nodes[lagger].url, timeout_s=5)
+
+            # The keeper (it holds the frame) takes over under a new epoch.
+            async def handed_over() -> dict[str, Any] | None:
+                state = await shard_state(sessions[keeper])
+                if state is None or state["leader"] != keeper:
+                    return None
+                view = await cluster_view(sessions[keeper])
+                return state if any(p["db"] == DB for p in view["leading"]) else None
+
+            state = await until(handed_over, "the keeper leading")
+            assert state["leader_epoch"] > 0
+
+            async def healed() -> bool:
+                state = await shard_state(sessions[keeper])
+                return state is not None and state["leader"] == keeper and sorted(state["isr"]) == [1, 2, 3]
+
+            await until(healed, "all three back in the ISR")
+            more = [f"b{i}" for i in range(PER_BATCH)]
+            await until(lambda: _produce_ok(sessions[keeper], more), "a produce after the repair")
+            final, final_hw = await until(lambda: _when_hw(sessions[keeper], 0, hw + len(more)), "the HW")
+            acked.update({v: o for o, v in ((o, v.decode()) for o, v in final) if v in more})
+            logs = {}
+            for i in (1, 2, 3):
+                logs[i], _ = await until(
+                    lambda i=i: _when_hw(sessions[i], 0, final_hw), f"node {i} at the HW"
+                )
+            check_queue(final, logs, acked, refused=[], unknown=[])
+            copies = {i: await raw_frames(sessions[i], final_hw) for i in (1, 2, 3)}
+            assert len({*copies.values()}) == 1, {i: len(c) for i, c in copies.items()}
+            assert any("is damaged" in line for line in nodes[leader].output)
+        finally:
+            for s in sessions.values():
+                await s.close()
+
+    run(main())
