@@ -25,7 +25,7 @@ import pytest
 from seglog.client._http import NodeSession
 from seglog.cluster.metadata import NO_LEADER
 from seglog.errors import CorruptFrame, NotEnoughReplicas, NotLeader
-from seglog.record import FRAME_HEADER_BYTES, decode_frames, parse_header
+from seglog.record import FRAME_HEADER_BYTES, decode_frames, parse_header, verify_frame
 from tests.etcd_fixtures import EtcdProcess
 from tests.queue_checker import check_queue
 from tests.server_fixtures import ServerFactory, ServerProcess
@@ -333,6 +333,112 @@ def test_a_damaged_frame_on_the_leader_is_never_served_and_is_repaired(
             copies = {i: await raw_frames(sessions[i], final_hw) for i in (1, 2, 3)}
             assert len({*copies.values()}) == 1, {i: len(c) for i, c in copies.items()}
             assert any("is damaged" in line for line in nodes[leader].output)
+        finally:
+            for s in sessions.values():
+                await s.close()
+
+    run(main())
+
+
+async def served_intact(session: NodeSession, hw: int) -> list[tuple[int, bytes]] | None:
+    """Every record below ``hw`` the node serves, each frame checked here too; ``None`` while
+    it refuses a damaged frame (``CorruptFrame``, retried by :func:`until`)."""
+    out: list[tuple[int, bytes]] = []
+    offset = 0
+    while offset < hw:
+        reply = await session.request(
+            "GET", f"/v1/dbs/{DB}/shards/0/frames", params={"offset": offset, "max_bytes": 1 << 20}
+        )
+        if not reply.body:
+            return None
+        pos = 0
+        while pos < len(reply.body):
+            header = parse_header(reply.body, pos)
+            try:
+                verify_frame(reply.body, pos, header)
+            except CorruptFrame as exc:  # not retried by until(): the node served rot
+                raise AssertionError(f"a damaged frame was served: {exc}") from exc
+            pos += header.size
+        table = decode_frames(reply.body, offset, hw)
+        out += zip(table.column("offset").to_pylist(), table.column("value").to_pylist(), strict=True)
+        offset = out[-1][0] + 1
+    return out
+
+
+def test_a_flipped_byte_in_a_followers_sealed_segment_is_never_served_and_is_refetched(
+    server_factory: ServerFactory, etcd: EtcdProcess, run: Run[None]
+) -> None:
+    """Sealed segments below the recovery checkpoint are trusted at open (not rescanned), so
+    rot there is found by the CRC check of the first read that reaches it: the follower
+    refuses to serve the frame, leaves the ISR, cuts its log there and refetches it."""
+    nodes = start_cluster(server_factory, etcd)
+
+    async def main() -> None:
+        sessions = {i: NodeSession(p.url, timeout_s=5) for i, p in nodes.items()}
+        acked: dict[str, int] = {}
+        try:
+            await create_replicated(sessions[1], 1, 3, 2, segment_bytes=8192)
+
+            async def led() -> tuple[int, dict[str, Any]] | None:
+                state = await shard_state(sessions[1])
+                if state is None or state["leader"] <= 0 or sorted(state["isr"]) != [1, 2, 3]:
+                    return None
+                leader = int(state["leader"])
+                view = await cluster_view(sessions[leader])
+                return (leader, state) if any(p["db"] == DB for p in view["leading"]) else None
+
+            leader, state = await until(led, "a leader and a full ISR")
+            for b in range(BATCHES):
+                values = [f"a{b}-{i}" for i in range(PER_BATCH)]
+                reply = await produce(sessions[leader], 0, values)
+                base = reply["parts"][0]["base_offset"]
+                acked.update({v: base + i for i, v in enumerate(values)})
+            hw = len(acked)
+            follower = next(r for r in state["replicas"] if r != leader)
+            await until(lambda: _when_hw(sessions[follower], 0, hw), "the follower at the HW")
+            nodes[follower].kill()
+            segments = shard_segments(nodes[follower].data)
+            assert len(segments) >= 3, segments
+            sealed = segments[len(segments) // 2 - 1]
+            pos, size, bad, _ = frames_of(sealed)[len(frames_of(sealed)) // 2]
+            with open(sealed, "r+b") as f:
+                f.seek(pos + FRAME_HEADER_BYTES + (size - FRAME_HEADER_BYTES) // 2)
+                byte = f.read(1)
+                f.seek(-1, os.SEEK_CUR)
+                f.write(bytes([byte[0] ^ 0x01]))
+            nodes[follower].restart()
+            await sessions[follower].close()
+            sessions[follower] = NodeSession(nodes[follower].url, timeout_s=5)
+
+            async def whole() -> bool:
+                state = await shard_state(sessions[leader])
+                return state is not None and sorted(state["isr"]) == [1, 2, 3]
+
+            await until(whole, "the follower back in the ISR")
+            # Whatever recovery trusted, the follower serves only intact frames and ends with
+            # the right records (the first read that reaches the rot starts the refetch).
+            records = await until(
+                lambda: served_intact(sessions[follower], hw), "the follower's records intact"
+            )
+            assert records == sorted((o, v.encode()) for v, o in acked.items())
+            await until(whole, "the follower back in the ISR after its repair")
+            more = [f"b{i}" for i in range(PER_BATCH)]
+            await until(lambda: _produce_ok(sessions[leader], more), "a produce after the repair")
+            final, final_hw = await until(lambda: _when_hw(sessions[leader], 0, hw + len(more)), "the HW")
+            acked.update({v: o for o, v in ((o, v.decode()) for o, v in final) if v in more})
+            logs = {}
+            for i in (1, 2, 3):
+                logs[i], _ = await until(
+                    lambda i=i: _when_hw(sessions[i], 0, final_hw), f"node {i} at the HW"
+                )
+            check_queue(final, logs, acked, refused=[], unknown=[])
+            copies = {i: await raw_frames(sessions[i], final_hw) for i in (1, 2, 3)}
+            assert len({*copies.values()}) == 1, {i: len(c) for i, c in copies.items()}
+            found = [
+                line for line in nodes[follower].output if "recovery cut" in line or "is damaged" in line
+            ]
+            print(f"damaged frame at offset {bad} in {sealed.name}: {found}")
+            assert found
         finally:
             for s in sessions.values():
                 await s.close()

@@ -570,8 +570,8 @@ class ClusterNode:
         to serve the frame (logged): nothing better is known. One repair per shard at a time.
         """
         key = (db, shard)
-        if key in self._repairing or self._closing or key not in self.shards:
-            return
+        if key in self._repairing or key in self._damaged or self._closing or key not in self.shards:
+            return  # a repair is running, or the cut waits for the next fetch
         task = asyncio.create_task(self._repair(key, offset), name=f"repair-{self.node_id}-{db}-{shard}")
         self._repairing[key] = task
 
