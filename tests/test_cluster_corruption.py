@@ -444,3 +444,81 @@ def test_a_flipped_byte_in_a_followers_sealed_segment_is_never_served_and_is_ref
                 await s.close()
 
     run(main())
+
+
+def test_a_leader_damaged_while_down_is_cut_at_open_and_refetches(
+    server_factory: ServerFactory, etcd: EtcdProcess, run: Run[None]
+) -> None:
+    """The leader is SIGKILLed and a byte flipped in its file before it restarts: an in-sync
+    replica takes over, and the old leader's recovery cuts its log at the frame, so it
+    follows, refetches and ends byte-identical; it never serves the damaged frame."""
+    nodes = start_cluster(server_factory, etcd)
+
+    async def main() -> None:
+        sessions = {i: NodeSession(p.url, timeout_s=5) for i, p in nodes.items()}
+        acked: dict[str, int] = {}
+        try:
+            await create_replicated(sessions[1], 1, 3, 2)
+
+            async def led() -> tuple[int, dict[str, Any]] | None:
+                state = await shard_state(sessions[1])
+                if state is None or state["leader"] <= 0 or sorted(state["isr"]) != [1, 2, 3]:
+                    return None
+                leader = int(state["leader"])
+                view = await cluster_view(sessions[leader])
+                return (leader, state) if any(p["db"] == DB for p in view["leading"]) else None
+
+            old, _ = await until(led, "a leader and a full ISR")
+            for b in range(BATCHES):
+                values = [f"a{b}-{i}" for i in range(PER_BATCH)]
+                reply = await produce(sessions[old], 0, values)
+                base = reply["parts"][0]["base_offset"]
+                acked.update({v: base + i for i, v in enumerate(values)})
+            hw = len(acked)
+            nodes[old].kill()
+            cut_at = damage(nodes[old].data, "flip", hw)
+            others = [i for i in (1, 2, 3) if i != old]
+
+            async def new_leader() -> int | None:
+                for i in others:
+                    view = await cluster_view(sessions[i])
+                    state = view["dbs"][DB]["state"][0]
+                    if state["leader"] == i and any(p["db"] == DB for p in view["leading"]):
+                        return i
+                return None
+
+            leader = await until(new_leader, "an in-sync replica leading")
+            nodes[old].restart()
+            await sessions[old].close()
+            sessions[old] = NodeSession(nodes[old].url, timeout_s=5)
+
+            async def detected() -> bool:
+                return any("recovery cut" in line for line in nodes[old].output)
+
+            await until(detected, "the damage detected when the old leader opens the shard")
+            records = await until(lambda: served_intact(sessions[old], hw), "the old leader's records intact")
+            assert records == sorted((o, v.encode()) for v, o in acked.items())
+
+            async def whole() -> bool:
+                state = await shard_state(sessions[leader])
+                return state is not None and sorted(state["isr"]) == [1, 2, 3]
+
+            await until(whole, "the old leader back in the ISR")
+            more = [f"b{i}" for i in range(PER_BATCH)]
+            await until(lambda: _produce_ok(sessions[leader], more), "a produce after the repair")
+            final, final_hw = await until(lambda: _when_hw(sessions[leader], 0, hw + len(more)), "the HW")
+            acked.update({v: o for o, v in ((o, v.decode()) for o, v in final) if v in more})
+            logs = {}
+            for i in (1, 2, 3):
+                logs[i], _ = await until(
+                    lambda i=i: _when_hw(sessions[i], 0, final_hw), f"node {i} at the HW"
+                )
+            check_queue(final, logs, acked, refused=[], unknown=[])
+            copies = {i: await raw_frames(sessions[i], final_hw) for i in (1, 2, 3)}
+            assert len({*copies.values()}) == 1, {i: len(c) for i, c in copies.items()}
+            assert cut_at < hw
+        finally:
+            for s in sessions.values():
+                await s.close()
+
+    run(main())
