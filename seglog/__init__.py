@@ -19,7 +19,7 @@ from seglog.errors import (
     SubackOutOfRange,
 )
 from seglog.follower import Follower, follow
-from seglog.iterators import Iterator, Stream
+from seglog.iterators import Iterator, Slab, Stream
 from seglog.record import Record, RecordMeta, now_us, timestamp_us
 from seglog.store import Store, open
 from seglog.subscriptions import Subscription, SubscriptionBatch, SubscriptionStats
@@ -43,6 +43,7 @@ __all__ = [
     "Record",
     "RecordMeta",
     "SeglogError",
+    "Slab",
     "StorageError",
     "Store",
     "StoreLocked",

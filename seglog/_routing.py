@@ -76,23 +76,38 @@ def routing_hashes(column: pa.Array) -> np.ndarray[Any, np.dtype[np.uint64]]:
     lengths = np.diff(offsets)
     if data_buf is None or offsets[-1] == offsets[0]:
         return _fmix(np.zeros(n, np.uint64))
-    width = int(lengths[0])
-    if width and bool((lengths == width).all()):
+    width = int(lengths.max())
+    data = np.frombuffer(data_buf, np.uint8, int(offsets[-1]))[offsets[0] :]
+    if bool((lengths == width).all()):
         # Keys of one length (device ids, UUIDs): a matrix product row by row, no gathers.
-        raw = np.frombuffer(data_buf, np.uint8, int(offsets[-1]))[offsets[0] :].reshape(n, width)
-        return _fmix(raw.astype(np.uint64) @ np.ascontiguousarray(_powers(width)[::-1]))
-    data = np.frombuffer(data_buf, np.uint8, int(offsets[-1]))[offsets[0] :].astype(np.uint64)
+        raw = data.reshape(n, width)
+    elif n * width <= 4 * len(data) + 4096:
+        # Keys of similar lengths: right-aligned in an n x width matrix (leading zero bytes add
+        # nothing), so column j carries P**(width-1-j) for every row; one scatter, one product.
+        raw = np.zeros((n, width), np.uint8)
+        row_start = np.arange(n, dtype=np.int64) * width + width - lengths - (offsets[:-1] - offsets[0])
+        raw.reshape(-1)[np.repeat(row_start, lengths) + np.arange(len(data))] = data
+    else:
+        return _fmix(_sums_by_gather(data, offsets, lengths))
+    return _fmix(raw.astype(np.uint64) @ np.ascontiguousarray(_powers(width)[::-1]))
+
+
+def _sums_by_gather(
+    data: np.ndarray[Any, Any], offsets: np.ndarray[Any, Any], lengths: np.ndarray[Any, Any]
+) -> np.ndarray[Any, np.dtype[np.uint64]]:
+    """The polynomial sums of keys of very different lengths, one term per byte."""
+    n = len(lengths)
+    values = data.astype(np.uint64)
     rel = offsets - offsets[0]
     # Position of each byte counted from the end of its string: the exponent of P.
     owner = np.repeat(np.arange(n), lengths)
-    exponent = (rel[owner + 1] - 1 - (np.arange(len(data)) + 0)).astype(np.int64)
-    terms = data * _powers(int(lengths.max()))[exponent]
-    starts = rel[:-1]
+    exponent = (rel[owner + 1] - 1 - np.arange(len(values))).astype(np.int64)
+    terms = values * _powers(int(lengths.max()))[exponent]
     nonempty = lengths > 0
     sums = np.zeros(n, np.uint64)
     if nonempty.any():
-        sums[nonempty] = np.add.reduceat(terms, starts[nonempty])
-    return _fmix(sums)
+        sums[nonempty] = np.add.reduceat(terms, rel[:-1][nonempty])
+    return sums
 
 
 def route_rows(topics: pa.Array, keys: pa.Array, shards: int) -> np.ndarray[Any, np.dtype[np.int32]]:

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import IO, Any, Final
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from tqdm import tqdm
 
 import seglog
@@ -51,6 +52,13 @@ from seglog.record import (
 )
 from seglog.store import STORE_FILE, read_db_config
 from seglog.tiering.targets import open_target
+from seglog.topics import (
+    filter_literal_prefix,
+    filter_to_regex,
+    is_wildcard_filter,
+    topic_matches,
+    validate_topic_filter,
+)
 
 __all__ = ["main"]
 
@@ -141,7 +149,12 @@ async def _demo(args: argparse.Namespace) -> int:
     batches = [records[i : i + DEMO_BATCH_RECORDS] for i in range(0, n, DEMO_BATCH_RECORDS)]
     tier_uri = f"file://{tier_dir}"
     async with seglog.open(data, fsync="always", tier=tier_uri) as store:
-        db = await store.create_db("telemetry", shards=args.shards, segment_bytes=16 << 20)
+        db = await store.create_db(
+            "telemetry",
+            shards=args.shards,
+            segment_bytes=16 << 20,
+            lts_thresholds=seglog.topics.DEFAULT_LTS_THRESHOLDS,
+        )
         with tqdm(
             total=n, unit="rec", unit_scale=True, desc="ingest (fsync=always)", disable=not _progress(args)
         ) as bar:
@@ -175,12 +188,17 @@ async def _demo(args: argparse.Namespace) -> int:
         if total != n:
             raise SeglogError(f"read back {total} records, wrote {n}")
         mid = dt.datetime.fromtimestamp(start_us / 1e6 + n // 2 / 1000, tz=dt.UTC)
-        shard0_mid = await db.offset_for_time(0, mid)
-        first = (await db.read(0, shard0_mid, 1))[0]
+        # The first shard holding records (with few records some shards have none).
+        probe = next(s for s in range(db.shards) if db.end_offset(s) > db.start_offset(s))
+        shard0_mid = await db.offset_for_time(probe, mid)
+        if shard0_mid >= db.end_offset(probe):  # every record of the shard is older than mid
+            shard0_mid = db.start_offset(probe)
+        first = (await db.read(probe, shard0_mid, 1))[0]
         device = b"dev0042"
         by_key = await db.read_key(device)
         expected_key = len([r for r in records if r.key == device])
         stats = db.stats()
+        stream_lines = await _demo_streams(db, records, start_us + n * 1000)
     print()
     print(
         f"{'ingested':<22}{n:>14,} records in {ingest_s:6.2f} s  = {n / ingest_s:>12,.0f} records/s (durable)"
@@ -189,7 +207,7 @@ async def _demo(args: argparse.Namespace) -> int:
         f"{'read back (arrow)':<22}{total:>14,} records in {read_s:6.2f} s  = {total / read_s:>12,.0f} records/s"
     )
     print(
-        f"{'offset_for_time':<22}shard 0 at {mid:%H:%M:%S}Z -> offset {shard0_mid:,} ({first.topic}, ts {first.ts})"
+        f"{'offset_for_time':<22}shard {probe} at {mid:%H:%M:%S}Z -> offset {shard0_mid:,} ({first.topic}, ts {first.ts})"
     )
     print(
         f"{'read_key':<22}{device.decode()} -> {len(by_key):,} records on shard {db.shard_for(device)} "
@@ -205,6 +223,8 @@ async def _demo(args: argparse.Namespace) -> int:
     print(
         f"{'tiered':<22}{len(entries)} Parquet objects, {tier_bytes / 1e6:.1f} MB in {tier_s:.2f} s -> {tier_uri}"
     )
+    for line in stream_lines:
+        print(line)
     if not args.no_spark:
         _demo_spark(tier_uri, chart)
     if node_dir is not None:
@@ -214,6 +234,102 @@ async def _demo(args: argparse.Namespace) -> int:
         await cli_net.demo_network(node_dir / "data", records[:net_n], args.shards, DEMO_BATCH_RECORDS)
     print(f"\ndata directory: {data}")
     return 0
+
+
+DEMO_FILTER: Final = "sensors/site03/+/temp"
+DEMO_SUBSCRIBERS = 3
+DEMO_MAX_UNACKED = 50
+DEMO_LIVE_ROUNDS = 5
+
+
+async def _demo_streams(db: seglog.Database, records: list[seglog.Record], live_us: int) -> list[str]:
+    """A wildcard read of one site's temperatures through streams, then subscriptions.
+
+    Every subscriber subscribes to each stream of :data:`DEMO_FILTER` at its head, records
+    for the site arrive, and every subscriber gets each of them once, acknowledging as it
+    goes (at most :data:`DEMO_MAX_UNACKED` unacknowledged); the subscribers of a stream share
+    its reads.
+
+    Returns:
+        The lines to print.
+
+    Raises:
+        SeglogError: A read or a subscription did not return what was written.
+    """
+    t0 = time.perf_counter()
+    streams = db.get_streams(DEMO_FILTER)
+    heads: list[seglog.Iterator] = []
+    total = 0
+    for stream in streams:
+        it = db.make_iterator(stream, DEMO_FILTER)
+        while True:
+            it, table = await _stream_batch(db, it, db.end_offset(stream.shard))
+            if table is None:
+                break
+            total += table.num_rows
+        heads.append(it)
+    read_s = time.perf_counter() - t0
+    topics = Counter(r.topic for r in records)
+    expected = sum(c for t, c in topics.items() if topic_matches(DEMO_FILTER, t))
+    if total != expected:
+        raise SeglogError(f"wildcard read of {DEMO_FILTER} returned {total} records, expected {expected}")
+    site_topics = sorted(t for t in topics if topic_matches(DEMO_FILTER, t))
+    lines = [
+        f"{'wildcard read':<22}{DEMO_FILTER} -> {total:,} records of {len(records):,} from "
+        f"{len(streams)} streams in {read_s:.2f} s"
+    ]
+    if not site_topics:
+        return [*lines, f"{'subscriptions':<22}skipped: no records match {DEMO_FILTER}"]
+
+    t0 = time.perf_counter()
+    want = DEMO_LIVE_ROUNDS * len(site_topics)
+    got = [0] * DEMO_SUBSCRIBERS
+    batches = [0] * DEMO_SUBSCRIBERS
+    most_unacked = 0
+    finished = [asyncio.Event() for _ in range(DEMO_SUBSCRIBERS)]
+
+    async def receive(k: int, sub: seglog.Subscription) -> None:
+        nonlocal most_unacked
+        async for batch in sub:
+            most_unacked = max(most_unacked, sub.unacked)
+            got[k] += len(batch)
+            batches[k] += 1
+            sub.suback(batch.seqno)
+            if got[k] >= want:
+                finished[k].set()
+
+    subs = [db.subscribe(it, max_unacked=DEMO_MAX_UNACKED) for _ in range(DEMO_SUBSCRIBERS) for it in heads]
+    tasks = [asyncio.create_task(receive(i // len(heads), sub)) for i, sub in enumerate(subs)]
+    try:
+        for r in range(DEMO_LIVE_ROUNDS):
+            ts = live_us + r * len(site_topics)
+            await db.append(
+                [
+                    seglog.Record(topic=t, value=b"21.500", ts=ts + i, key=t.split("/")[2].encode())
+                    for i, t in enumerate(site_topics)
+                ]
+            )
+        try:
+            await asyncio.wait_for(asyncio.gather(*(f.wait() for f in finished)), timeout=60)
+        except TimeoutError:
+            raise SeglogError(f"subscribers got {got} of {want} live records within 60 s") from None
+    finally:
+        for sub in subs:
+            await sub.unsubscribe()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    sub_s = time.perf_counter() - t0
+    stats = db.subscription_stats()
+    if got != [want] * DEMO_SUBSCRIBERS or most_unacked > DEMO_MAX_UNACKED:
+        raise SeglogError(f"subscribers got {got} records (wanted {want} each), {most_unacked} unacked")
+    lines.append(
+        f"{'subscriptions':<22}{DEMO_SUBSCRIBERS} subscribers x {len(heads)} streams got {want:,} live "
+        f"records each in {sum(batches):,} batches (max_unacked={DEMO_MAX_UNACKED}, subacked) in {sub_s:.2f} s"
+    )
+    lines.append(
+        f"{'':<22}{stats.shared_reads + stats.catchup_reads:,} stream reads for "
+        f"{stats.records_delivered:,} deliveries: subscribers of a stream share its reads"
+    )
+    return lines
 
 
 def _demo_spark(tier_uri: str, chart: Path) -> None:
@@ -789,6 +905,8 @@ Commit = Callable[[int, int], Awaitable[None]]
 
 async def _consume(args: argparse.Namespace) -> int:
     validate_db_name(args.db)
+    if args.topic is not None:
+        validate_topic_filter(args.topic)  # InvalidTopicFilter: one line, exit 1
     root = check_store(args.data)  # never creates the directory
     config = read_db_config(root, args.db)
     if args.shard is not None and not 0 <= args.shard < config.shards:
@@ -813,7 +931,13 @@ async def _consume(args: argparse.Namespace) -> int:
     try:
         db = await store.open_db(args.db)
         group = args.group
-        sources = {}
+        through_streams = args.topic is not None and db.streams_enabled
+        streams: dict[int, list[seglog.Stream]] = {shard: [] for shard in shards}
+        if through_streams:
+            for stream in db.get_streams(args.topic, from_time or 0):
+                if stream.shard in streams:
+                    streams[stream.shard].append(stream)
+        sources: dict[int, AsyncGenerator[pa.Table, None]] = {}
         for shard in shards:
             committed = await db.committed(group, shard) if group else None
             if from_time is not None:
@@ -824,7 +948,12 @@ async def _consume(args: argparse.Namespace) -> int:
                 offset = max(committed, db.start_offset(shard))
             else:
                 offset = db.start_offset(shard)
-            sources[shard] = _until_end(db, shard, offset)
+            if through_streams:
+                sources[shard] = _streams_until_end(db, args.topic, streams[shard], offset)
+            elif args.topic is not None:
+                sources[shard] = _topic_filtered(_until_end(db, shard, offset), args.topic)
+            else:
+                sources[shard] = _until_end(db, shard, offset)
 
         async def commit(shard: int, offset: int) -> None:
             await db.commit(group, shard, offset)
@@ -832,6 +961,12 @@ async def _consume(args: argparse.Namespace) -> int:
         await _print_merged(sources, args, commit if group else None)
     finally:
         await store.close()
+    if args.topic is not None:
+        if through_streams:
+            how = f"wildcard read of {sum(map(len, streams.values()))} stream(s)"
+        else:
+            how = f"filtered scan ({args.db} has no streams)"
+        print(f"--topic {args.topic!r}: {how}", file=sys.stderr)
     return 0
 
 
@@ -857,9 +992,16 @@ async def _consume_read_only(
 
         if stop_at_end:
             sources = {s: f.batches(stop_at_end=True) for s, f in followers.items()}
+            if args.topic is not None:
+                sources = {s: _topic_filtered(b, args.topic) for s, b in sources.items()}
             await _print_merged(sources, args, commit if args.group else None)
         else:
             await _print_live(followers, args, commit if args.group else None)
+    if args.topic is not None:
+        print(
+            f"--topic {args.topic!r}: filtered scan (read-only: another process owns the store)",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -936,6 +1078,8 @@ async def _print_live(
         got = False
         for shard, follower in followers.items():
             table = await follower.read_available()
+            if args.topic is not None:
+                table = table.filter(_topic_mask(table, args.topic))
             if not table.num_rows:
                 continue
             got = True
@@ -958,6 +1102,76 @@ async def _until_end(db: seglog.Database, shard: int, offset: int) -> AsyncGener
             return
         offset += table.num_rows
         yield table
+
+
+def _topic_mask(table: pa.Table, topic_filter: str) -> pa.Array:
+    """Which rows of ``table`` have a topic matching the MQTT filter (a valid one)."""
+    topics = table.column("topic").combine_chunks()
+    if not is_wildcard_filter(topic_filter):
+        return pc.equal(topics, topic_filter)
+    prefix = filter_literal_prefix(topic_filter)
+    matched = pc.match_substring_regex(topics, filter_to_regex(topic_filter))
+    return pc.and_(pc.starts_with(topics, prefix), matched) if prefix else matched
+
+
+async def _topic_filtered(
+    source: AsyncGenerator[pa.Table, None], topic_filter: str
+) -> AsyncGenerator[pa.Table, None]:
+    """The rows of ``source`` whose topic matches the filter (a scan: every record is read)."""
+    try:
+        async for table in source:
+            kept = table.filter(_topic_mask(table, topic_filter))
+            if kept.num_rows:
+                yield kept  # an empty table would end the shard in _print_merged
+    finally:
+        await source.aclose()
+
+
+async def _stream_batch(
+    db: seglog.Database, it: seglog.Iterator, end: int
+) -> tuple[seglog.Iterator, pa.Table | None]:
+    """The next non-empty batch of a stream before ``end``, or ``None`` when it has no more."""
+    while it.position < end:
+        nxt, table = await db.next_arrow(it, 1000)
+        if table.num_rows:
+            return nxt, table
+        if nxt.position <= it.position:
+            break
+        it = nxt  # a read that skipped frames without a match: go on after them
+    return it, None
+
+
+async def _streams_until_end(
+    db: seglog.Database, topic_filter: str, streams: list[seglog.Stream], offset: int
+) -> AsyncGenerator[pa.Table, None]:
+    """One shard's records matching the filter from ``offset``, read through its streams.
+
+    Each stream is read with its own iterator (only frames holding the stream are read);
+    the streams are merged by offset, so the shard's records come in the order a filtered
+    scan gives them.
+    """
+    if not streams:
+        return
+    end = db.end_offset(streams[0].shard)
+    iters = [db.make_iterator(s, topic_filter).advanced(offset) for s in streams]
+    heads: list[pa.Table | None] = [None] * len(iters)
+    for k in range(len(iters)):
+        iters[k], heads[k] = await _stream_batch(db, iters[k], end)
+    while True:
+        live = [(k, head) for k, head in enumerate(heads) if head is not None]
+        if not live:
+            return
+        firsts = [(head.column("offset")[0].as_py(), k) for k, head in live]
+        _, k = min(firsts)
+        bound = min((o for o, j in firsts if j != k), default=None)
+        head = heads[k]
+        assert head is not None
+        take = head.num_rows if bound is None else pc.sum(pc.less(head.column("offset"), bound)).as_py()
+        yield head.slice(0, take)
+        if take < head.num_rows:
+            heads[k] = head.slice(take)
+        else:
+            iters[k], heads[k] = await _stream_batch(db, iters[k], end)
 
 
 # --- arguments -------------------------------------------------------------------------
@@ -1121,6 +1335,13 @@ def _add_produce_consume(
     )
     start.add_argument("--from-time", help="first record at or after this ISO 8601 time (UTC if naive)")
     co.add_argument("--max", type=_int_at_least(1), help="stop after this many records")
+    co.add_argument(
+        "--topic",
+        metavar="FILTER",
+        help="only records whose topic matches this MQTT filter (+ one level, # the rest; "
+        "$-topics only by a filter naming them): a database with streams reads only the matching "
+        "streams, one without scans and filters",
+    )
     co.add_argument("--group", help="consumer group: start at its committed offsets, commit as records print")
     co.add_argument("--format", choices=("json", "raw"), default="json")
     co.add_argument(

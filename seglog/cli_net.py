@@ -207,6 +207,12 @@ def add_consume_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None
     )
     co.add_argument("--max", type=_int_at_least(1), help="stop after this many records")
     co.add_argument(
+        "--topic",
+        metavar="FILTER",
+        help="not over the network: a node's fetch returns stored frames byte for byte, so topic "
+        "filters (through streams) are read by the embedded `seglog consume DATA DB --topic FILTER`",
+    )
+    co.add_argument(
         "--group",
         help="consumer group: join it (shards split between members), start at its commits, "
         "commit as records print (at-least-once)",
@@ -682,6 +688,12 @@ async def _consume(args: argparse.Namespace) -> int:
     from seglog.client import Consumer
 
     validate_db_name(args.db)
+    if args.topic is not None:
+        raise InvalidArgument(
+            "--topic is not supported with --url (a node's fetch returns whole stored frames): "
+            "read topic filters with the embedded `seglog consume DATA DB --topic FILTER` on the "
+            "node's data directory, or filter the JSON lines"
+        )
     consumer = Consumer(
         _url(args),
         args.db,

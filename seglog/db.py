@@ -12,11 +12,14 @@ from typing import TYPE_CHECKING, Any, Final, overload
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from seglog._routing import route_rows, shard_for
 from seglog.db_config import DbConfig, validate_db_name
 from seglog.engines.base import (
     Engine,
+    GenerationEngine,
+    GenerationInfo,
     Quota,
     SegmentedEngine,
     ShardStats,
@@ -28,16 +31,19 @@ from seglog.errors import (
     ClosedResourceError,
     ConfigMismatch,
     CorruptFrame,
+    CurrentGeneration,
     ForeignIterator,
+    GenerationDropped,
     InvalidArgument,
     InvalidIterator,
     OffsetOutOfRange,
     StreamFilterMismatch,
+    UnknownGeneration,
     UnknownStream,
 )
 from seglog.groups import GroupStore, validate_group_name
 from seglog.iterators import Iterator as StreamIterator
-from seglog.iterators import Stream, structure_check
+from seglog.iterators import Slab, Stream, structure_check
 from seglog.record import (
     MAX_LEADER_EPOCH,
     Record,
@@ -162,6 +168,8 @@ class Database:
         # What the engine can do beyond Engine, asked once (a structural check is not free).
         self._segmented: SegmentedEngine | None = engine if isinstance(engine, SegmentedEngine) else None
         self._stream_engine: StreamEngine | None = engine if isinstance(engine, StreamEngine) else None
+        self._gen_engine: GenerationEngine | None = engine if isinstance(engine, GenerationEngine) else None
+        self._gen_lock = asyncio.Lock()  # add_generation and drop_slab, one at a time
         if tier is not None and self._segmented is None:
             raise ConfigMismatch(
                 f"database {name!r}: tiering needs the 'segment' engine, not {config.engine!r}"
@@ -511,21 +519,22 @@ class Database:
     def get_streams(self, topic_filter: str, start_time_us: int | dt.datetime = 0) -> list[Stream]:
         """The streams that may hold records whose topic matches an MQTT filter.
 
-        A stream is one learned topic structure of one shard (see :class:`~seglog.Stream`);
-        read each with :meth:`make_iterator` and :meth:`next` (streams of different shards,
-        or of one shard, may be read in parallel). MQTT semantics: ``+`` is one level,
-        ``#`` the rest including none (``a/#`` matches ``a``), and topics starting with
-        ``$`` only match filters whose first level names them. A stream may hold topics the
-        filter does not match; the iterator filters them out.
+        A stream is one learned topic structure of one shard in one generation (see
+        :class:`~seglog.Stream`); read each with :meth:`make_iterator` and :meth:`next`
+        (streams of different shards, or of one shard and generation, may be read in
+        parallel; within a shard, read generation G to ``end_of_stream`` before G+1). MQTT
+        semantics: ``+`` is one level, ``#`` the rest including none (``a/#`` matches ``a``),
+        and topics starting with ``$`` only match filters whose first level names them. A
+        stream may hold topics the filter does not match; the iterator filters them out.
 
         Args:
             topic_filter: An MQTT topic filter.
-            start_time_us: Accepted for EMQX's API (µs or a datetime): generations will use
-                it to leave out streams that ended before it; today every matching stream
-                of the one open generation is returned.
+            start_time_us: µs or a datetime: generations closed before it (see
+                :meth:`list_slabs`, ``until_us``) are left out, as EMQX does (records are
+                assumed to carry timestamps no later than their append).
 
         Returns:
-            The streams, by shard and id.
+            The streams of every live generation, in generation order, then by shard and id.
 
         Raises:
             InvalidTopicFilter: A malformed filter.
@@ -533,17 +542,73 @@ class Database:
         """
         engine = self._streams()
         validate_topic_filter(topic_filter)
-        timestamp_us(start_time_us, "start_time_us")
+        start = timestamp_us(start_time_us, "start_time_us")
+        gen_engine = self._generations()
         out: list[Stream] = []
-        for shard in range(self.config.shards):
-            for sid, _vf in engine.match_streams(shard, topic_filter):
-                found = engine.stream_structure(shard, sid)
-                if found is not None:
-                    out.append(Stream(shard, sid, found[0], found[1], self.id))
+        if gen_engine is None:
+            for shard in range(self.config.shards):
+                for sid, _vf in engine.match_streams(shard, topic_filter):
+                    found = engine.stream_structure(shard, sid)
+                    if found is not None:
+                        out.append(Stream(shard, sid, found[0], found[1], self.id))
+            return out
+        gens = gen_engine.list_generations()
+        for i, gen in enumerate(gens):
+            nxt = gens[i + 1] if i + 1 < len(gens) else None
+            if gen.dropped or (nxt is not None and nxt.created_us < start):
+                continue
+            for shard in range(self.config.shards):
+                if nxt is not None and nxt.starts[shard] <= gen.starts[shard]:
+                    continue  # the generation holds no record of this shard
+                for sid, structure, special in gen_engine.generation_streams(gen.id, shard, topic_filter):
+                    out.append(Stream(shard, sid, structure, special, self.id, gen.id))
         return out
 
-    def _owned_stream(self, db_id: int, shard: int, stream: int, check: int) -> tuple[tuple[str, ...], bool]:
-        """The structure of a stream an iterator or Stream names, after checking it is ours."""
+    def _generations(self) -> GenerationEngine | None:
+        """The engine's generations (``None``: an engine without them has one, 1)."""
+        engine = self._gen_engine
+        return engine if engine is not None and engine.generations_enabled else None
+
+    def _generation(
+        self, generation: int, shard: int | None = None, offset: int = 0
+    ) -> GenerationInfo | None:
+        """A live generation and the one after it, checked (``None``: no generations).
+
+        Raises:
+            UnknownStream: No such generation.
+            GenerationDropped: It was dropped.
+        """
+        engine = self._generations()
+        if engine is None:
+            if generation != 1:
+                raise UnknownStream(f"database {self.name!r} has no generation {generation!r}")
+            return None
+        gens = engine.list_generations()
+        first = gens[0].id
+        if type(generation) is not int or not first <= generation < first + len(gens):
+            raise UnknownStream(f"database {self.name!r} has no generation {generation!r}")
+        info = gens[generation - first]
+        if info.dropped:
+            raise GenerationDropped(generation, shard=shard, offset=offset)
+        return info
+
+    def _generation_end(self, generation: int, shard: int) -> int | None:
+        """Where ``generation`` ends in ``shard``; ``None`` while it is current."""
+        engine = self._generations()
+        if engine is None:
+            return None
+        gens = engine.list_generations()
+        i = generation - gens[0].id + 1
+        return gens[i].starts[shard] if i < len(gens) else None
+
+    def _owned_stream(
+        self, db_id: int, shard: int, stream: int, check: int, generation: int = 1, offset: int = 0
+    ) -> tuple[tuple[str, ...], bool]:
+        """The structure of a stream an iterator or Stream names, after checking it is ours.
+
+        Raises:
+            GenerationDropped: Its generation was dropped.
+        """
         engine = self._streams()
         if db_id != self.id:
             raise ForeignIterator(
@@ -552,7 +617,11 @@ class Database:
             )
         if type(shard) is not int or not 0 <= shard < self.config.shards:
             raise UnknownStream(f"database {self.name!r} has no shard {shard!r}")
-        found = engine.stream_structure(shard, stream)
+        gen_engine = self._generations()
+        if self._generation(generation, shard, offset) is None or gen_engine is None:
+            found = engine.stream_structure(shard, stream)
+        else:
+            found = gen_engine.generation_stream_structure(generation, shard, stream)
         if found is None or structure_check(*found) != check:
             raise UnknownStream(
                 f"shard {shard} of database {self.name!r} has no stream {stream} of that structure"
@@ -578,7 +647,9 @@ class Database:
         """
         if not isinstance(stream, Stream):
             raise InvalidArgument(f"make_iterator takes a Stream, not {type(stream).__name__}")
-        structure, special = self._owned_stream(stream.db_id, stream.shard, stream.id, stream.check)
+        structure, special = self._owned_stream(
+            stream.db_id, stream.shard, stream.id, stream.check, stream.generation
+        )
         vf = varying_filter_for(structure, special, topic_filter)
         if vf is None:
             raise StreamFilterMismatch(
@@ -586,7 +657,18 @@ class Database:
             )
         start = timestamp_us(start_time_us, "start_time_us")
         _check_int("start_time_us", start, minimum=-(1 << 63))
-        return StreamIterator(self.id, stream.shard, stream.id, stream.check, 0, start, tuple(vf))
+        info = self._generation(stream.generation, stream.shard)
+        position = 0 if info is None else info.starts[stream.shard]
+        return StreamIterator(
+            self.id,
+            stream.shard,
+            stream.id,
+            stream.check,
+            position,
+            start,
+            tuple(vf),
+            generation=stream.generation,
+        )
 
     async def next_arrow(self, iterator: StreamIterator, n: int = 1000) -> tuple[StreamIterator, pa.Table]:
         """The next records (at most ``n``) of an iterator's stream that match its filter.
@@ -594,9 +676,10 @@ class Database:
         Records come in offset (append) order, only those at or after the iterator's
         position, with ``ts`` at or after its start time and a topic matching its filter
         (the varying levels are checked). An empty table means nothing more yet: the stream
-        may grow (``end_of_stream`` waits for generations and is never set today). The
-        iterator returned goes on after the records returned (or after everything read,
-        which may be further on when a call read many frames without a match).
+        may grow, unless the iterator returned has ``end_of_stream`` set: its generation is
+        closed (a newer one exists) and all of its records were read. The iterator returned
+        goes on after the records returned (or after everything read, which may be further
+        on when a call read many frames without a match).
 
         Stream reads cover the records kept locally: with a tier, records that are only
         in the tier are skipped (read them with :meth:`read_arrow`).
@@ -607,22 +690,41 @@ class Database:
         Raises:
             ForeignIterator: The iterator is another database's.
             UnknownStream: This database has no such stream (any more).
+            GenerationDropped: The iterator's generation was dropped (also when that
+                happens during the call).
             InvalidArgument: ``n`` is not a positive int.
         """
         engine = self._streams()
         if not isinstance(iterator, StreamIterator):
             raise InvalidArgument(f"next takes an Iterator, not {type(iterator).__name__}")
         _check_int("n", n, minimum=1)
+        shard, generation = iterator.shard, iterator.generation
         structure, _special = self._owned_stream(
-            iterator.db_id, iterator.shard, iterator.stream, iterator.check
+            iterator.db_id, shard, iterator.stream, iterator.check, generation, iterator.position
         )
         if len(iterator.varying_filter) != structure.count("+"):
             raise InvalidIterator("the iterator's filter does not fit its stream")
+        if iterator.end_of_stream:
+            return iterator, empty_read_table()
+        info = self._generation(generation, shard, iterator.position)
+        position = iterator.position if info is None else max(iterator.position, info.starts[shard])
+        end = self._generation_end(generation, shard)
+        if end is not None and position >= end:
+            return replace(iterator, position=end, end_of_stream=True), empty_read_table()
         want = StreamRead(
             iterator.stream, iterator.start_time_us, structure_regex(structure, iterator.varying_filter)
         )
-        batch = await engine.read_stream(iterator.shard, iterator.position, want, n, _NEXT_MAX_FRAMES)
-        return iterator.advanced(batch.next_offset), batch.table
+        batch = await engine.read_stream(shard, position, want, n, _NEXT_MAX_FRAMES)
+        self._generation(generation, shard, position)  # dropped while it was read
+        table, next_offset = batch.table, batch.next_offset
+        if end is not None and next_offset >= end:
+            # The read ran into the next generation, whose ids name other streams.
+            if table.num_rows and table.column("offset")[-1].as_py() >= end:
+                table = table.filter(pc.less(table.column("offset"), end))
+            if not table.num_rows:
+                return replace(iterator, position=end, end_of_stream=True), table
+            next_offset = end
+        return iterator.advanced(next_offset), table
 
     async def next(self, iterator: StreamIterator, n: int = 1000) -> tuple[StreamIterator, list[Record]]:
         """Like :meth:`next_arrow`, as :class:`~seglog.Record` objects (``shard`` and ``offset`` set)."""
@@ -633,8 +735,15 @@ class Database:
         """Have the engine note (or stop noting) where appends stamp a stream (subscriptions)."""
         self._streams().watch_stream(shard, stream, watch)
 
-    def _stream_stamped_since(self, shard: int, stream: int, offset: int) -> bool:
-        """Whether a watched stream may have records at ``offset`` or later (see the engine's)."""
+    def _stream_stamped_since(self, shard: int, stream: int, offset: int, generation: int = 1) -> bool:
+        """Whether a watched stream may have records at ``offset`` or later (see the engine's).
+
+        ``True`` for a generation that is not the current one: a read then finds its end
+        (``end_of_stream``) or that it was dropped.
+        """
+        gens = self._generations()
+        if gens is not None and generation != gens.list_generations()[-1].id:
+            return True
         return self._streams().stream_stamped_since(shard, stream, offset)
 
     def subscribe(self, iterator: StreamIterator, *, max_unacked: int) -> Subscription:
@@ -671,6 +780,113 @@ class Database:
         if self._subscriptions is None:
             self._subscriptions = SubscriptionManager(self)
         return self._subscriptions.stats()
+
+    # --- generations ---------------------------------------------------------------------
+
+    def _generation_engine(self) -> GenerationEngine:
+        self._streams()
+        engine = self._generations()
+        if engine is None:
+            raise InvalidArgument(f"the {self.config.engine!r} engine has no generations (use 'segment')")
+        return engine
+
+    async def add_generation(self) -> Slab:
+        """Close the current generation and start a new one on every shard (EMQX's
+        ``add_generation``).
+
+        A generation is a run of every shard's log learned with one LTS: the new one's
+        tries inherit only the wildcard structure of the old ones (a topic that went
+        through a ``+`` keeps going through it; static topics are learned afresh), so its
+        stream ids are its own. Appends from now on go to it; each shard's active segment
+        is sealed, so it starts a segment of its own. Iterators of the old generation read
+        its records to their end, then return ``end_of_stream``; :meth:`get_streams` lists
+        the new generation's streams after the old ones'. Crash-safe: an open after a crash
+        finds either the old or the new generation current.
+
+        Returns:
+            The new generation.
+
+        Raises:
+            InvalidArgument: The database has no streams, or its engine no generations.
+            StorageError: The generation files could not be written (nothing changed).
+        """
+        engine = self._generation_engine()
+        async with self._gen_lock:
+            self._check()
+            await engine.add_generation(self._clock_us())
+        self._wake_subscriptions()  # those of the old generation read to its end
+        return self.list_slabs()[-1]
+
+    def _wake_subscriptions(self) -> None:
+        if self._subscriptions is not None:
+            for shard in range(self.config.shards):
+                self._subscriptions.notify(shard)
+
+    def list_slabs(self) -> list[Slab]:
+        """Every generation of the database, dropped ones too, oldest first (the last one
+        is current): EMQX's ``list_slabs``, one :class:`~seglog.Slab` for all shards.
+
+        Raises:
+            InvalidArgument: The database has no streams, or its engine no generations.
+        """
+        gens = self._generation_engine().list_generations()
+        out = []
+        for i, g in enumerate(gens):
+            nxt = gens[i + 1] if i + 1 < len(gens) else None
+            out.append(
+                Slab(
+                    g.id,
+                    g.created_us,
+                    None if nxt is None else nxt.created_us,
+                    g.starts,
+                    None if nxt is None else nxt.starts,
+                    g.dropped,
+                    nxt is None,
+                )
+            )
+        return out
+
+    async def drop_slab(self, slab: Slab | int) -> int:
+        """Drop a closed generation: its records are gone, and reads of it (iterators, also
+        ones made before, and subscriptions) raise :class:`~seglog.errors.GenerationDropped`.
+
+        The segments of dropped generations are deleted once every older generation is
+        dropped too (a shard's log is cut at its start: the oldest live generation's first
+        offset); dropping the oldest generation first, as retention by generation does,
+        frees its space at once. Dropping a generation twice does nothing.
+
+        Args:
+            slab: One of :meth:`list_slabs`, or a generation number.
+
+        Returns:
+            Bytes of segment files deleted.
+
+        Raises:
+            UnknownGeneration: The database never had this generation.
+            CurrentGeneration: It is the current generation (add one first).
+            InvalidArgument: The database has no streams, or its engine no generations.
+            StorageError: The manifest could not be written (nothing was dropped).
+        """
+        engine = self._generation_engine()
+        generation = slab.generation if isinstance(slab, Slab) else slab
+        async with self._gen_lock:
+            self._check()
+            gens = engine.list_generations()
+            first = gens[0].id
+            if type(generation) is not int or not first <= generation < first + len(gens):
+                raise UnknownGeneration(f"database {self.name!r} has no generation {generation!r}")
+            if generation == gens[-1].id:
+                raise CurrentGeneration(
+                    f"generation {generation} of {self.name!r} is the current one: add a generation first"
+                )
+            await engine.mark_generation_dropped(generation)
+            self._wake_subscriptions()  # their reads of it now fail
+            live = next(g for g in engine.list_generations() if not g.dropped)
+            freed = 0
+            for shard in range(self.config.shards):
+                if live.starts[shard] > self._engine.start_offset(shard):
+                    freed += await self.truncate_before(shard, live.starts[shard])
+            return freed
 
     # --- tiering -----------------------------------------------------------------------
 

@@ -23,10 +23,12 @@ __all__ = [
     "CorruptCheckpoint",
     "CorruptFrame",
     "CorruptLTS",
+    "CurrentGeneration",
     "DatabaseExists",
     "DatabaseNotFound",
     "EpochRegression",
     "ForeignIterator",
+    "GenerationDropped",
     "InvalidArgument",
     "InvalidHeaders",
     "InvalidIterator",
@@ -62,6 +64,7 @@ __all__ = [
     "StreamFilterMismatch",
     "SubackOutOfRange",
     "TierError",
+    "UnknownGeneration",
     "UnknownMember",
     "UnknownStream",
     "UnsupportedContentType",
@@ -169,6 +172,15 @@ class UnknownStream(InvalidArgument):
 
 class StreamFilterMismatch(InvalidArgument):
     """A topic filter that can match no topic of the stream it was given with."""
+
+
+class UnknownGeneration(InvalidArgument):
+    """A generation (slab) this database never had."""
+
+
+class CurrentGeneration(InvalidArgument):
+    """``drop_slab`` of the current generation: only a closed one (one with a newer
+    generation after it) can be dropped; call ``add_generation`` first."""
 
 
 class SubackOutOfRange(InvalidArgument):
@@ -452,4 +464,26 @@ class OffsetOutOfRange(SeglogError, IndexError):
         self.offset = offset
         self.start = start
         self.end = end
+        self.shard = shard
+
+
+class GenerationDropped(OffsetOutOfRange):
+    """A read of a generation that ``drop_slab`` dropped: its records are gone.
+
+    Raised by ``next``/``next_arrow``, ``make_iterator`` and subscriptions of an iterator
+    or stream of that generation (EMQX's ``generation_not_found``).
+
+    Attributes:
+        generation: The dropped generation.
+        shard: The shard read (``None`` when not one shard's read).
+        offset: The position read (0 when none).
+    """
+
+    def __init__(self, generation: int, *, shard: int | None = None, offset: int = 0) -> None:
+        where = "" if shard is None else f" (shard {shard}, offset {offset})"
+        Exception.__init__(self, f"generation {generation} was dropped; its records are gone{where}")
+        self.generation = generation
+        self.offset = offset
+        self.start = offset
+        self.end = offset
         self.shard = shard

@@ -9,15 +9,19 @@ iterator that goes on after them.
 
 An iterator is a small value, not a handle: it holds nothing open, may be stored (see
 :meth:`Iterator.to_bytes`), and survives restarts, since stream ids are a function of the
-log (they are learned again in the same order). ``end_of_stream`` is reserved for
-generations (a closed generation's streams end); the log has one open generation, so
-``next`` never sets it today: an empty batch means "nothing more yet".
+log (they are learned again in the same order).
 
-Iterator bytes (version 1, little-endian), 44 bytes plus the varying filter::
+Streams and iterators belong to one *generation* (``Database.add_generation``): a stream
+id means something only within its generation, whose records of a shard are an offset range
+of it. Once a newer generation exists, ``next`` on an iterator that has read all of its
+generation's records returns an empty batch with ``end_of_stream`` set.
+
+Iterator bytes (version 2, little-endian), 48 bytes plus the varying filter::
 
     offset  size  field
     0       2     magic b"SI"
-    2       1     version (1)
+    2       1     version (2; version 1, without the generation field, is read as
+                  generation 1: every iterator made before generations existed)
     3       1     flags (bit 0: end of stream)
     4       8     database id (u64; another database's iterators are refused)
     12      4     shard (u32)
@@ -26,7 +30,8 @@ Iterator bytes (version 1, little-endian), 44 bytes plus the varying filter::
                   a log that was cut back and relearned something else is refused)
     24      8     position: the next offset of the shard to read (u64)
     32      8     start time (i64 µs since 1970; earlier records are skipped)
-    40      ...   varying filter: a LEB128 count, then per varying level a LEB128 value,
+    40      4     generation (u32; version 2 only)
+    44      ...   varying filter: a LEB128 count, then per varying level a LEB128 value,
                   0 for "any token", else the token's UTF-8 length + 1 followed by it
     ...     4     CRC-32 of everything before it
 
@@ -45,12 +50,14 @@ from typing import Final
 
 from seglog.errors import InvalidIterator
 
-__all__ = ["Iterator", "Stream", "structure_check"]
+__all__ = ["Iterator", "Slab", "Stream", "structure_check"]
 
 _MAGIC: Final = b"SI"
-_VERSION: Final = 1
+_VERSION: Final = 2
+_VERSION_1: Final = 1  # before generations: no generation field (generation 1)
 _FLAG_END: Final = 0x01
 _HEAD: Final = struct.Struct("<2sBBQIIIQq")
+_GEN: Final = struct.Struct("<I")
 _CRC: Final = struct.Struct("<I")
 assert _HEAD.size == 40
 
@@ -70,6 +77,7 @@ class Stream:
         id: The stream id within the shard (dense, in order of learning).
         structure: The learned levels, ``+`` where topics vary (``("metrics", "+", "cpu")``).
         special: Whether its topics start with ``$`` (they live under their own root).
+        generation: The generation whose trie learned it (ids are per generation).
     """
 
     shard: int
@@ -77,6 +85,7 @@ class Stream:
     structure: tuple[str, ...]
     special: bool = False
     db_id: int = field(default=0, repr=False)
+    generation: int = 1
 
     @property
     def pattern(self) -> str:
@@ -103,7 +112,8 @@ class Iterator:
         start_time_us: Records with an earlier ``ts`` are skipped.
         varying_filter: Per varying level of the stream, the token the filter requires
             there, or ``None`` for any.
-        end_of_stream: Reserved for generations: never set while the log has one.
+        end_of_stream: The stream's generation is closed and every record of it was read.
+        generation: The stream's generation.
     """
 
     db_id: int = field(repr=False)
@@ -114,6 +124,7 @@ class Iterator:
     start_time_us: int
     varying_filter: tuple[str | None, ...] = ()
     end_of_stream: bool = False
+    generation: int = 1
 
     def advanced(self, position: int) -> Iterator:
         """The same iterator at another position."""
@@ -132,7 +143,7 @@ class Iterator:
             self.position,
             self.start_time_us,
         )
-        parts = [head, _leb128(len(self.varying_filter))]
+        parts = [head, _GEN.pack(self.generation), _leb128(len(self.varying_filter))]
         for token in self.varying_filter:
             if token is None:
                 parts.append(b"\x00")
@@ -162,9 +173,9 @@ class Iterator:
         magic, version, flags, db_id, shard, stream, check, position, start = _HEAD.unpack_from(raw, 0)
         if magic != _MAGIC:
             raise InvalidIterator(f"not a stream iterator (magic {magic!r})")
-        if version != _VERSION:
+        if version not in (_VERSION, _VERSION_1):
             raise InvalidIterator(
-                f"stream iterator version {version} is not supported (this build: {_VERSION})"
+                f"stream iterator version {version} is not supported (this build: {_VERSION_1}..{_VERSION})"
             )
         body, (crc,) = raw[: -_CRC.size], _CRC.unpack(raw[-_CRC.size :])
         if zlib.crc32(body) != crc:
@@ -172,6 +183,14 @@ class Iterator:
         if flags & ~_FLAG_END:
             raise InvalidIterator(f"unknown stream iterator flags {flags:#x}")
         pos = _HEAD.size
+        generation = 1
+        if version == _VERSION:
+            if len(body) < pos + _GEN.size + 1:
+                raise InvalidIterator("stream iterator ends inside its generation")
+            (generation,) = _GEN.unpack_from(body, pos)
+            pos += _GEN.size
+            if generation < 1:
+                raise InvalidIterator("stream iterator generation 0 does not exist (the first is 1)")
         try:
             count, pos = _read_leb128(body, pos)
             vf: list[str | None] = []
@@ -191,7 +210,36 @@ class Iterator:
             raise InvalidIterator(f"{len(body) - pos} stray bytes in a stream iterator")
         if position >= 1 << 63:
             raise InvalidIterator(f"stream iterator position {position} is out of range")
-        return cls(db_id, shard, stream, check, position, start, tuple(vf), bool(flags & _FLAG_END))
+        return cls(
+            db_id, shard, stream, check, position, start, tuple(vf), bool(flags & _FLAG_END), generation
+        )
+
+
+@dataclass(frozen=True)
+class Slab:
+    """One generation of a database, as ``Database.list_slabs`` describes it.
+
+    EMQX's slab is a (shard, generation) pair; seglog adds and drops generations on every
+    shard at once, so a :class:`Slab` covers every shard and says where in each it lies.
+
+    Attributes:
+        generation: The generation (the first is 1).
+        created_us: When it was added (µs since 1970; 0 for the first).
+        until_us: When it was closed (the next one's creation); ``None`` while current.
+        since: Per shard, the first offset of the generation.
+        until: Per shard, the offset where it ends (the next one's start); ``None`` while
+            current.
+        dropped: Whether ``drop_slab`` dropped it (its reads raise ``GenerationDropped``).
+        current: Whether appends go to it (the newest generation).
+    """
+
+    generation: int
+    created_us: int
+    until_us: int | None
+    since: tuple[int, ...]
+    until: tuple[int, ...] | None
+    dropped: bool
+    current: bool
 
 
 def _leb128(value: int) -> bytes:

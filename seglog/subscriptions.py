@@ -34,7 +34,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final
 
@@ -336,15 +336,24 @@ class _Beam:
     """The shared read of one stream of one shard, and the catch-up of its laggards."""
 
     def __init__(
-        self, manager: SubscriptionManager, shard: int, stream: int, check: int, structure: tuple[str, ...]
+        self,
+        manager: SubscriptionManager,
+        shard: int,
+        stream: int,
+        check: int,
+        structure: tuple[str, ...],
+        generation: int = 1,
     ) -> None:
         self.manager = manager
         self.shard = shard
         self.stream = stream
+        self.generation = generation
         self.structure = structure
         width = structure.count("+")
         # Reads every row of the stream: each member's filter is applied to the result.
-        self.iterator = Iterator(manager.db.id, shard, stream, check, 0, _MIN_TS, (None,) * width)
+        self.iterator = Iterator(
+            manager.db.id, shard, stream, check, 0, _MIN_TS, (None,) * width, generation=generation
+        )
         manager.db._watch_stream(shard, stream, True)  # before the end is read: nothing slips by
         self.position = manager.db.end_offset(shard)  # the head, when the first one subscribes
         self.members: dict[Subscription, None] = {}  # insertion-ordered sets
@@ -428,7 +437,7 @@ class _Beam:
             if sub.iterator.position >= self.position and not sub.stuck:
                 self._join(sub)
         if self.members and self.position < end:
-            if self.manager.db._stream_stamped_since(self.shard, self.stream, self.position):
+            if self.manager.db._stream_stamped_since(self.shard, self.stream, self.position, self.generation):
                 worked = await self._shared_read()
             else:
                 self._skip_to(end)
@@ -470,7 +479,9 @@ class _Beam:
         self.position = it.position
         if it.end_of_stream and not table.num_rows:
             for sub in list(self.members):
-                sub._deliver(table, sub.iterator.advanced(it.position), lagging=False)
+                sub._deliver(
+                    table, replace(sub.iterator, position=it.position, end_of_stream=True), lagging=False
+                )
                 self._retire(sub)
             return True
         for group in list(self.groups.values()):
@@ -553,7 +564,7 @@ class SubscriptionManager:
 
     def __init__(self, db: Database) -> None:
         self.db = db
-        self._beams: dict[int, dict[int, _Beam]] = {}  # shard -> stream -> beam
+        self._beams: dict[int, dict[tuple[int, int], _Beam]] = {}  # shard -> (generation, stream) -> beam
         self._subs: dict[Subscription, _Beam] = {}
         self._counters = _Counters()
         self._closed = False
@@ -567,7 +578,7 @@ class SubscriptionManager:
         if type(max_unacked) is not int or max_unacked < 1:
             raise InvalidArgument(f"max_unacked must be an int >= 1, not {max_unacked!r}")
         structure, _special = self.db._owned_stream(
-            iterator.db_id, iterator.shard, iterator.stream, iterator.check
+            iterator.db_id, iterator.shard, iterator.stream, iterator.check, iterator.generation
         )
         if len(iterator.varying_filter) != structure.count("+"):
             raise InvalidIterator("the iterator's filter does not fit its stream")
@@ -576,10 +587,11 @@ class SubscriptionManager:
             sub._finish()
             return sub
         by_stream = self._beams.setdefault(iterator.shard, {})
-        beam = by_stream.get(iterator.stream)
+        key = (iterator.generation, iterator.stream)
+        beam = by_stream.get(key)
         if beam is None:
-            beam = by_stream[iterator.stream] = _Beam(
-                self, iterator.shard, iterator.stream, iterator.check, structure
+            beam = by_stream[key] = _Beam(
+                self, iterator.shard, iterator.stream, iterator.check, structure, iterator.generation
             )
         self._subs[sub] = beam
         beam.add(sub)
@@ -626,8 +638,8 @@ class SubscriptionManager:
         if not self._closed:  # a closing database's engine forgets its watches itself
             self.db._watch_stream(beam.shard, beam.stream, False)
         by_stream = self._beams.get(beam.shard)
-        if by_stream is not None and by_stream.get(beam.stream) is beam:
-            del by_stream[beam.stream]
+        if by_stream is not None and by_stream.get((beam.generation, beam.stream)) is beam:
+            del by_stream[beam.generation, beam.stream]
             if not by_stream:
                 del self._beams[beam.shard]
         for sub in [s for s, b in self._subs.items() if b is beam]:

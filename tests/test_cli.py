@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import seglog
+import seglog.topics
+from seglog.topics import topic_matches
+
 SEGLOG = str(Path(sys.executable).parent / "seglog")
+T0 = 1_767_225_600_000_000  # 2026-01-01T00:00:00Z
 
 
 def sh(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
@@ -74,6 +80,8 @@ def test_demo_small_with_spark_pipeline(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     assert b"read_key" in r.stdout and b"records/s" in r.stdout and b"Parquet objects" in r.stdout
     assert b"Spark job" in r.stdout
+    assert b"wildcard read         sensors/site03/+/temp -> 500 records of 20,000 from " in r.stdout
+    assert b"3 subscribers x " in r.stdout and b"got 500 live records each" in r.stdout
     chart = tmp_path / "demo-sites.png"
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -98,3 +106,119 @@ def test_tier_command_and_stats(tmp_path: Path) -> None:
     assert rows[0]["cold"] > 0 and rows[0]["end"] == 500
     r = sh("tier", data, "db1")
     assert r.returncode == 1 and b"--tier is required" in r.stderr
+
+
+def _write_topic_dbs(data: Path) -> list[seglog.Record]:
+    """Two databases with the same records, ``withstreams`` stamping streams and ``plain`` not."""
+    records = [
+        seglog.Record(f"sensors/site{d % 3}/dev{d:03d}/{m}", b"%d" % i, ts=T0 + i)
+        for i, (d, m) in enumerate((d, m) for _ in range(3) for d in range(60) for m in ("temp", "rpm"))
+    ]
+    records += [seglog.Record(f"$SYS/broker/{k}", b"s", ts=T0 + 2_000_000 + k) for k in range(5)]
+    records += [seglog.Record("other", b"o", ts=T0 + 3_000_000)]
+
+    async def write() -> None:
+        async with seglog.open(data) as store:
+            with_streams = await store.create_db(
+                "withstreams", shards=2, lts_thresholds=seglog.topics.DEFAULT_LTS_THRESHOLDS
+            )
+            plain = await store.create_db("plain", shards=2)
+            for db in (with_streams, plain):
+                for k in range(0, len(records), 50):
+                    await db.append(records[k : k + 50])
+
+    asyncio.run(write())
+    return records
+
+
+def _docs(r: subprocess.CompletedProcess[bytes]) -> list[dict[str, object]]:
+    assert r.returncode == 0, r.stderr
+    return [json.loads(x) for x in r.stdout.splitlines()]
+
+
+def test_consume_topic_filter_through_streams_and_by_scan(tmp_path: Path) -> None:
+    data = str(tmp_path / "d")
+    _write_topic_dbs(tmp_path / "d")
+    everything = _docs(sh("consume", data, "withstreams"))
+    assert _docs(sh("consume", data, "plain")) == everything  # same records, same places
+    for topic_filter in (
+        "sensors/+/+/temp",
+        "sensors/site1/#",
+        "sensors/site2/dev005/rpm",
+        "#",
+        "$SYS/#",
+        "+",
+    ):
+        expected = [d for d in everything if topic_matches(topic_filter, str(d["topic"]))]
+        assert expected, topic_filter
+        streamed = sh("consume", data, "withstreams", "--topic", topic_filter)
+        assert _docs(streamed) == expected, topic_filter
+        scanned = sh("consume", data, "plain", "--topic", topic_filter)
+        assert _docs(scanned) == expected, topic_filter
+        assert b"wildcard read of" in streamed.stderr and b"filtered scan" in scanned.stderr
+    # A selective filter reads a few of the streams, not all of them.
+    streamed = sh("consume", data, "withstreams", "--topic", "sensors/+/+/temp")
+    n_streams = int(streamed.stderr.split(b"wildcard read of ")[1].split()[0])
+    n_all = int(
+        sh("consume", data, "withstreams", "--topic", "#").stderr.split(b"wildcard read of ")[1].split()[0]
+    )
+    assert 0 < n_streams < n_all
+    # With --shard, --from and --max, like a read without a filter.
+    expected = [
+        d for d in everything if d["shard"] == 1 and topic_matches("sensors/+/+/rpm", str(d["topic"]))
+    ]
+    for db in ("withstreams", "plain"):
+        r = sh("consume", data, db, "--topic", "sensors/+/+/rpm", "--shard", "1", "--max", "7")
+        assert _docs(r) == expected[:7]
+        cut = int(str(expected[3]["offset"]))
+        r = sh("consume", data, db, "--topic", "sensors/+/+/rpm", "--shard", "1", "--from", str(cut))
+        assert _docs(r) == expected[3:]
+
+
+def test_consume_topic_filter_group_and_errors(tmp_path: Path) -> None:
+    data = str(tmp_path / "d")
+    _write_topic_dbs(tmp_path / "d")
+    expected = [
+        d for d in _docs(sh("consume", data, "withstreams")) if topic_matches("$SYS/#", str(d["topic"]))
+    ]
+    first = _docs(sh("consume", data, "withstreams", "--topic", "$SYS/#", "--group", "g", "--max", "2"))
+    rest = _docs(sh("consume", data, "withstreams", "--topic", "$SYS/#", "--group", "g"))
+    assert len(expected) == 5 and sorted(first + rest, key=str) == sorted(expected, key=str)
+    for bad in ("sensors/te+mp", "a/#/b", ""):
+        r = sh("consume", data, "withstreams", "--topic", bad)
+        assert r.returncode == 1 and r.stdout == b"", bad
+        line = r.stderr.decode()
+        assert line.startswith("seglog: error: ") and line.strip().count("\n") == 0, line
+
+
+def test_network_consume_refuses_topic_filters_clearly() -> None:
+    r = sh("consume", "--url", "http://127.0.0.1:9", "db", "--topic", "sensors/+/temp")
+    assert r.returncode == 1 and r.stderr.decode().count("\n") == 1
+    assert b"InvalidArgument: --topic is not supported with --url" in r.stderr
+
+
+def test_consume_topic_filter_while_another_process_owns_the_store(tmp_path: Path) -> None:
+    """A locked store is read without the lock (seglog.follow): the filter is applied by a scan."""
+    data = tmp_path / "d"
+    _write_topic_dbs(data)
+    expected = [d for d in _docs(sh("consume", str(data), "withstreams")) if str(d["topic"]).endswith("/rpm")]
+
+    async def consume_while_locked() -> tuple[int, bytes, bytes]:
+        async with seglog.open(data):
+            proc = await asyncio.create_subprocess_exec(
+                SEGLOG,
+                "consume",
+                str(data),
+                "withstreams",
+                "--topic",
+                "sensors/+/+/rpm",
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+            )
+            out, err = await proc.communicate()
+            return proc.returncode or 0, out, err
+
+    code, out, err = asyncio.run(consume_while_locked())
+    assert code == 0, err
+    assert [json.loads(x) for x in out.splitlines()] == expected
+    assert b"filtered scan (read-only: another process owns the store)" in err

@@ -81,6 +81,13 @@ def test_demo_reruns_over_its_own_directory(tmp_path: Path) -> None:
     assert (data / ".seglog-demo").is_file() and (tmp_path / "demo-tier" / ".seglog-demo").is_file()
 
 
+def test_demo_of_one_record_leaves_shards_empty_and_still_reports(tmp_path: Path) -> None:
+    """Most shards get nothing: the demo samples offset_for_time on a shard that has records."""
+    r = sh("demo", str(tmp_path / "one"), "--records", "1", "--no-spark")
+    assert r.returncode == 0, r.stderr
+    assert b"offset_for_time" in r.stdout and b"-> offset 0" in r.stdout
+
+
 # --- 2. produce from a pipe ----------------------------------------------------------------
 
 

@@ -37,6 +37,7 @@ def test_readme_shows_every_example_file_verbatim() -> None:
         "spark_read.py",
         "streams.py",
         "subscriptions.py",
+        "generations.py",
         "cli_quickstart.sh",
     }
     python_blocks = fenced("python")
@@ -110,14 +111,27 @@ def test_cli_quickstart(tmp_path: Path) -> None:
     lines = out.splitlines()
     assert lines[0].startswith('{"shard": 0, "offset": 0, ') and '"value": "1"' in lines[0]
     assert "21.5" in lines  # consume --shard 3 --format raw
+    after = lines.index("21.5") + 1
+    assert lines[after : after + 4] == ["1", "2", "3", "4"]  # consume --topic 'sensors/+/temp' --max 4
     assert any(line.startswith("dashboards") for line in lines) and "telemetry" in out
 
 
 def test_streams_example(tmp_path: Path) -> None:
     out = run(sys.executable, str(EXAMPLES / "streams.py"), str(tmp_path / "data"), cwd=tmp_path).splitlines()
     assert out[0] == "['north/+/temp', 'north/+/temp']"
-    assert out[-2] == "iterator bytes: [46, 46]"
+    assert out[-2] == "iterator bytes: [50, 50]"
     assert out[-1] == "the rest after a restart: 30"
+
+
+def test_generations_example(tmp_path: Path) -> None:
+    out = run(
+        sys.executable, str(EXAMPLES / "generations.py"), str(tmp_path / "data"), cwd=tmp_path
+    ).splitlines()
+    assert out[0] == "[(1, 'car/0/speed'), (1, 'car/1/speed'), (1, 'car/+/speed'), (2, 'car/+/speed')]"
+    assert out[1:3] == ["generation 1 [b'2', b'3', b'4']", "generation 1 []"]
+    assert out[3] == "[(1, (0,), (5,), False), (2, (5,), None, False)]"
+    assert out[4] == "dropped generation 1; shard 0 starts at 5 = 5"
+    assert out[5].startswith("GenerationDropped: generation 1 was dropped")
 
 
 def test_subscriptions_example(tmp_path: Path) -> None:

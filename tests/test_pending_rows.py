@@ -112,3 +112,10 @@ def test_frames_cut_from_a_large_batch_carry_only_their_rows() -> None:
     for source in (batch, foreign):
         frame = encode_frame(source.slice(5000, 200), 5000)
         assert frame.size <= whole + 64, frame.size  # not the parent's 20,000 rows of offsets
+
+
+def test_shard_numbers_fit_the_16_bit_sort_keys() -> None:
+    """Appends and flushes sort shard numbers as int16 (numpy's radix sort): every shard fits."""
+    from seglog.db_config import MAX_SHARDS
+
+    assert np.iinfo(np.int16).max >= MAX_SHARDS - 1

@@ -5,6 +5,7 @@ All tests share one SparkSession (the ``spark`` fixture): JVM start-up dominates
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import math
 from collections import defaultdict
@@ -14,9 +15,12 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pytest
 
+import seglog
+from seglog import Record
 from seglog.spark.pipeline import site_minute_stats, write_site_minute_chart
 from seglog.tiering import LocalTarget, Manifest, TierTarget, open_target, upload_segment
-from seglog.topics import topic_matches
+from seglog.tiering.parquet import ROW_GROUP_ROWS
+from seglog.topics import DEFAULT_LTS_THRESHOLDS, topic_matches
 from tests.tier_fixtures import MinioServer, make_segment_table
 
 if TYPE_CHECKING:
@@ -238,3 +242,129 @@ def test_unknown_option_is_rejected_with_the_valid_ones(
     with pytest.raises(Exception, match="s3_endpoint") as ei:
         seglog_df(spark, target.uri, s3_endpoint="http://127.0.0.1:9").collect()
     assert "valid options: root, db, mqtt_filter, endpoint" in str(ei.value)
+
+
+# --- topic filters through streams --------------------------------------------------------
+
+PHASE_ROWS = ROW_GROUP_ROWS  # one Parquet row group per phase of the workload
+
+
+def stream_workload() -> list[Record]:
+    """Three bursts, one per fleet and metric, each a row group of one shard's object."""
+    out = []
+    for phase, (fleet, metric) in enumerate((("a", "temp"), ("b", "rpm"), ("c", "temp"))):
+        t0 = TS0 + phase * PHASE_ROWS
+        out += [
+            Record(f"fleet/{fleet}/dev{i % 40}/{metric}", b"%d" % i, ts=t0 + i) for i in range(PHASE_ROWS)
+        ]
+    return out
+
+
+def tier_workload(
+    tmp_path: Path, db_name: str, *, streams: bool, tier_uri: str | None = None, **s3: str
+) -> str:
+    """Writes :func:`stream_workload` to a one-shard database, seals and tiers it; the tier URI.
+
+    The tier is a local directory unless ``tier_uri`` (with ``s3_endpoint`` etc.) names one.
+    """
+    tier_uri = tier_uri or f"file://{tmp_path / 'tier'}"
+
+    async def write() -> None:
+        async with seglog.open(tmp_path / "data", tier=tier_uri, fsync="never", **s3) as store:  # type: ignore[arg-type]
+            db = await store.create_db(
+                db_name, shards=1, lts_thresholds=DEFAULT_LTS_THRESHOLDS if streams else None
+            )
+            records = stream_workload()
+            for k in range(0, len(records), 8192):
+                await db.append(records[k : k + 8192])
+            await db.seal()
+            assert len(await db.tier_now()) == 1
+
+    asyncio.run(write())
+    return tier_uri
+
+
+def scanned(log: Path) -> tuple[int, int, int]:
+    """(row groups decoded, row groups in the objects, rows decoded) from a ``scan_log``."""
+    lines = [line.split() for line in log.read_text().splitlines()]
+    return tuple(sum(int(parts[k]) for parts in lines) for k in (1, 2, 3))  # type: ignore[return-value]
+
+
+def test_mqtt_filter_prunes_row_groups_by_stream(spark: SparkSession, tmp_path: Path) -> None:
+    tier_uri = tier_workload(tmp_path, "fleet", streams=True)
+    all_rows = [
+        (r["offset"], r["topic"], r["stream"])
+        for r in spark.read.format("seglog").option("root", tier_uri).option("db", "fleet").load().collect()
+    ]
+    assert len(all_rows) == 3 * PHASE_ROWS and len({s for _, _, s in all_rows}) > 3
+
+    def read(log: Path, **options: str) -> DataFrame:
+        reader = spark.read.format("seglog").option("root", tier_uri).option("db", "fleet")
+        for k, v in {"scan_log": str(log), **options}.items():
+            reader = reader.option(k, v)
+        return reader.load()
+
+    for k, mqtt_filter in enumerate(["fleet/b/+/rpm", "fleet/+/dev7/temp", "fleet/a/dev3/#", "+/c/#"]):
+        log = tmp_path / f"scan{k}.log"
+        got = sorted((r["offset"], r["topic"]) for r in read(log, mqtt_filter=mqtt_filter).collect())
+        expected = sorted((o, t) for o, t, _ in all_rows if topic_matches(mqtt_filter, t))
+        assert got == expected and expected, mqtt_filter
+        groups, total, rows = scanned(log)
+        assert total == 3, mqtt_filter
+        # Streams of fleets the filter cannot match are never decoded: one burst, or two of
+        # the three for dev7/temp (fleets a and c).
+        assert groups == (2 if "dev7" in mqtt_filter else 1), mqtt_filter
+        assert rows == groups * PHASE_ROWS, mqtt_filter
+    # Pushed-down topic equality prunes the same way (a topic name is its own filter).
+    log = tmp_path / "eq.log"
+    got = read(log).filter("topic = 'fleet/b/dev5/rpm'").select("offset").collect()
+    assert sorted(r["offset"] for r in got) == sorted(o for o, t, _ in all_rows if t == "fleet/b/dev5/rpm")
+    assert scanned(log)[:2] == (1, 3)
+    # No topic condition: everything is decoded.
+    log = tmp_path / "all.log"
+    assert read(log).count() == 3 * PHASE_ROWS and scanned(log) == (3, 3, 3 * PHASE_ROWS)
+
+
+def test_mqtt_filter_without_streams_filters_rows(spark: SparkSession, tmp_path: Path) -> None:
+    tier_uri = tier_workload(tmp_path, "plain", streams=False)
+    log = tmp_path / "scan.log"
+    df = (
+        spark.read.format("seglog")
+        .option("root", tier_uri)
+        .option("db", "plain")
+        .option("mqtt_filter", "fleet/b/+/rpm")
+        .option("scan_log", str(log))
+        .load()
+    )
+    got = sorted(r["offset"] for r in df.select("offset").collect())
+    assert got == list(range(PHASE_ROWS, 2 * PHASE_ROWS))
+    assert scanned(log) == (3, 3, 3 * PHASE_ROWS)  # no stream metadata: every row group is read
+
+
+def test_mqtt_filter_prunes_row_groups_on_minio(
+    spark: SparkSession, minio: MinioServer, bucket: str, tmp_path: Path
+) -> None:
+    endpoint, access_key, secret_key = minio
+    tier_uri = tier_workload(
+        tmp_path,
+        DB,
+        streams=True,
+        tier_uri=f"s3://{bucket}/tier",
+        s3_endpoint=endpoint,
+        s3_access_key=access_key,
+        s3_secret_key=secret_key,
+    )
+    log = tmp_path / "scan.log"
+    df = seglog_df(
+        spark,
+        tier_uri,
+        endpoint=endpoint,
+        access_key=access_key,
+        secret_key=secret_key,
+        mqtt_filter="fleet/b/+/rpm",
+        scan_log=str(log),
+    )
+    assert sorted(r["offset"] for r in df.select("offset").collect()) == list(
+        range(PHASE_ROWS, 2 * PHASE_ROWS)
+    )
+    assert scanned(log) == (1, 3, PHASE_ROWS)

@@ -502,7 +502,9 @@ def test_iterator_bytes_round_trip() -> None:
     back = Iterator.from_bytes(it.to_bytes())
     assert back == it
     small = Iterator(1, 0, 3, 4, 5, 6, (None,))
-    assert len(small.to_bytes()) == 46
+    assert len(small.to_bytes()) == 50  # version 2: 4 bytes of generation
+    later = Iterator(1, 0, 3, 4, 5, 6, (None,), generation=7)
+    assert Iterator.from_bytes(later.to_bytes()) == later
 
 
 def test_lts_thresholds_config(run, data_dir: Path) -> None:

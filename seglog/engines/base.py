@@ -28,6 +28,8 @@ __all__ = [
     "EngineReader",
     "Fsync",
     "FsyncPolicy",
+    "GenerationEngine",
+    "GenerationInfo",
     "Quota",
     "ReadFrame",
     "ReadOnlyReason",
@@ -393,6 +395,55 @@ class StreamEngine(Engine, Protocol):
         """Up to ``max_records`` rows of ``want.stream`` at or after ``offset`` (local records),
         reading at most ``max_frames`` frames that may hold the stream; the result says where
         to go on. ``offset`` below the log start reads from the start."""
+
+
+@dataclass(frozen=True)
+class GenerationInfo:
+    """One generation of a database with streams, as its manifest records it.
+
+    Attributes:
+        id: The generation (the first is 1).
+        created_us: When it was added (µs since 1970; 0 for the first one).
+        starts: Per shard, the first offset of the generation.
+        dropped: Whether ``drop_slab`` dropped it.
+    """
+
+    id: int
+    created_us: int
+    starts: tuple[int, ...]
+    dropped: bool = False
+
+
+@runtime_checkable
+class GenerationEngine(StreamEngine, Protocol):
+    """An engine whose streams come in generations (the ``segment`` engine).
+
+    A generation's records of a shard are the offsets from its start up to the next
+    generation's start; its stream ids are its own trie's.
+    """
+
+    @property
+    def generations_enabled(self) -> bool: ...
+
+    def list_generations(self) -> list[GenerationInfo]:
+        """Every generation (dropped ones too), oldest first; the last one is current."""
+
+    def generation_streams(
+        self, generation: int, shard: int, topic_filter: str
+    ) -> list[tuple[int, tuple[str, ...], bool]]:
+        """``(stream, structure, special)`` of a generation's streams of ``shard`` that may
+        hold topics matching the filter."""
+
+    def generation_stream_structure(
+        self, generation: int, shard: int, stream: int
+    ) -> tuple[tuple[str, ...], bool] | None:
+        """:meth:`StreamEngine.stream_structure` in a generation (``None``: no such stream)."""
+
+    async def add_generation(self, created_us: int) -> GenerationInfo:
+        """Close the current generation and start the next one on every shard."""
+
+    async def mark_generation_dropped(self, generation: int) -> None:
+        """Record durably that a closed generation was dropped (the caller frees its records)."""
 
 
 # --- reading a database another process owns ---------------------------------------------

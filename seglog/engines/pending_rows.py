@@ -173,7 +173,7 @@ class PendingRows:
             offset_col = np.concatenate([o for _, _, o in pieces])
         # Requests are kept in append order and a shard's rows come in offset order in each:
         # a stable sort by shard alone (a radix sort) leaves every shard's rows in offset order.
-        order = np.argsort(shard_col, kind="stable")
+        order = np.argsort(shard_col.astype(np.int16), kind="stable")  # radix: MAX_SHARDS fits
         sorted_shards = shard_col[order]
         starts = np.concatenate(([0], np.flatnonzero(sorted_shards[1:] != sorted_shards[:-1]) + 1))
         counts = np.diff(np.concatenate((starts, [len(sorted_shards)])))

@@ -27,6 +27,7 @@ import pyarrow.compute as pc
 from seglog.engines.base import (
     READ_SCHEMA,
     EngineConfig,
+    GenerationInfo,
     Quota,
     ReadOnlyReason,
     ShardStats,
@@ -44,6 +45,7 @@ from seglog.engines.frames import (
     split_batch,
 )
 from seglog.engines.frames import with_offsets as _with_offsets
+from seglog.engines.generations import GenerationLog, GenerationLookups
 from seglog.engines.pending_rows import PendingPart, ShardArrays
 from seglog.engines.segment_writer import (
     TAILED_S,
@@ -67,6 +69,7 @@ from seglog.errors import (
     BusyResourceError,
     ClosedResourceError,
     CorruptFrame,
+    CorruptLTS,
     InvalidArgument,
     OffsetOutOfRange,
     StorageError,
@@ -86,6 +89,7 @@ from seglog.segment.epoch_cache import MAX_EPOCH, UNDEFINED_EPOCH, UNDEFINED_OFF
 from seglog.segment.high_watermark import HighWatermarkCheckpoint
 from seglog.segment.journal import Journal
 from seglog.segment.log_segment import SEGMENT_SUFFIX
+from seglog.topics.lts import LTS
 from seglog.topics.streams import StreamStamper
 
 __all__ = ["SegmentEngine", "SegmentRange", "shard_dir_name"]
@@ -538,7 +542,7 @@ def _frame_tags(batch: pa.RecordBatch) -> np.ndarray[Any, np.dtype[np.uint32]]:
     return _MIXED if len(tags) > MAX_FRAME_TAGS else tags
 
 
-class SegmentEngine(StreamLookups):
+class SegmentEngine(GenerationLookups, StreamLookups):
     """Segment files per shard, LMDB indexes, writes through the shared :class:`IoPool`."""
 
     name: Final = "segment"
@@ -556,6 +560,8 @@ class SegmentEngine(StreamLookups):
     ) -> None:
         self.config = config
         self._streams = streams
+        #: The database's generations (``None`` without streams); see :meth:`add_generation`.
+        self.generations: GenerationLog | None = None
         #: Frames decoded by :meth:`read_stream` (stream reads skip frames; tests compare).
         self.stream_frames_read = 0
         self._shards = shards
@@ -599,12 +605,22 @@ class SegmentEngine(StreamLookups):
                 _catch_up_index(shard)
                 shard.reconcile_epochs()
             streams: StreamStamper | None = None
+            generations: GenerationLog | None = None
             if config.lts_thresholds is not None:
                 streams = StreamStamper(config.shards, config.lts_thresholds)
-                snapshots = SnapshotFiles(config.directory)
+                generations = GenerationLog(config.directory, config.shards)
+                generations.clamp_to([s.log.next_offset for s in shards])
+                current = generations.current
+                snapshots = SnapshotFiles(config.directory, generations.snapshot_subdir(current.id))
                 for shard in shards:
                     shard.streams = streams
                     shard.snapshots = snapshots
+                    base = None
+                    if current.id > 1:
+                        base = (
+                            _inherited_trie(generations, current.id, shard.number, config.lts_thresholds),
+                            current.starts[shard.number],
+                        )
                     shard.snap_end = recover_shard(
                         streams,
                         snapshots,
@@ -612,6 +628,7 @@ class SegmentEngine(StreamLookups):
                         shard.log.log_start_offset,
                         shard.log.next_offset,
                         functools.partial(_frame_batches, shard),
+                        base,
                     )
         except BaseException:
             with contextlib.suppress(StorageError):
@@ -639,7 +656,9 @@ class SegmentEngine(StreamLookups):
                 s.writer = writer
         for stale in sorted((config.directory / "journal").glob("*.journal"))[workers:]:
             stale.unlink()  # an earlier open had more I/O workers; replayed above
-        return cls(config, shards, writers, io_pool, executor, db_index, arrays, streams)
+        engine = cls(config, shards, writers, io_pool, executor, db_index, arrays, streams)
+        engine.generations = generations
+        return engine
 
     def _shard(self, shard: int) -> _Shard:
         if self._closed:
@@ -717,20 +736,30 @@ class SegmentEngine(StreamLookups):
             raise BusyResourceError(f"shards {sorted(self._truncating)} are being truncated; retry")
         # Offsets are assigned per shard in row order without moving the rows: a sort of
         # the batch here would copy every row on the loop, and the flush sorts anyway.
-        sorted_routes = routes
-        order: np.ndarray[Any, Any] | None = None
-        if n > 1 and bool((routes[1:] < routes[:-1]).any()):
-            order = np.argsort(routes, kind="stable")
-            sorted_routes = routes[order]
-        starts = np.concatenate(([0], np.flatnonzero(sorted_routes[1:] != sorted_routes[:-1]) + 1))
-        counts = np.diff(np.concatenate((starts, [n])))
-        ids = sorted_routes[starts].astype(np.int64)
-        bases = self._next_offsets[ids]
-        offsets = np.repeat(bases - starts, counts) + np.arange(n, dtype=np.int64)
-        if order is not None:
-            unsorted = np.empty(n, np.int64)
-            unsorted[order] = offsets
-            offsets = unsorted
+        first = int(routes[0])
+        if n == 1 or not bool((routes != first).any()):
+            # One shard (a keyed append to a one-shard database, a forced shard): a fixed
+            # cost of a few numpy calls, which is most of a 1000-row append's loop time.
+            ids = np.array([first], np.int64)
+            counts = np.array([n], np.int64)
+            bases = self._next_offsets[ids]
+            offsets = np.arange(int(bases[0]), int(bases[0]) + n, dtype=np.int64)
+        else:
+            sorted_routes = routes
+            order: np.ndarray[Any, Any] | None = None
+            if bool((routes[1:] < routes[:-1]).any()):
+                # int16 (MAX_SHARDS fits): numpy's stable sort is a radix sort for 16-bit keys.
+                order = np.argsort(routes.astype(np.int16), kind="stable")
+                sorted_routes = routes[order]
+            starts = np.concatenate(([0], np.flatnonzero(sorted_routes[1:] != sorted_routes[:-1]) + 1))
+            counts = np.diff(np.concatenate((starts, [n])))
+            ids = sorted_routes[starts].astype(np.int64)
+            bases = self._next_offsets[ids]
+            offsets = np.repeat(bases - starts, counts) + np.arange(n, dtype=np.int64)
+            if order is not None:
+                unsorted = np.empty(n, np.int64)
+                unsorted[order] = offsets
+                offsets = unsorted
         stamper = self._streams
         # One request per I/O worker (shards n % workers), built before any offset moves:
         # an encoding error assigns nothing.
@@ -744,13 +773,13 @@ class SegmentEngine(StreamLookups):
                 else:
                     stamps = stamper.stamp(batch.column("topic"), routes, offsets)
                 batch = stamp_batch(batch, stamps)
-            worker_of = ids % workers
-            for w in np.unique(worker_of).tolist():
+            worker_of = ids % workers if workers > 1 else None
+            for w in [0] if worker_of is None else np.unique(worker_of).tolist():
                 writer = self._writers[w]
-                mine = worker_of == w
-                wids = ids[mine] if workers > 1 else ids
+                mine = None if worker_of is None else worker_of == w
+                wids = ids if mine is None else ids[mine]
                 writer.check_writable(int(wids[0]))  # read-only is per worker, not per shard
-                if workers == 1 or bool(mine.all()):
+                if mine is None or bool(mine.all()):
                     wbatch, wroutes, woffsets = batch, routes, offsets
                 else:
                     rows = np.flatnonzero(routes % workers == w)
@@ -767,8 +796,8 @@ class SegmentEngine(StreamLookups):
                         wroutes.astype(np.int32, copy=False),
                         woffsets,
                         wids,
-                        bases[mine] if workers > 1 else bases,
-                        counts[mine] if workers > 1 else counts,
+                        bases if mine is None else bases[mine],
+                        counts if mine is None else counts[mine],
                     )
                     req = RowsRequest(writer.gen, part, leader_epoch)
                     size = wbatch.nbytes
@@ -1380,6 +1409,66 @@ class SegmentEngine(StreamLookups):
         sealed: bool = await self._on_worker(s, roll)
         return sealed
 
+    async def add_generation(self, created_us: int) -> GenerationInfo:
+        """Close the current generation and start the next one on every shard.
+
+        One step on the event loop, nothing awaited (so no append interleaves): the boundary
+        of every shard is its next offset; the closing generation's tries and then the
+        manifest naming the new one are written durably; then the stamper switches to the
+        inherited tries (every offset from the boundaries on is stamped by them). A crash
+        before the manifest is replaced leaves the old generation current, after it the new
+        one: never a mix. Afterwards every shard's active segment is sealed, so the new
+        generation starts a segment (what ``drop_slab`` deletes is whole segments).
+
+        Raises:
+            InvalidArgument: The database has no streams.
+            StorageError: The files could not be written (nothing changed).
+        """
+        stamper = self._stamper()
+        gens = self.generations
+        assert gens is not None
+        if self._closed:
+            raise ClosedResourceError("the database is closed")
+        current = gens.current
+        new = GenerationInfo(current.id + 1, created_us, tuple(self._next_offsets.tolist()))
+        finals = stamper.copy_tries()
+        try:
+            gens.write_final_tries(current.id, finals)
+            gens.commit([*gens.generations, new])
+        except OSError as exc:
+            raise StorageError(
+                f"cannot write generation {new.id}; the current one stays {current.id}"
+            ) from exc
+        files = SnapshotFiles(self.config.directory, gens.snapshot_subdir(new.id))
+        for s in self._shards:  # before the switch: a snapshot of the old tries goes to the
+            s.snapshots = files  # new directory at an offset <= the start, which an open ignores
+        stamper.begin_generation([lts.inherit_wildcards() for lts in finals])
+        if current.id > 1 and gens.generations[-3].dropped:  # no longer a recovery base
+            gens.forget_tries(current.id - 1)
+
+        def seal_at_boundary(s: _Shard) -> int:
+            end = s.log.next_offset  # every append queued before is in (or failed)
+            if s.log.active.size:
+                s.log.roll()
+            return end
+
+        ends = await asyncio.gather(
+            *(self._on_worker(s, functools.partial(seal_at_boundary, s)) for s in self._shards)
+        )
+        if any(end < start for end, start in zip(ends, new.starts, strict=True)):
+            # A write of the old generation failed: its offsets are handed out again, to
+            # records stamped by the new tries, so the new generation starts there.
+            try:
+                await asyncio.to_thread(gens.clamp_to, list(ends))
+            except OSError as exc:
+                raise StorageError(f"cannot write generation {new.id}'s starts") from exc
+            new = gens.current
+        old_files = SnapshotFiles(self.config.directory, gens.snapshot_subdir(current.id))
+        for s in self._shards:
+            with contextlib.suppress(OSError):
+                old_files.path(s.number).unlink(missing_ok=True)
+        return new
+
     async def truncate_before(self, shard: int, offset: int) -> int:
         """Make ``offset`` the first readable offset (never lowers it); return bytes freed.
 
@@ -1508,6 +1597,19 @@ def _frame_at(s: _Shard, base: int, where: IndexPosition) -> FramePosition | Non
         return None
     header = parse_header(seg.view(where.pos, where.pos + FRAME_HEADER_BYTES), 0)
     return FramePosition(seg, where.pos, header)
+
+
+def _inherited_trie(gens: GenerationLog, generation: int, shard: int, thresholds: Sequence[int]) -> LTS:
+    """The trie ``generation`` started with in ``shard`` (its predecessor's wildcards).
+
+    A missing or damaged tries file is logged, not fatal: the generation's log is learned
+    from an empty trie, and records whose stamps then disagree are logged by the recovery.
+    """
+    try:
+        return gens.final_trie(generation - 1, shard).inherit_wildcards()
+    except CorruptLTS as exc:
+        log.error("shard %d: generation %d's starting trie is unavailable (%s)", shard, generation, exc)
+        return LTS(thresholds, cache_size=0)
 
 
 def _frame_batches(s: _Shard, offset: int) -> Iterator[tuple[int, pa.RecordBatch]]:

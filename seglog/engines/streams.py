@@ -28,6 +28,7 @@ from seglog._fs import atomic_write, makedirs_durable
 from seglog.engines.base import READ_SCHEMA, StreamBatch, StreamRead
 from seglog.errors import CorruptLTS, InvalidArgument
 from seglog.record import FRAME_SCHEMA, EncodedFrame
+from seglog.topics.lts import LTS
 from seglog.topics.streams import StreamStamper
 
 __all__ = [
@@ -72,8 +73,10 @@ def stamp_batch(batch: pa.RecordBatch, stamps: np.ndarray[Any, np.dtype[np.uint3
 class SnapshotFiles:
     """The LTS snapshot file of every shard of one database (``<db>/lts/shard-NNNN.lts``)."""
 
-    def __init__(self, db_directory: Path) -> None:
+    def __init__(self, db_directory: Path, subdir: str | None = None) -> None:
         self.directory = db_directory / LTS_DIR
+        if subdir is not None:  # a generation after the first (see seglog.engines.generations)
+            self.directory = self.directory / subdir
 
     def path(self, shard: int) -> Path:
         return self.directory / f"shard-{shard:04d}.lts"
@@ -99,6 +102,7 @@ def recover_shard(
     log_start: int,
     log_end: int,
     batches_from: Callable[[int], Iterable[tuple[int, pa.RecordBatch]]],
+    generation_base: tuple[LTS, int] | None = None,
 ) -> int:
     """Rebuild ``shard``'s trie at open: its snapshot, then the log's topics from there on.
 
@@ -110,6 +114,9 @@ def recover_shard(
         log_end: Its end offset.
         batches_from: ``(base offset, frame batch)`` of every frame holding an offset at
             or after the given one, in offset order.
+        generation_base: For a generation after the first, its inherited trie and its start offset in
+            this shard: used (and the log learned again from the start) when the snapshot
+            is missing or covers no more than the start (it may be the old generation's).
 
     Returns:
         The offset the snapshot covered up to (what the log was replayed from).
@@ -125,6 +132,10 @@ def recover_shard(
         except CorruptLTS as exc:
             log.error("shard %d: LTS snapshot %s unusable (%s)", shard, files.path(shard), exc)
             data = None
+    if generation_base is not None and (data is None or upto <= generation_base[1]):
+        stamper.set_base(shard, generation_base[0])
+        upto = generation_base[1]
+        data = b""
     if data is None:
         stamper.reset(shard)
         upto = 0
@@ -138,7 +149,10 @@ def recover_shard(
             upto,
             log_start,
         )
-        stamper.reset(shard)
+        if generation_base is not None:
+            stamper.set_base(shard, generation_base[0])
+        else:
+            stamper.reset(shard)
         upto = log_start
     mismatched = 0
     replayed = 0

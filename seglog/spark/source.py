@@ -23,8 +23,8 @@ silently fall back to the public AWS endpoint):
 ``endpoint``, ``access_key``, ``secret_key``, ``region``
     S3 connection (MinIO: ``endpoint`` ``http://host:9000``). Unset ones come from the
     ``AWS_*`` environment of the executors / boto3's default chain.
-``open_log``
-    Test aid, see below.
+``open_log``, ``scan_log``
+    Test aids, see below.
 
 Schema: the tier schema (``offset bigint, ts timestamp, topic string, key binary,
 value binary, headers map<string,binary>, stream bigint``) plus ``shard int`` -- the same
@@ -32,6 +32,13 @@ columns, in the same order, as ``spark.read.parquet("<root>/<db>")`` (Spark has 
 so ``stream`` is a bigint in both).
 
 Planning reads the manifest and makes one Spark partition per committed object.
+Topic filters go through streams when the database stamps them: each object's metadata
+names the learned structure of its streams (:data:`~seglog.tiering.parquet.STREAMS_METADATA_KEY`),
+so a task works out which streams ``mqtt_filter`` (and ``topic =`` / ``IN`` pushed down)
+cannot match, skips the row groups whose ``stream`` statistics (min/max) hold only such
+streams, and drops their rows before the exact topic test. Pruning pays off when streams are
+clustered in offset order (a burst per device, a stream per segment); interleaved streams
+cost the filter only. Objects without that metadata (no streams) are filtered row by row.
 ``pushFilters`` takes comparisons, ``=``, ``IN`` on ``shard``, ``offset`` and ``ts`` and
 those plus ``LIKE 'prefix%'`` on ``topic``: objects whose manifest ranges cannot match are
 never opened, and accepted filters are applied exactly to the rows read (row groups are
@@ -42,13 +49,14 @@ anchored regular expression equivalent to :func:`seglog.topics.topic_matches`.
 Each object's sha256 is checked against the manifest before it is decoded.
 
 Option ``open_log`` (a local file path) makes every task append the key of each object it
-opens, one per line: an honest count of objects touched, used by the tests.
+opens, one per line: an honest count of objects touched, used by the tests. Option
+``scan_log`` likewise appends ``<key> <row groups decoded> <row groups in the object>
+<rows decoded>`` per object opened.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import io
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -75,12 +83,18 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from seglog.errors import InvalidArgument
+from seglog.errors import InvalidArgument, InvalidTopicFilter
 from seglog.record import HEADERS_TYPE
 from seglog.tiering.manifest import Manifest, ManifestEntry
-from seglog.tiering.parquet import TIER_SCHEMA
+from seglog.tiering.parquet import STREAMS_METADATA_KEY, TIER_SCHEMA, decode_stream_structures
 from seglog.tiering.targets import ObjectInfo, TierTarget, open_target, verify_bytes
-from seglog.topics.filters import filter_literal_prefix, filter_to_regex, is_wildcard_filter
+from seglog.topics.filters import (
+    filter_literal_prefix,
+    filter_to_regex,
+    is_wildcard_filter,
+    validate_topic_filter,
+)
+from seglog.topics.lts import varying_filter_for
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -219,9 +233,85 @@ def _entry_may_match(entry: ManifestEntry, preds: Sequence[_Predicate]) -> bool:
     return t_set is None or any(entry.min_ts <= t <= entry.max_ts for t in t_set)
 
 
-def _row_expression(preds: Sequence[_Predicate]) -> pc.Expression | None:
-    """Builds the pyarrow filter for the row-level (non-shard) predicates."""
+def _topic_alternatives(mqtt_filter: str | None, preds: Sequence[_Predicate]) -> list[list[str]]:
+    """The topic conditions a row must meet, each a list of MQTT filters one of which must match.
+
+    ``mqtt_filter`` is one condition; ``topic = v`` and ``topic IN (...)`` are others (a topic
+    name is a filter matching itself, or a superset when it holds ``+``/``#``). Values that
+    are not valid filters make no condition: they can only be tested row by row.
+    """
+    out = [[mqtt_filter]] if mqtt_filter is not None else []
+    for column, op, value in preds:
+        if column != "topic" or op not in ("==", "in"):
+            continue
+        values = [value] if op == "==" else list(value)
+        try:
+            for v in values:
+                validate_topic_filter(v)
+        except InvalidTopicFilter:
+            continue
+        out.append(values)
+    return out
+
+
+def _excluded_streams(metadata: dict[bytes, bytes] | None, alternatives: list[list[str]]) -> frozenset[int]:
+    """The streams of an object that no row meeting every topic condition can be in.
+
+    Only streams the object's metadata names are considered: a stream id it does not name
+    (or an object without the metadata) is never excluded.
+    """
+    if not alternatives or not metadata or STREAMS_METADATA_KEY.encode() not in metadata:
+        return frozenset()
+    structures = decode_stream_structures(metadata[STREAMS_METADATA_KEY.encode()])
+    return frozenset(
+        sid
+        for sid, (levels, special) in structures.items()
+        if any(all(varying_filter_for(levels, special, f) is None for f in fs) for fs in alternatives)
+    )
+
+
+def _stat_range(stats: Any, column: str) -> tuple[int, int] | None:
+    """A row group's (min, max) of an integer column (``ts`` in µs), or None without statistics."""
+    if stats is None or not stats.has_min_max:
+        return None
+    lo, hi = stats.min, stats.max
+    if column == "ts":
+        lo, hi = _to_micros(lo), _to_micros(hi)
+        if lo is None or hi is None:
+            return None
+    return int(lo), int(hi)
+
+
+def _row_group_may_match(
+    row_group: pq.RowGroupMetaData,
+    columns: dict[str, int],
+    preds: Sequence[_Predicate],
+    excluded: frozenset[int],
+) -> bool:
+    """Whether a row group's statistics allow rows meeting the predicates and not in ``excluded``."""
+    for column in ("offset", "ts"):
+        found = _stat_range(row_group.column(columns[column]).statistics, column)
+        if found is None:
+            continue
+        lo, hi, allowed = _interval(preds, column)
+        if (lo is not None and found[1] < lo) or (hi is not None and found[0] > hi):
+            return False
+        if allowed is not None and not any(found[0] <= v <= found[1] for v in allowed):
+            return False
+    if excluded:
+        found = _stat_range(row_group.column(columns["stream"]).statistics, "stream")
+        if found is not None and found[1] - found[0] < len(excluded):
+            return not all(sid in excluded for sid in range(found[0], found[1] + 1))
+    return True
+
+
+def _row_expression(
+    preds: Sequence[_Predicate], excluded: frozenset[int] = frozenset()
+) -> pc.Expression | None:
+    """Builds the pyarrow filter for the row-level (non-shard) predicates and excluded streams."""
     expr: pc.Expression | None = None
+    if excluded:
+        expr = ~pc.field("stream").isin(pa.array(sorted(excluded), pa.uint32()))
     for column, op, value in preds:
         if column in ("shard", ""):
             continue  # shard: exact at planning time; "": IS NOT NULL, always true
@@ -262,6 +352,7 @@ OPTIONS: tuple[str, ...] = (
     "secret_key",
     "region",
     "open_log",
+    "scan_log",
 )
 
 
@@ -275,6 +366,7 @@ class _ReadOptions:
     secret_key: str | None
     region: str | None
     open_log: str | None
+    scan_log: str | None
 
     @classmethod
     def parse(cls, options: Any) -> _ReadOptions:
@@ -303,6 +395,7 @@ class _ReadOptions:
             secret_key=opt("secret_key"),
             region=opt("region"),
             open_log=opt("open_log"),
+            scan_log=opt("scan_log"),
         )
 
     def target(self) -> TierTarget:
@@ -313,6 +406,17 @@ class _ReadOptions:
             secret_key=self.secret_key,
             region=self.region,
         )
+
+
+def _append_line(path: str | None, line: str) -> None:
+    """Appends one line to a test-aid log (one write, so concurrent tasks do not interleave)."""
+    if path is None:
+        return
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (line + "\n").encode())
+    finally:
+        os.close(fd)
 
 
 class SeglogPartition(InputPartition):
@@ -389,13 +493,10 @@ class SeglogReader(DataSourceReader):
         return [SeglogPartition(e, manifest.log_start(e.shard)) for e in entries]
 
     def _log_open(self, key: str) -> None:
-        if self.options.open_log is None:
-            return
-        fd = os.open(self.options.open_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            os.write(fd, (key + "\n").encode())
-        finally:
-            os.close(fd)
+        _append_line(self.options.open_log, key)
+
+    def _log_scan(self, line: str) -> None:
+        _append_line(self.options.scan_log, line)
 
     def _mqtt_mask(self, column: pa.ChunkedArray) -> pa.Array | None:
         topic_filter = self.options.mqtt_filter
@@ -427,7 +528,25 @@ class SeglogReader(DataSourceReader):
         finally:
             target.close()
         verify_bytes(partition.key, data, ObjectInfo(partition.key, partition.size, partition.checksum))
-        table = pq.read_table(io.BytesIO(data), schema=TIER_SCHEMA, filters=_row_expression(self.predicates))
+        parquet = pq.ParquetFile(pa.BufferReader(data))
+        excluded = _excluded_streams(
+            parquet.schema_arrow.metadata, _topic_alternatives(self.options.mqtt_filter, self.predicates)
+        )
+        meta = parquet.metadata
+        stat_columns = {meta.schema.column(i).path: i for i in range(meta.num_columns)}
+        groups = [
+            i
+            for i in range(meta.num_row_groups)
+            if _row_group_may_match(meta.row_group(i), stat_columns, self.predicates, excluded)
+        ]
+        decoded = sum(meta.row_group(i).num_rows for i in groups)
+        self._log_scan(f"{partition.key} {len(groups)} {meta.num_row_groups} {decoded}")
+        if not groups:
+            return
+        table = parquet.read_row_groups(groups).cast(TIER_SCHEMA)
+        expr = _row_expression(self.predicates, excluded)
+        if expr is not None:
+            table = table.filter(expr)
         if partition.log_start > partition.base_offset:
             table = table.filter(pc.greater_equal(table.column("offset"), partition.log_start))
         mask = self._mqtt_mask(table.column("topic"))

@@ -17,6 +17,7 @@ import pyarrow.compute as pc
 from seglog.errors import TierError
 from seglog.tiering.manifest import EntryState, Manifest, ManifestEntry, manifest_key
 from seglog.tiering.ops import delete_tiered, read_tiered, recover_manifest, upload_segment
+from seglog.tiering.parquet import StreamStructures
 from seglog.tiering.targets import TierTarget
 
 __all__ = ["LOCAL_MANIFEST_FILE", "DbTier", "cold_run", "logical_start"]
@@ -92,11 +93,14 @@ class DbTier:
 
     # --- upload --------------------------------------------------------------------------
 
-    def upload(self, shard: int, table: pa.Table) -> ManifestEntry:
-        """Tiers one sealed segment's records (after recovering if that failed at open)."""
+    def upload(self, shard: int, table: pa.Table, streams: StreamStructures | None = None) -> ManifestEntry:
+        """Tiers one sealed segment's records (after recovering if that failed at open);
+        ``streams``: the structures of its streams (see :func:`upload_segment`)."""
         if not self.recovered:
             self.recover()
-        return upload_segment(self.target, self.manifest, shard, table, local_manifest=self.local_manifest)
+        return upload_segment(
+            self.target, self.manifest, shard, table, local_manifest=self.local_manifest, streams=streams
+        )
 
     # --- queries -------------------------------------------------------------------------
 

@@ -15,6 +15,9 @@ import pyarrow as pa
 from seglog.errors import InvalidArgument
 from seglog.tiering.manifest import Manifest, ManifestEntry
 from seglog.tiering.parquet import (
+    STREAMS_METADATA_KEY,
+    StreamStructures,
+    encode_stream_structures,
     object_key,
     parquet_to_segment_table,
     segment_stats,
@@ -32,6 +35,7 @@ def upload_segment(
     table: pa.Table,
     *,
     local_manifest: Path | None = None,
+    streams: StreamStructures | None = None,
 ) -> ManifestEntry:
     """Tiers one sealed segment: encode, record intent, put, verify, commit.
 
@@ -45,6 +49,9 @@ def upload_segment(
         shard: The segment's shard.
         table: The segment's records (:data:`~seglog.tiering.parquet.SEGMENT_SCHEMA`).
         local_manifest: Path of the local manifest copy.
+        streams: The learned structure of the streams in ``table`` (databases that stamp
+            streams), kept in the object's metadata under
+            :data:`~seglog.tiering.parquet.STREAMS_METADATA_KEY`.
 
     Returns:
         The committed entry.
@@ -63,6 +70,7 @@ def upload_segment(
             "seglog.shard": str(shard),
             "seglog.base_offset": str(stats.base_offset),
             "seglog.end_offset": str(stats.end_offset),
+            **({} if streams is None else {STREAMS_METADATA_KEY: encode_stream_structures(streams)}),
         },
     )
     expected = ObjectInfo(key, len(data), hashlib.sha256(data).hexdigest())

@@ -10,15 +10,18 @@ reads), and the tier only through :class:`~seglog.tiering.db_tier.DbTier`.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from seglog.db_config import DbConfig
-from seglog.engines.base import READ_SCHEMA, SegmentedEngine, retention_start
+from seglog.engines.base import READ_SCHEMA, GenerationEngine, SegmentedEngine, StreamEngine, retention_start
 from seglog.errors import InvalidArgument, OffsetOutOfRange
 from seglog.tiering.db_tier import DbTier
 from seglog.tiering.manifest import Manifest, ManifestEntry
+from seglog.tiering.parquet import StreamStructures
 from seglog.tiering.seam import ColdStats, Release
 
 __all__ = ["TierOrchestrator"]
@@ -96,13 +99,39 @@ class TierOrchestrator:
                     except OffsetOutOfRange:
                         continue  # retention removed it meanwhile
                     if table.num_rows:
-                        done.append(await asyncio.to_thread(tier.upload, shard, table))
+                        streams = self._stream_structures(shard, table)
+                        done.append(await asyncio.to_thread(tier.upload, shard, table, streams))
             freed = 0
             for shard in range(config.shards):
                 freed += await self._local_retention(config, shard)
             if freed:
                 release(freed)
             return done
+
+    def _stream_structures(self, shard: int, table: pa.Table) -> StreamStructures | None:
+        """The learned structure of each stream in ``table`` (None: the database has no streams)."""
+        engine = self._engine
+        if not isinstance(engine, StreamEngine) or not engine.streams_enabled:
+            return None
+        lookup = engine.stream_structure
+        if isinstance(engine, GenerationEngine) and engine.generations_enabled:
+            # Stream ids are per generation: name the structures of the generation the rows
+            # belong to; rows of several generations (or a dropped one) get no structures
+            # (readers then keep every row).
+            gens = engine.list_generations()
+            offsets = table.column("offset")
+            first, last = int(offsets[0].as_py()), int(offsets[-1].as_py())
+            i = max(k for k, g in enumerate(gens) if g.starts[shard] <= first or k == 0)
+            if gens[i].dropped or (i + 1 < len(gens) and last >= gens[i + 1].starts[shard]):
+                return None
+            generation = gens[i].id
+            lookup = functools.partial(engine.generation_stream_structure, generation)
+        out: dict[int, tuple[tuple[str, ...], bool]] = {}
+        for sid in pc.unique(table.column("stream")).to_pylist():
+            found = lookup(shard, sid)
+            if found is not None:  # unknown ids stay out: readers then keep their rows
+                out[sid] = found
+        return out
 
     async def _local_retention(self, config: DbConfig, shard: int) -> int:
         """Delete committed local segments past local retention (oldest first); bytes freed."""

@@ -10,7 +10,9 @@ or topic). Objects live at ``<db>/shard=<n>/<base:020d>-<end:020d>.parquet``; th
 from __future__ import annotations
 
 import io
+import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -24,8 +26,12 @@ __all__ = [
     "HEADERS_TYPE",
     "ROW_GROUP_ROWS",
     "SEGMENT_SCHEMA",
+    "STREAMS_METADATA_KEY",
     "TIER_SCHEMA",
     "SegmentStats",
+    "StreamStructures",
+    "decode_stream_structures",
+    "encode_stream_structures",
     "object_key",
     "parquet_to_segment_table",
     "parse_object_key",
@@ -46,6 +52,46 @@ ROW_GROUP_ROWS = 64 * 1024
 """Rows per Parquet row group: ~8 MiB of 100-byte values, fine-grained for offset seeks."""
 
 ZSTD_LEVEL = 3
+
+STREAMS_METADATA_KEY = "seglog.streams"
+"""Schema metadata key of a tiered object whose database stamps streams: the learned
+structure of every stream id in the object (:func:`encode_stream_structures`), so a reader
+can tell which streams an MQTT filter may match without the shard's LTS."""
+
+StreamStructures = Mapping[int, tuple[tuple[str, ...], bool]]
+"""Per stream id: its learned levels and whether it lives under the ``$`` root."""
+
+
+def encode_stream_structures(structures: StreamStructures) -> str:
+    """The value of :data:`STREAMS_METADATA_KEY`: JSON ``{"<id>": [[level, ...], special]}``.
+
+    Args:
+        structures: Per stream id, its learned levels (``+`` where topics vary) and whether
+            it lives under the ``$`` root.
+    """
+    return json.dumps(
+        {str(sid): [list(levels), special] for sid, (levels, special) in sorted(structures.items())},
+        separators=(",", ":"),
+    )
+
+
+def decode_stream_structures(value: str | bytes) -> dict[int, tuple[tuple[str, ...], bool]]:
+    """Inverse of :func:`encode_stream_structures`.
+
+    Raises:
+        TierError: The value is not what :func:`encode_stream_structures` writes.
+    """
+    try:
+        raw = json.loads(value)
+        out: dict[int, tuple[tuple[str, ...], bool]] = {}
+        for sid, (levels, special) in raw.items():
+            if not all(isinstance(level, str) for level in levels) or not isinstance(special, bool):
+                raise TypeError(f"bad structure of stream {sid}")
+            out[int(sid)] = (tuple(levels), special)
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise TierError(f"bad {STREAMS_METADATA_KEY} metadata in a tier object: {exc}") from exc
+    return out
+
 
 _DB_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")  # used with fullmatch: "$" accepts a final "\n"
 _KEY_RE = re.compile(

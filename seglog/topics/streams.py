@@ -463,6 +463,45 @@ class StreamStamper:
         """Forget everything ``shard`` learned (its log is empty from offset 0)."""
         self.cut(shard, -1)
 
+    # --- generations --------------------------------------------------------------------
+
+    def copy_tries(self) -> list[LTS]:
+        """A copy of every shard's trie (an empty one for a shard that learned nothing)."""
+        with self._lock:
+            return [
+                LTS(self.thresholds, cache_size=0)
+                if trie is None
+                else LTS.from_bytes(trie.lts.to_bytes(), cache_size=0)
+                for trie in self._tries
+            ]
+
+    def begin_generation(self, tries: Sequence[LTS]) -> None:
+        """Start a new generation on every shard with the given tries (each one inherited
+        the old trie's wildcard structure: :meth:`LTS.inherit_wildcards`).
+
+        Topics stamped from now on get the new tries' stream ids; the caller takes the
+        offsets at the same step (nothing awaits in between). The cache is emptied and
+        every watch becomes "unsure" (ids now name the new generation's streams).
+        """
+        if len(tries) != len(self._tries):
+            raise InvalidArgument(f"{len(tries)} tries for {len(self._tries)} shards")
+        with self._lock:
+            for shard, lts in enumerate(tries):
+                self._tries[shard] = _inherited(lts)
+            self._reset_cache()
+            for streams in self._watched.values():
+                for stream in streams:
+                    streams[stream] = _UNKNOWN
+
+    def set_base(self, shard: int, lts: LTS) -> None:
+        """Make ``lts`` (a generation's inherited trie) ``shard``'s trie, learned before any
+        of the generation's records (recovery of a generation without a snapshot)."""
+        with self._lock:
+            old = self._tries[shard]
+            if old is not None and old.lts.stream_count:
+                self._drop_cached(shard, 0)
+            self._tries[shard] = _inherited(lts)
+
     # --- reading the tries ------------------------------------------------------------
 
     def stream_count(self, shard: int) -> int:
@@ -554,6 +593,11 @@ class StreamStamper:
             self.cut(shard, log_end)
             upto = log_end
         return upto
+
+
+def _inherited(lts: LTS) -> _ShardTrie:
+    """A trie whose nodes and streams predate every record of its generation (origin -1)."""
+    return _ShardTrie(lts, [-1] * lts.node_count, [-1] * lts.stream_count)
 
 
 def _note_origins(origin: list[int], before: int, counts_after: list[int], origins: list[int]) -> None:
