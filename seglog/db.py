@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import functools
+import logging
 from collections.abc import AsyncGenerator, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any, Final, overload
@@ -29,6 +30,7 @@ from seglog.engines.base import (
 from seglog.errors import (
     ClosedResourceError,
     ConfigMismatch,
+    CorruptFrame,
     CurrentGeneration,
     ForeignIterator,
     GenerationDropped,
@@ -47,10 +49,12 @@ from seglog.record import (
     Record,
     RecordMeta,
     now_us,
+    parse_header,
     records_from_table,
     records_to_batch,
     table_to_batch,
     timestamp_us,
+    verify_frame,
 )
 from seglog.tiering.seam import ManifestEntry, TieredStorage
 from seglog.topics import structure_regex, validate_topic_filter, varying_filter_for
@@ -60,6 +64,8 @@ if TYPE_CHECKING:
     from seglog.subscriptions import Subscription, SubscriptionManager, SubscriptionStats
 
 __all__ = ["AppendResult", "Database", "DbConfig", "TierShardStats", "shard_for", "validate_db_name"]
+
+log = logging.getLogger("seglog.db")
 
 # Reads larger than this convert to Record objects off the event loop.
 _INLINE_RECORDS_MAX: Final = 4096
@@ -1011,15 +1017,21 @@ class Database:
         ``offset`` (its first record may be below ``offset``), else up to ``max_bytes``.
         Empty at the end offset.
 
+        Every frame's CRC is checked before it leaves: a frame that rotted on disk (a
+        flipped bit, a cut file) is never shipped to a follower or a consumer. The frames
+        before it are returned; when the first frame itself is bad this raises.
+
         Raises:
             OffsetOutOfRange: ``offset`` is outside ``[start, end]`` (local segments only).
             InvalidArgument: Bad shard or ``max_bytes``.
+            CorruptFrame: The first frame from ``offset`` (the one holding it) fails its checks.
         """
         engine = self._replica_engine()
         self._check_shard(shard)
         _check_int("offset", offset)
         _check_int("max_bytes", max_bytes, minimum=1)
-        return await engine.read_frames(shard, offset, max_bytes)
+        data = await engine.read_frames(shard, offset, max_bytes)
+        return _verified_prefix(data, shard, offset)
 
     async def append_frames(
         self, shard: int, frames: bytes | bytearray | memoryview, *, expected_base: int
@@ -1340,6 +1352,29 @@ _ANY_SHARD: Final = -1
 def _check_epoch(leader_epoch: object) -> None:
     if type(leader_epoch) is not int or not 0 <= leader_epoch <= MAX_LEADER_EPOCH:
         raise InvalidArgument(f"leader_epoch must be an int in 0..{MAX_LEADER_EPOCH}, not {leader_epoch!r}")
+
+
+def _verified_prefix(data: bytes, shard: int, offset: int) -> bytes:
+    """The frames of ``data`` up to the first that fails its checks (raise if that is the first)."""
+    pos = 0
+    expected = offset
+    while pos < len(data):
+        try:
+            header = parse_header(data, pos)
+            verify_frame(data, pos, header)
+            if pos + header.size > len(data):
+                raise CorruptFrame(f"frame at byte {pos} runs past the data read")
+        except CorruptFrame as exc:
+            if pos:
+                log.error("%s; serving the %d bytes before it", exc, pos)
+                return data[:pos]
+            raise CorruptFrame(
+                f"shard {shard}: the stored frame holding offset {expected} is damaged ({exc}); "
+                "it is not served"
+            ) from exc
+        expected = header.next_offset
+        pos += header.size
+    return data
 
 
 def _check_int(name: str, value: object, *, minimum: int = 0) -> None:

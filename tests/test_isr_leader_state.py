@@ -201,3 +201,29 @@ def test_waiters() -> None:
             await fresh.wait_replicated(5, Acks.ALL, 0.05)
 
     asyncio.run(main())
+
+
+def test_expansion_is_due_on_the_fetch_that_reaches_the_high_watermark() -> None:
+    """The node proposes an addition right after such a fetch, not at the periodic check."""
+    clock = Clock()
+    state = leader(clock, isr=(1, 2))
+    state.on_leader_append(100)
+    state.on_fetch(2, 100)
+    assert state.high_watermark == 100
+    state.on_fetch(3, 60)
+    assert not state.expansion_due(3)  # below the HW
+    assert not state.expansion_due(2)  # already in the ISR
+    assert not state.expansion_due(9)  # not a follower
+    state.on_fetch(3, 100)
+    assert state.expansion_due(3)
+    change = state.proposed_isr_change()
+    assert change == IsrChange(frozenset({3}), frozenset())
+    state.begin_isr_change(change)
+    assert not state.expansion_due(3)  # one change in flight at a time
+    state.on_leader_append(150)
+    state.on_fetch(2, 150)
+    assert state.high_watermark == 100  # the joining member counts: never pulled back, not ahead
+    state.complete_isr_change(change.apply(state.isr))
+    assert not state.expansion_due(3)
+    state.on_fetch(3, 150)
+    assert state.high_watermark == 150

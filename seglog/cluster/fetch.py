@@ -18,7 +18,7 @@ from seglog.cluster.context import NODE, NodeContext
 from seglog.cluster.fetch_wire import FetchPart
 from seglog.cluster.params import query_int, shard_param
 from seglog.db import Database
-from seglog.errors import InvalidArgument, OffsetOutOfRange, SeglogError, UnsupportedContentType
+from seglog.errors import CorruptFrame, InvalidArgument, OffsetOutOfRange, SeglogError, UnsupportedContentType
 
 __all__ = ["DEFAULT_FETCH_BYTES", "fetch", "fetch_many"]
 
@@ -71,9 +71,23 @@ async def fetch(request: web.Request) -> web.Response:
         body = await _tiered_rows(db, shard, offset, max_bytes, hw)
         node.metrics.fetch_done(db.name, len(body), lag)
         return web.Response(body=body, content_type=protocol.ARROW_STREAM, headers=headers)
-    frames = await db.read_frames(shard, offset, max_bytes)
+    frames = await _read_frames(node, db, shard, offset, max_bytes)
     node.metrics.fetch_done(db.name, len(frames), lag)
     return web.Response(body=frames, content_type=protocol.FRAMES, headers=headers)
+
+
+async def _read_frames(node: NodeContext, db: Database, shard: int, offset: int, max_bytes: int) -> bytes:
+    """The stored frames from ``offset`` (CRC-checked); a damaged one starts its repair and raises.
+
+    Raises:
+        CorruptFrame: The frame holding ``offset`` is damaged on this node (never served).
+    """
+    try:
+        return await db.read_frames(shard, offset, max_bytes)
+    except CorruptFrame:
+        if node.cluster is not None and node.cluster.replicated(db.name):
+            node.cluster.frame_damaged(db.name, shard, offset)
+        raise
 
 
 async def _tiered_rows(db: Database, shard: int, offset: int, max_bytes: int, hw: int) -> bytes:
@@ -122,7 +136,11 @@ async def _read_parts(
         if arrow:
             body = await _tiered_rows(db, shard, offset, budget, hw)
         else:
-            body = await db.read_frames(shard, offset, budget)
+            try:
+                body = await _read_frames(node, db, shard, offset, budget)
+            except CorruptFrame as exc:
+                parts.append(FetchPart(db.name, shard, error=exc))
+                continue
         budget -= len(body)
         total += len(body)
         parts.append(FetchPart(db.name, shard, body, hw, start, end, arrow=arrow))

@@ -35,6 +35,7 @@ from seglog.cluster.metadata import NO_LEADER, ClusterMetadata, DbMeta, NodeInfo
 from seglog.cluster.replica_wire import PartRequest
 from seglog.db import Database
 from seglog.errors import (
+    CorruptFrame,
     DatabaseNotFound,
     InvalidArgument,
     LeaseNotFound,
@@ -137,6 +138,12 @@ class ClusterNode:
         self._lease: NodeLease | None = None
         self._controller: Controller | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        # ISR expansions started by a follower's fetch: at most one per shard at a time.
+        self._expanding: dict[ShardKey, asyncio.Task[None]] = {}
+        # Shards whose local copy holds a damaged frame: repairs in flight, and where to cut
+        # the log before the next fetch (the damaged frame's offset).
+        self._repairing: dict[ShardKey, asyncio.Task[None]] = {}
+        self._damaged: dict[ShardKey, int] = {}
         self._http: aiohttp.ClientSession | None = None
         # Set once the first metadata snapshot was applied (roles known).
         self.ready = asyncio.Event()
@@ -162,7 +169,12 @@ class ClusterNode:
         self._closing = True
         for state in self.leading.values():
             state.resign(NO_LEADER, state.leader_epoch)
-        tasks = [*self._tasks, *(f.task for f in self._fetchers.values() if f.task is not None)]
+        tasks = [
+            *self._tasks,
+            *self._expanding.values(),
+            *self._repairing.values(),
+            *(f.task for f in self._fetchers.values() if f.task is not None),
+        ]
         for task in tasks:
             task.cancel()
         for task in tasks:
@@ -190,6 +202,7 @@ class ClusterNode:
             self.config.advertise_url,
             unclean_restart=self.store.last_shutdown is Shutdown.MACHINE_RESTART,
         )
+        await self._leave_isrs()
         deadline = asyncio.get_running_loop().time() + 3 * self.config.node_ttl_s + 5
         while True:
             try:
@@ -214,6 +227,43 @@ class ClusterNode:
         self._registered.set()
         self._controller = Controller(self.meta, self.node_id, lease.lease)
         self._controller.start()
+
+    async def _leave_isrs(self) -> None:
+        """Before (re-)registering, leave the ISR of every shard this node is a follower of.
+
+        A replica that starts (or comes back after losing its lease) may hold less than the
+        high watermark: recovery cut its log at a bit-flipped or torn frame, or a machine
+        restart lost unsynced writes. Until a fetch shows it caught up (it then rejoins at
+        once, see :meth:`_expand_soon`) it must not count as in sync, or the controller could
+        elect it and the good replicas would truncate acknowledged records to its log
+        (Jepsen's NATS 2.12.1 case; Kafka fences a restarted broker out of the ISR the same
+        way, KIP-903). This runs before the node is live, so no election can pick it in
+        between. Left alone: a shard it leads (reclaimed under a new epoch after
+        registering) and one whose ISR it is the only member of (the last replica standing
+        stays on record: nothing better is known).
+        """
+        for name in await self.meta.list_dbs():
+            for shard, (state, revision) in (await self.meta.shards(name)).items():
+                await self._leave_isr(name, shard, state, revision)
+
+    async def _leave_isr(self, name: str, shard: int, state: ShardState, revision: int) -> None:
+        """Remove this node from the shard's ISR unless it leads it or is its only member."""
+        while self.node_id in state.isr and state.leader != self.node_id and len(state.isr) > 1:
+            new = replace(state, isr=tuple(r for r in state.isr if r != self.node_id))
+            try:
+                await self.meta.update_shard(name, shard, state, revision, new)
+            except StaleMetadata:
+                state, revision = await self.meta.shard(name, shard)
+                continue
+            log.info(
+                "node %d leaves the ISR of %s/%d until it catches up: %s -> %s",
+                self.node_id,
+                name,
+                shard,
+                list(state.isr),
+                list(new.isr),
+            )
+            return
 
     async def _reclaim_leaderships(self) -> None:
         for name in await self.meta.list_dbs():
@@ -464,6 +514,8 @@ class ClusterNode:
                 lead = self._check_fetch(p)
                 if lead.on_fetch(follower, p.offset):
                     self._publish(p.db, p.shard, lead)
+                if follower in self.nodes and lead.expansion_due(follower):
+                    self._expand_soon((p.db, p.shard), lead)
                 db = await self.store.open_db(p.db)
                 frames = b""
                 if p.offset < db.end_offset(p.shard) and budget > 0:
@@ -480,6 +532,10 @@ class ClusterNode:
                         leader_epoch=lead.leader_epoch,
                     )
                 )
+            except CorruptFrame as exc:
+                # Never shipped: the follower gets the error, and this copy gets repaired.
+                out.append(FetchPart(p.db, p.shard, error=exc))
+                self.frame_damaged(p.db, p.shard, p.offset)
             except SeglogError as exc:
                 out.append(FetchPart(p.db, p.shard, error=exc))
         return out
@@ -501,6 +557,89 @@ class ClusterNode:
         self._check_fetch(PartRequest(db.name, shard, 0, leader_epoch))
         return db.end_offset_for_epoch(shard, epoch)
 
+    # --- damaged frames -------------------------------------------------------------------
+
+    def frame_damaged(self, db: str, shard: int, offset: int) -> None:
+        """A read found the local frame holding ``offset`` damaged (CRC): repair this copy.
+
+        The frame was not served (:meth:`seglog.db.Database.read_frames` checks every CRC).
+        A leader hands the shard to the ISR member that holds the most past ``offset``
+        (a new leader epoch, this node out of the ISR), then, as a follower, cuts its log
+        at the damaged frame and refetches it. A follower leaves the ISR, cuts and refetches.
+        With no ISR member holding the frame the leader keeps the shard and keeps refusing
+        to serve the frame (logged): nothing better is known. One repair per shard at a time.
+        """
+        key = (db, shard)
+        if key in self._repairing or key in self._damaged or self._closing or key not in self.shards:
+            return  # a repair is running, or the cut waits for the next fetch
+        task = asyncio.create_task(self._repair(key, offset), name=f"repair-{self.node_id}-{db}-{shard}")
+        self._repairing[key] = task
+
+    async def _repair(self, key: ShardKey, offset: int) -> None:
+        name, shard = key
+        try:
+            lead = self.leading.get(key)
+            state, revision = await self.meta.shard(name, shard)
+            if lead is None:
+                if state.leader == self.node_id:
+                    return  # leadership not taken up yet: the next read that hits it retries
+                await self._leave_isr(name, shard, state, revision)
+                self._damaged[key] = min(offset, self._damaged.get(key, offset))
+                following = self.following.get(key)
+                if following is not None:
+                    following.truncated = False
+                log.error(
+                    "%s/%d: local frame at offset %d is damaged: cutting and refetching", name, shard, offset
+                )
+                return
+            if state.leader != self.node_id or state.leader_epoch != lead.leader_epoch:
+                return
+            ends = lead.follower_log_ends()
+            holders = [
+                r for r in state.isr if r != self.node_id and r in self.nodes and ends.get(r, -1) > offset
+            ]
+            if not holders:
+                log.error(
+                    "%s/%d: the leader's frame at offset %d is damaged and no in-sync replica "
+                    "holds it (follower ends %s): it is not served",
+                    name,
+                    shard,
+                    offset,
+                    ends,
+                )
+                return
+            successor = max(holders, key=lambda r: ends[r])
+            isr = tuple(r for r in state.isr if r != self.node_id)
+            elr = (
+                ()
+                if len(isr) >= self.dbs[name].min_insync
+                else tuple(r for r in state.elr if r != self.node_id)
+            )
+            new = replace(state, leader=successor, leader_epoch=state.leader_epoch + 1, isr=isr, elr=elr)
+            # Cut before the first fetch as a follower (set before the role can change).
+            self._damaged[key] = min(offset, self._damaged.get(key, offset))
+            try:
+                await self.meta.update_shard(name, shard, state, revision, new)
+            except BaseException:
+                self._damaged.pop(key, None)
+                raise
+            log.error(
+                "%s/%d: the leader's frame at offset %d is damaged: node %d leads at epoch %d; "
+                "this copy is cut there and refetched",
+                name,
+                shard,
+                offset,
+                successor,
+                new.leader_epoch,
+            )
+            if self.leading.get(key) is lead:
+                del self.leading[key]
+            lead.resign(successor, new.leader_epoch)
+        except (StaleMetadata, MetadataError, LeaseNotFound) as exc:
+            log.warning("%s/%d: repair of the damaged frame at %d deferred: %s", name, shard, offset, exc)
+        finally:
+            self._repairing.pop(key, None)
+
     # --- ISR maintenance (leader side) ----------------------------------------------------
 
     async def _isr_loop(self) -> None:
@@ -510,6 +649,27 @@ class ClusterNode:
             await asyncio.sleep(period_s)
             for key, lead in list(self.leading.items()):
                 await self._maybe_change_isr(key, lead)
+
+    def _expand_soon(self, key: ShardKey, lead: ShardLeaderState) -> None:
+        """Propose the ISR change now (a follower's fetch reached the high watermark).
+
+        Kafka's ``maybeExpandIsr`` on the fetch path: a caught-up replica rejoins within one
+        fetch round instead of at the next periodic check. One expansion per shard at a time;
+        a failed one is retried by the follower's next fetch.
+        """
+        if key in self._expanding or self._closing:
+            return
+        task = asyncio.create_task(self._expand(key, lead), name=f"expand-{self.node_id}-{key[0]}-{key[1]}")
+        self._expanding[key] = task
+
+    async def _expand(self, key: ShardKey, lead: ShardLeaderState) -> None:
+        try:
+            if self.leading.get(key) is lead:
+                await self._maybe_change_isr(key, lead)
+        except Exception:
+            log.exception("%s/%d: ISR expansion failed", *key)
+        finally:
+            self._expanding.pop(key, None)
 
     async def _maybe_change_isr(self, key: ShardKey, lead: ShardLeaderState) -> None:
         change = lead.proposed_isr_change()
@@ -618,6 +778,11 @@ class ClusterNode:
         parts = []
         for (name, shard), following in mine.items():
             db = await self.store.open_db(name)
+            damaged = self._damaged.get((name, shard))
+            if damaged is not None:
+                end = await db.truncate_to(shard, min(damaged, db.end_offset(shard)), force=True)
+                del self._damaged[(name, shard)]
+                log.warning("node %d: %s/%d cut to %d at a damaged frame", self.node_id, name, shard, end)
             if not following.truncated:
 
                 async def ask(

@@ -8,9 +8,10 @@ and waits on it to acknowledge produces. Kafka's rules (``Partition.scala``,
 * a follower's log end is the offset it fetches from (it holds everything before it);
 * it is *caught up* at a fetch that asks for the leader's end, or that asks for at least the
   end the leader had at its previous fetch (then it was caught up at that previous fetch);
-* an ISR member not caught up for ``replica_lag_time_max_ms`` is proposed for removal; a
-  replica outside the ISR whose log end reached the high watermark and the start of the
-  current leader epoch is proposed for addition;
+* an ISR member not caught up for ``replica_lag_time_max_ms`` is proposed for removal (a
+  periodic check); a replica outside the ISR whose log end reached the high watermark and the
+  start of the current leader epoch is proposed for addition, on the fetch that gets it
+  there (:meth:`ShardLeaderState.expansion_due`);
 * the high watermark is the minimum log end over the *maximal* ISR (the ISR plus additions
   in flight, so an expansion never lets it run ahead of the new member), only rises, and
   does not move at all while the ISR is below ``min_insync``.
@@ -209,17 +210,30 @@ class ShardLeaderState:
             for r in self.isr
             if r != self.leader and now - self._followers[r].last_caught_up_s > self._lag_max_s
         }
-        add = {
-            r
-            for r, f in self._followers.items()
-            if r not in self.isr
-            and f.log_end >= self.high_watermark
-            and f.log_end >= self.epoch_start_offset
-            and now - f.last_caught_up_s <= self._lag_max_s
-        }
+        add = {r for r in self._followers if self._may_join(r, now)}
         if not add and not remove:
             return None
         return IsrChange(frozenset(add), frozenset(remove))
+
+    def _may_join(self, follower: int, now: float) -> bool:
+        f = self._followers[follower]
+        return (
+            follower not in self.isr
+            and f.log_end >= self.high_watermark
+            and f.log_end >= self.epoch_start_offset
+            and now - f.last_caught_up_s <= self._lag_max_s
+        )
+
+    def expansion_due(self, follower: int) -> bool:
+        """Whether ``follower``, outside the ISR, may join it now and no ISR change is in flight.
+
+        Kafka adds a follower on the fetch that reaches the high watermark (and the current
+        epoch's start) rather than waiting for the periodic ISR check: the node asks this
+        after each fetch and then proposes the change at once.
+        """
+        if self._pending is not None or follower not in self._followers:
+            return False
+        return self._may_join(follower, self._clock())
 
     def begin_isr_change(self, change: IsrChange) -> None:
         """The node is writing ``change`` to the metadata: additions count for the high watermark now."""
