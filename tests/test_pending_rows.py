@@ -30,7 +30,9 @@ def _part(shards: list[int], arrays: ShardArrays, tag: int) -> PendingPart:
     )
     ids, first = np.unique(routes, return_index=True)
     counts = np.bincount(routes, minlength=int(ids.max()) + 1)[ids]
-    return PendingPart(batch, routes, offsets, ids.astype(np.int64), offsets[first], counts.astype(np.int64))
+    return PendingPart.make(
+        batch, routes, offsets, ids.astype(np.int64), offsets[first], counts.astype(np.int64)
+    )
 
 
 def _values(batch: pa.RecordBatch) -> list[bytes]:

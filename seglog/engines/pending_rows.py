@@ -61,6 +61,30 @@ class PendingPart(NamedTuple):
     ids: np.ndarray[Any, Any]  # the shards it holds rows of, ascending (int64)
     bases: np.ndarray[Any, Any]  # each of those shards' first offset in it
     counts: np.ndarray[Any, Any]  # each of those shards' row count in it
+    # The rows grouped by shard, made by the first read that needs them (then every shard's
+    # rows are a zero-copy slice): ``[batch]`` once made. Reads race benignly to make it.
+    by_shard: list[pa.RecordBatch]
+
+    @classmethod
+    def make(
+        cls,
+        batch: pa.RecordBatch,
+        shard_col: np.ndarray[Any, Any],
+        offset_col: np.ndarray[Any, Any],
+        ids: np.ndarray[Any, Any],
+        bases: np.ndarray[Any, Any],
+        counts: np.ndarray[Any, Any],
+    ) -> PendingPart:
+        """A part with its own (empty) grouped-rows slot."""
+        return cls(batch, shard_col, offset_col, ids, bases, counts, [])
+
+    def shard_rows(self, k: int) -> pa.RecordBatch:
+        """The rows of ``ids[k]``, in offset order."""
+        if not self.by_shard:
+            order = np.argsort(self.shard_col.astype(np.int16), kind="stable")  # radix sort
+            self.by_shard[:] = [self.batch.take(pa.array(order))]
+        start = int(self.counts[:k].sum())
+        return self.by_shard[0].slice(start, int(self.counts[k]))
 
 
 class PendingRows:
@@ -128,7 +152,7 @@ class PendingRows:
                 continue
             if base + int(part.counts[k]) <= floor:
                 break
-            out.append((base, part.batch.take(np.flatnonzero(part.shard_col == shard))))
+            out.append((base, part.shard_rows(k)))
         out.reverse()
         return start, out
 

@@ -795,7 +795,7 @@ class SegmentEngine(GenerationLookups, StreamLookups):
                     req = FrameRequest(writer.gen, s, frames, batches)
                     size = sum(f.size for f in frames)
                 else:
-                    part = PendingPart(
+                    part = PendingPart.make(
                         wbatch,
                         wroutes.astype(np.int32, copy=False),
                         woffsets,
