@@ -62,6 +62,33 @@ _WAYS: Final = 8
 _MAX_TOPIC_CHUNKS: Final = 16
 _DEAD: Final = -1  # entry_shard of a dropped cache entry
 _UNKNOWN: Final = 1 << 62  # a watch not yet resolved: the stream may have rows anywhere
+# topic_hashes: the low k bytes of a word (index k), odd multipliers per word position
+# (a splitmix64 sequence, grown on demand), the length's multiplier and fmix64's constants.
+_TAIL_MASKS: Final = np.array([(1 << (8 * k)) - 1 for k in range(9)], np.uint64)
+_LENGTH_MULT: Final = np.uint64(0x9E3779B97F4A7C15)
+_FMIX1: Final = np.uint64(0xFF51AFD7ED558CCD)
+_FMIX2: Final = np.uint64(0xC4CEB9FE1A85EC53)
+
+
+_WORD_MULTS: list[np.ndarray[Any, np.dtype[np.uint64]]] = []
+_SHORT_WORDS: Final = 8  # rows of up to 64 bytes are hashed in one pass; longer ones by length class
+
+
+def _word_multipliers(count: int) -> np.ndarray[Any, np.dtype[np.uint64]]:
+    """The first ``count`` word multipliers (odd splitmix64 outputs; computed once, grown by doubling)."""
+    if not _WORD_MULTS or len(_WORD_MULTS[0]) < count:
+        size = max(count, 2 * len(_WORD_MULTS[0]) if _WORD_MULTS else 64)
+        out = []
+        state = 0x2545F4914F6CDD1D
+        mask = (1 << 64) - 1
+        for _ in range(size):
+            state = (state + 0x9E3779B97F4A7C15) & mask
+            z = state
+            z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+            z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+            out.append((z ^ (z >> 31)) | 1)
+        _WORD_MULTS[:] = [np.array(out, np.uint64)]
+    return _WORD_MULTS[0][:count]
 
 
 class _ShardTrie:
@@ -81,10 +108,15 @@ class StreamStamper:
     Args:
         shards: Number of shards.
         thresholds: The database's LTS thresholds (see :class:`~seglog.topics.LTS`).
+        key_bits: Bits of the cache keys (64). Fewer force hash collisions, for tests: a
+            collision costs a trie walk, never a wrong stream.
     """
 
-    def __init__(self, shards: int, thresholds: Sequence[int]) -> None:
+    def __init__(self, shards: int, thresholds: Sequence[int], *, key_bits: int = 64) -> None:
+        if not 1 <= key_bits <= 64:
+            raise InvalidArgument(f"key_bits must be in 1..64, not {key_bits!r}")
         self.thresholds = tuple(LTS(thresholds, cache_size=0).thresholds)  # validated
+        self._key_mask = np.int64(-1) if key_bits == 64 else np.int64((1 << key_bits) - 1)
         self._tries: list[_ShardTrie | None] = [None] * shards
         self._lock = threading.Lock()
         # shard -> watched stream -> the last offset it was stamped at (an upper bound), or
@@ -121,12 +153,16 @@ class StreamStamper:
         """Entries in the cache (for tests and stats)."""
         return self._n - self._dead
 
-    def _keys(self, topics: Any, shards: np.ndarray[Any, Any] | int) -> np.ndarray[Any, np.dtype[np.int64]]:
-        h = np.fromiter(map(hash, topics), np.int64, len(topics))
+    def _keys(
+        self, topics: pa.Array, shards: np.ndarray[Any, Any] | int
+    ) -> np.ndarray[Any, np.dtype[np.int64]]:
+        """The cache key of every row: the hash of its topic's bytes mixed with its shard."""
+        h = topic_hashes(topics)
         if isinstance(shards, np.ndarray):
             h ^= shards.astype(np.int64) * _MIX  # array arithmetic wraps: fine for a hash
         elif shards:
             h ^= (np.array([shards], np.int64) * _MIX)[0]
+        h &= self._key_mask
         h[h == 0] = 1  # 0 marks a free slot
         return h
 
@@ -243,9 +279,8 @@ class StreamStamper:
         n = len(topics)
         if n == 0:
             return np.empty(0, np.uint32)
-        objs = topics.to_numpy(zero_copy_only=False)
         with self._lock:
-            keys = self._keys(objs, shards)
+            keys = self._keys(topics, shards)
             entry = self._probe(keys)
             found = entry >= 0
             n_found = int(found.sum())
@@ -554,6 +589,94 @@ class StreamStamper:
             self.cut(shard, log_end)
             upto = log_end
         return upto
+
+
+def topic_hashes(topics: pa.Array) -> np.ndarray[Any, np.dtype[np.int64]]:
+    """A 64-bit hash of every value's bytes, for a whole column with NumPy.
+
+    No Python object per row. A row of ``L >= 8`` bytes is read as the 8-byte words at
+    ``min(8 k, L - 8)`` (the last word overlaps its predecessor), so every read lies inside
+    the row; a
+    row under 8 bytes is one word with the bytes past its end masked off. Each word is
+    multiplied by an odd constant of its position and the products of the row's
+    ``ceil(L / 8)`` words summed (two rows that differ in one word never collide), then the length is mixed in and MurmurHash3's
+    ``fmix64`` spreads the bits. Equal values hash equal, in any process; the hash is a
+    cache key, verified against the cached topic, and never stored.
+
+    Args:
+        topics: A string (or large string / binary) array without nulls.
+
+    Returns:
+        One int64 per row.
+    """
+    n = len(topics)
+    if n == 0:
+        return np.empty(0, np.int64)
+    if topics.type not in (pa.string(), pa.binary()):
+        topics = topics.cast(pa.string() if pa.types.is_unicode(topics.type) else pa.binary())
+    _validity, offsets_buf, data_buf = topics.buffers()[:3]
+    offsets = np.frombuffer(offsets_buf, np.int32, n + 1, topics.offset * 4).astype(np.int64)
+    first = int(offsets[0])
+    size = int(offsets[-1]) - first
+    starts = offsets[:-1] - first
+    lengths = offsets[1:] - offsets[:-1]
+    longest = int(lengths.max())
+    # The bytes, with 8 zero bytes after them: a short last row reads its word whole.
+    padded = np.zeros(size + 8, np.uint8)
+    if size:
+        padded[:size] = np.frombuffer(data_buf, np.uint8, size, first)
+    unaligned = np.ndarray((size + 1,), np.uint64, buffer=padded, strides=(1,))
+    if longest <= 8 * _SHORT_WORDS:
+        x = _sum_words(unaligned, starts, lengths, max(1, (longest + 7) // 8))
+    else:
+        # Long rows by length class (words <= 8, 32, 128, ...): a class's (words, rows)
+        # matrix is at most 4x its bytes.
+        x = np.empty(n, np.uint64)
+        row_words = (lengths + 7) // 8
+        low, high = 0, _SHORT_WORDS
+        while low * 8 < longest:
+            rows = np.flatnonzero((row_words > low) & (row_words <= high) if low else row_words <= high)
+            if len(rows):
+                words = int(row_words[rows].max())
+                x[rows] = _sum_words(unaligned, starts[rows], lengths[rows], words)
+            low, high = high, 4 * high
+    x += lengths.astype(np.uint64) * _LENGTH_MULT
+    return _fmix64(x).view(np.int64)
+
+
+def _sum_words(
+    unaligned: np.ndarray[Any, np.dtype[np.uint64]],
+    starts: np.ndarray[Any, np.dtype[np.int64]],
+    lengths: np.ndarray[Any, np.dtype[np.int64]],
+    words: int,
+) -> np.ndarray[Any, np.dtype[np.uint64]]:
+    """``sum(word k of a row * multiplier k)`` over ``k < words`` (see :func:`topic_hashes`)."""
+    last = np.maximum(lengths - 8, 0)
+    if words == 1:
+        w = np.take(unaligned, starts)
+    else:
+        steps = np.arange(0, 8 * words, 8, dtype=np.int64)[:, None]
+        w = np.take(unaligned, np.minimum(steps, last) + starts)  # (words, rows)
+        if int(lengths.min()) <= 8 * (words - 1):
+            w *= steps < lengths  # words past a row's end count nothing
+    if bool((lengths < 8).any()):
+        w &= _TAIL_MASKS[np.minimum(lengths, 8)]
+    if words == 1:
+        out: np.ndarray[Any, np.dtype[np.uint64]] = w * _word_multipliers(1)[0]
+        return out
+    w *= _word_multipliers(words)[:, None]
+    out = w.sum(axis=0, dtype=np.uint64)
+    return out
+
+
+def _fmix64(h: np.ndarray[Any, np.dtype[np.uint64]]) -> np.ndarray[Any, np.dtype[np.uint64]]:
+    s33 = np.uint64(33)
+    h ^= h >> s33
+    h *= _FMIX1
+    h ^= h >> s33
+    h *= _FMIX2
+    h ^= h >> s33
+    return h
 
 
 def _note_origins(origin: list[int], before: int, counts_after: list[int], origins: list[int]) -> None:
