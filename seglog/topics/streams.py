@@ -57,9 +57,10 @@ _SNAP_HEAD: Final = struct.Struct("<4sBqIII")
 _CRC: Final = struct.Struct("<I")
 _N_ROOTS: Final = 2
 _MIX: Final = np.int64(-7046029254386353131)  # 0x9E3779B97F4A7C15 as int64: spreads shard numbers
-_MIN_BUCKETS: Final = 1 << 7
-_WAYS: Final = 8
-_MAX_TOPIC_CHUNKS: Final = 16
+_MIN_ENTRIES: Final = 1 << 8
+_MIN_WORDS: Final = 1 << 10
+_LOAD: Final = 4  # table slots per entry slot: at most a quarter full
+_STEPS: Final = np.arange(1, 9, dtype=np.int64)  # a probe's window past the home slot
 _DEAD: Final = -1  # entry_shard of a dropped cache entry
 _UNKNOWN: Final = 1 << 62  # a watch not yet resolved: the stream may have rows anywhere
 # topic_hashes: the low k bytes of a word (index k), odd multipliers per word position
@@ -127,26 +128,27 @@ class StreamStamper:
     # --- the cache ----------------------------------------------------------------------
 
     def _reset_cache(self) -> None:
-        # Buckets of _WAYS slots: key (hash of shard and topic; 0 marks a free slot), entry and
-        # shard << 32 | stream. One gather of a bucket's keys (one cache line) finds a key
-        # without probing; a bucket that filled up sends later keys to a small dict.
-        self._init_table(_MIN_BUCKETS)
+        # Entries (appended; a cut marks some dead and rebuilds): key, shard, stream, the
+        # topic's length and where its words (see topic_hashes) start in ``_store``, whose
+        # word 0 is a zero word that verification reads for words past a topic's end.
         self._n = 0
-        self._n_reserve = 0
         self._dead = 0
-        self._hash = np.empty(_MIN_BUCKETS * _WAYS // 2, np.int64)
-        self._shard = np.empty(_MIN_BUCKETS * _WAYS // 2, np.int32)
-        self._stream = np.empty(_MIN_BUCKETS * _WAYS // 2, np.uint32)
-        self._topic_chunks: list[pa.Array] = []
-        self._topics: pa.ChunkedArray | None = None
-        self._new_topics: list[str] = []
+        self._hash = np.empty(_MIN_ENTRIES, np.int64)
+        self._shard = np.empty(_MIN_ENTRIES, np.int32)
+        self._stream = np.empty(_MIN_ENTRIES, np.uint32)
+        self._len = np.empty(_MIN_ENTRIES, np.int64)
+        self._wstart = np.empty(_MIN_ENTRIES, np.int64)
+        self._store = np.zeros(_MIN_WORDS, np.uint64)
+        self._n_words = 1
+        self._init_table(_LOAD * _MIN_ENTRIES)
 
-    def _init_table(self, buckets: int) -> None:
-        self._mask = buckets - 1
-        self._b_key = np.zeros((buckets, _WAYS), np.int64)
-        self._b_entry = np.full((buckets, _WAYS), -1, np.int32)
-        self._b_fill = np.zeros(buckets, np.int64)
-        self._stash: dict[int, list[int]] = {}  # key -> entries, for keys of full buckets
+    def _init_table(self, slots: int) -> None:
+        # Open addressing with linear probing, at most half full: the key of each slot (0:
+        # free) and its entry. A probe is one gather of keys for the whole batch; the rows
+        # whose slot holds another key (rare at this load) step on together.
+        self._mask = slots - 1
+        self._slot_key = np.zeros(slots, np.int64)
+        self._slot_entry = np.full(slots, -1, np.int32)
 
     @property
     def cached_topics(self) -> int:
@@ -154,10 +156,10 @@ class StreamStamper:
         return self._n - self._dead
 
     def _keys(
-        self, topics: pa.Array, shards: np.ndarray[Any, Any] | int
+        self, column: _Column, shards: np.ndarray[Any, Any] | int
     ) -> np.ndarray[Any, np.dtype[np.int64]]:
         """The cache key of every row: the hash of its topic's bytes mixed with its shard."""
-        h = topic_hashes(topics)
+        h = column.hashes()
         if isinstance(shards, np.ndarray):
             h ^= shards.astype(np.int64) * _MIX  # array arithmetic wraps: fine for a hash
         elif shards:
@@ -167,66 +169,75 @@ class StreamStamper:
         return h
 
     def _probe(self, keys: np.ndarray[Any, np.dtype[np.int64]]) -> np.ndarray[Any, np.dtype[np.int64]]:
-        """The first entry with each key (-1: none); topics and shards are checked by the caller."""
+        """The entry with each key (-1: none); topics and shards are checked by the caller."""
         n = len(keys)
         if self._n == 0 or n == 0:
             return np.full(n, -1, np.int64)
-        pos = keys & self._mask
-        # np.take on flat indices: several times faster than 2-D fancy indexing.
-        eq = np.take(self._b_key, pos, axis=0) == keys[:, None]
-        way = eq.argmax(axis=1)
-        entry: np.ndarray[Any, np.dtype[np.int64]] = np.take(
-            self._b_entry.reshape(-1), pos * _WAYS + way
-        ).astype(np.int64)
-        missing = ~np.take(eq.reshape(-1), np.arange(0, n * _WAYS, _WAYS) + way)
-        if missing.any():
-            entry[missing] = -1
-            if self._stash:
-                for row in np.flatnonzero(missing).tolist():
-                    found = self._stash.get(int(keys[row]))
-                    if found:
-                        entry[row] = found[0]
+        mask = self._mask
+        pos = keys & mask
+        at = self._slot_key[pos]
+        hit = at == keys
+        entry: np.ndarray[Any, np.dtype[np.int64]] = self._slot_entry[pos].astype(np.int64)
+        if bool(hit.all()):
+            return entry
+        # Rows whose home slot holds another key look at the next _WINDOW slots at once;
+        # a free slot ends a probe (a miss). Longer runs (rare at this load) step on.
+        entry[~hit] = -1
+        rows = np.flatnonzero(~hit & (at != 0))
+        start = pos[rows]
+        while len(rows):
+            window = (start[:, None] + _STEPS) & mask
+            at_w = self._slot_key[window]
+            eq = at_w == keys[rows][:, None]
+            stop = eq | (at_w == 0)
+            first = stop.argmax(axis=1)
+            ended = stop[np.arange(len(rows)), first]
+            found = ended & eq[np.arange(len(rows)), first]
+            entry[rows[found]] = self._slot_entry[window[found, first[found]]]
+            rows, start = rows[~ended], start[~ended] + len(_STEPS)
         return entry
 
-    def _rehash(self, *, grow: bool) -> None:
-        """Rebuild the table from the live entries (doubling it when ``grow``), vectorised."""
-        self._flush_topics()
+    def _verify(
+        self, column: _Column, rows: np.ndarray[Any, Any] | None, entry: np.ndarray[Any, Any]
+    ) -> np.ndarray[Any, np.dtype[np.bool_]]:
+        """Whether each row's topic (``rows`` of ``column``; ``None``: all) is its entry's, byte for byte."""
+        same: np.ndarray[Any, np.dtype[np.bool_]] = self._len[entry] == (
+            column.lengths if rows is None else column.lengths[rows]
+        )
+        if bool(same.all()):
+            return column.same(rows, self._store, self._wstart[entry])
+        keep = np.flatnonzero(same)
+        picked = keep if rows is None else rows[keep]
+        same[keep] = column.same(picked, self._store, self._wstart[entry[keep]])
+        return same
+
+    def _rehash(self, *, grow: bool, reserve: int = 0) -> None:
+        """Rebuild the table from the live entries (dropping dead ones; sized for ``reserve`` more)."""
         live = np.flatnonzero(self._shard[: self._n] != _DEAD)
-        buckets = self._mask + 1
+        size = max(_MIN_ENTRIES, len(self._hash))
         if grow:
-            # Room for twice the entries, the table then at most half full: a bucket of 8
-            # overflows rarely (Poisson, mean <= 4).
-            want = max(len(live), self._n_reserve - (self._n - len(live)))
-            buckets = _MIN_BUCKETS
-            while buckets * _WAYS // 2 < 2 * want:
-                buckets *= 2
-        size = buckets * _WAYS // 2
+            size = _MIN_ENTRIES
+            while size < 2 * (len(live) + reserve):
+                size *= 2
+        if len(live) != self._n:
+            # Keep the words of the live entries only (after the zero word).
+            counts = np.maximum((self._len[live] + 7) // 8, 1)
+            kept, starts = _gather_ranges(self._store, self._wstart[live], counts)
+            self._n_words = 1 + len(kept)
+            self._store = np.zeros(max(_MIN_WORDS, 2 * self._n_words), np.uint64)
+            self._store[1 : self._n_words] = kept
+            self._wstart = _resized(starts + 1, size)
+        else:
+            self._wstart = _resized(self._wstart[: self._n], size)
+        self._len = _resized(self._len[live], size)
         self._hash = _resized(self._hash[live], size)
         self._shard = _resized(self._shard[live], size)
         self._stream = _resized(self._stream[live], size)
-        if self._topics is not None and len(live) != self._n:
-            kept = self._topics.take(pa.array(live))
-            self._topic_chunks = [kept.combine_chunks() if isinstance(kept, pa.ChunkedArray) else kept]
-            self._topics = pa.chunked_array(self._topic_chunks, pa.string())
         n = self._n = len(live)
         self._dead = 0
-        self._init_table(buckets)
+        self._init_table(_LOAD * size)
         if n:
             self._place_many(np.arange(n))
-
-    def _flush_topics(self) -> None:
-        """Move topics cached since the last call into the Arrow storage used to verify hits."""
-        if not self._new_topics:
-            return
-        chunks = self._topic_chunks
-        chunks.append(pa.array(self._new_topics, pa.string()))
-        self._new_topics = []
-        # Sizes at least halve along the list (merged like a binary counter): few chunks,
-        # and every topic is copied O(log n) times in all.
-        while len(chunks) > 1 and (len(chunks[-1]) * 2 >= len(chunks[-2]) or len(chunks) > _MAX_TOPIC_CHUNKS):
-            last = chunks.pop()
-            chunks[-1] = pa.concat_arrays([chunks[-1], last])
-        self._topics = pa.chunked_array(chunks, pa.string())
 
     def _drop_cached(self, shard: int, first_stream: int) -> None:
         """Make entries of ``shard`` with a stream ``>= first_stream`` unfindable."""
@@ -279,30 +290,28 @@ class StreamStamper:
         n = len(topics)
         if n == 0:
             return np.empty(0, np.uint32)
+        column = _Column(topics)
+        out: np.ndarray[Any, np.dtype[np.uint32]]
         with self._lock:
-            keys = self._keys(topics, shards)
+            keys = self._keys(column, shards)
             entry = self._probe(keys)
             found = entry >= 0
-            n_found = int(found.sum())
-            safe = np.where(found, entry, 0) if n_found != n else entry
-            if n_found:
-                self._flush_topics()
-                assert self._topics is not None
-                if n_found == n:
-                    cached = self._topics.take(pa.array(entry))
-                    found = pc.equal(cached, topics).to_numpy(zero_copy_only=False)
-                    found &= self._shard[entry] == shards
-                else:
-                    rows = np.flatnonzero(found)
-                    cached = self._topics.take(pa.array(entry[rows]))
-                    same = pc.equal(cached, topics.take(pa.array(rows))).to_numpy(zero_copy_only=False)
-                    want = shards[rows] if isinstance(shards, np.ndarray) else shards
-                    same &= self._shard[entry[rows]] == want
+            if bool(found.all()):
+                # The common case (every topic known): one check of all rows.
+                found = self._verify(column, None, entry)
+                found &= self._shard[entry] == shards
+                out = self._stream[entry]
+            else:
+                out = np.zeros(n, np.uint32)
+                rows = np.flatnonzero(found)
+                if len(rows):
+                    hits = entry[rows]
+                    same = self._verify(column, rows, hits)
+                    same &= self._shard[hits] == (shards[rows] if isinstance(shards, np.ndarray) else shards)
                     found[rows[~same]] = False
-            out = self._stream[safe] if self._n else np.zeros(n, np.uint32)
-            misses = np.flatnonzero(~found)
-            if len(misses):
-                self._learn_rows(out, misses, topics, keys, shards, offsets)
+                    out[rows] = self._stream[hits]
+            if not bool(found.all()):
+                self._learn_rows(out, np.flatnonzero(~found), topics, column, keys, shards, offsets)
             if self._watched:
                 self._note_watched(out, shards, offsets)
             return out
@@ -375,6 +384,7 @@ class StreamStamper:
         out: np.ndarray[Any, Any],
         misses: np.ndarray[Any, Any],
         topics: pa.Array,
+        column: _Column,
         keys: np.ndarray[Any, Any],
         shards: np.ndarray[Any, Any] | int,
         offsets: np.ndarray[Any, Any] | int,
@@ -424,55 +434,67 @@ class StreamStamper:
         stream_of_unique = np.empty(len(rows), np.int64)
         stream_of_unique[order] = learned
         out[misses] = stream_of_unique[inverse]
-        self._insert_many(keys[rows], row_shards.astype(np.int64), learned, row_topics)
+        self._insert_many(keys[rows], row_shards.astype(np.int64), learned, column, rows)
 
     def _insert_many(
         self,
         keys: np.ndarray[Any, Any],
         shards: np.ndarray[Any, Any],
         streams: np.ndarray[Any, Any],
-        topics: list[str],
+        column: _Column,
+        rows: np.ndarray[Any, Any],
     ) -> None:
-        """Cache new entries (vectorised placement into buckets; a full bucket's go to the stash)."""
+        """Cache new entries: the topics of ``rows`` of ``column`` (vectorised placement)."""
         if self._n:
             # A key already cached belongs to another (shard, topic) (a 64-bit collision):
             # that one stays uncached (learned on every append) rather than piling up copies.
             fresh = self._probe(keys) < 0
             if not fresh.all():
                 keep = np.flatnonzero(fresh)
-                keys, shards, streams = keys[keep], shards[keep], streams[keep]
-                topics = [topics[i] for i in keep.tolist()]
+                keys, shards, streams, rows = keys[keep], shards[keep], streams[keep], rows[keep]
+        _, first = np.unique(keys, return_index=True)
+        if len(first) != len(keys):  # keys shared within the batch: the first row's topic is cached
+            first.sort()
+            keys, shards, streams, rows = keys[first], shards[first], streams[first], rows[first]
         m = len(keys)
         if not m:
             return
         if self._n + m > len(self._hash):
-            self._n_reserve = self._n + m
-            self._rehash(grow=True)
+            self._rehash(grow=True, reserve=m)
+        words, counts = column.row_words(rows)
+        at = self._n_words
+        if at + len(words) > len(self._store):
+            self._store = _resized(self._store[:at], max(2 * len(self._store), at + len(words)))
+        self._store[at : at + len(words)] = words
+        self._n_words = at + len(words)
         lo, hi = self._n, self._n + m
         self._hash[lo:hi] = keys
         self._shard[lo:hi] = shards
         self._stream[lo:hi] = streams
-        self._new_topics.extend(topics)
+        self._wstart[lo:hi] = np.cumsum(counts) - counts + at
+        self._len[lo:hi] = column.lengths[rows]
         self._n = hi
         self._place_many(np.arange(lo, hi))
 
     def _place_many(self, entries: np.ndarray[Any, Any]) -> None:
+        """Put entries (with distinct keys, none in the table yet) into free slots."""
+        mask = self._mask
         keys = self._hash[entries]
-        pos = keys & self._mask
-        order = np.argsort(pos, kind="stable")
-        sorted_pos = pos[order]
-        n = len(entries)
-        starts = np.flatnonzero(np.r_[True, sorted_pos[1:] != sorted_pos[:-1]])
-        counts = np.diff(np.r_[starts, n])
-        way = self._b_fill[sorted_pos] + (np.arange(n) - np.repeat(starts, counts))
-        fits = way < _WAYS
-        e = entries[order][fits]
-        p, w = sorted_pos[fits], way[fits]
-        self._b_key[p, w] = self._hash[e]
-        self._b_entry[p, w] = e
-        np.add.at(self._b_fill, p, 1)
-        for k in entries[order][~fits].tolist():
-            self._stash.setdefault(int(self._hash[k]), []).append(k)
+        pos = keys & mask
+        todo = np.arange(len(entries))
+        while len(todo):
+            p = pos[todo]
+            free = self._slot_key[p] == 0
+            # Of the rows that want one free slot, the first takes it; the others step on.
+            cand = todo[free]
+            _, first = np.unique(p[free], return_index=True)
+            won = cand[first]
+            self._slot_key[pos[won]] = keys[won]
+            self._slot_entry[pos[won]] = entries[won]
+            placed = np.zeros(len(entries), np.bool_)
+            placed[won] = True
+            todo = todo[~placed[todo]]
+            pos[todo] = (pos[todo] + 1) & mask
 
     def cut(self, shard: int, offset: int) -> bool:
         """Forget what records at ``offset`` and later taught ``shard``'s trie.
@@ -591,17 +613,138 @@ class StreamStamper:
         return upto
 
 
+class _Part:
+    """Rows of a column read as one ``(words, rows)`` matrix (see :func:`topic_hashes`)."""
+
+    __slots__ = ("inside", "rows", "steps", "words")
+
+    def __init__(
+        self,
+        rows: np.ndarray[Any, Any] | None,
+        words: np.ndarray[Any, np.dtype[np.uint64]],
+        steps: np.ndarray[Any, np.dtype[np.int64]],
+        inside: np.ndarray[Any, np.dtype[np.bool_]] | None,
+    ) -> None:
+        self.rows = rows  # None: every row of the column
+        self.words = words  # word k of each row, 0 past its end
+        self.steps = steps  # (words, 1): k
+        self.inside = inside  # k < the row's word count (None: true everywhere)
+
+
+class _Column:
+    """A string column's rows as 8-byte words, read with NumPy (no Python object per row)."""
+
+    __slots__ = ("lengths", "parts")
+
+    def __init__(self, topics: pa.Array) -> None:
+        n = len(topics)
+        if topics.type not in (pa.string(), pa.binary()):
+            topics = topics.cast(pa.string() if pa.types.is_unicode(topics.type) else pa.binary())
+        _validity, offsets_buf, data_buf = topics.buffers()[:3]
+        offsets = np.frombuffer(offsets_buf, np.int32, n + 1, topics.offset * 4).astype(np.int64)
+        first = int(offsets[0])
+        size = int(offsets[-1]) - first
+        starts = offsets[:-1] - first
+        self.lengths = lengths = offsets[1:] - offsets[:-1]
+        # The bytes, with 8 zero bytes after them: a short last row reads its word whole.
+        padded = np.zeros(size + 8, np.uint8)
+        if size:
+            padded[:size] = np.frombuffer(data_buf, np.uint8, size, first)
+        unaligned = np.ndarray((size + 1,), np.dtype("<u8"), buffer=padded, strides=(1,))
+        self.parts: list[_Part] = []
+        for rows, words in _length_classes(lengths):
+            r_starts = starts if rows is None else starts[rows]
+            r_lengths = lengths if rows is None else lengths[rows]
+            steps = np.arange(words, dtype=np.int64)[:, None]
+            inside = None
+            if words == 1:
+                w = unaligned[r_starts][None, :]
+            else:
+                w = unaligned[np.minimum(8 * steps, np.maximum(r_lengths - 8, 0)) + r_starts]
+                if int(r_lengths.min()) <= 8 * (words - 1):
+                    inside = 8 * steps < r_lengths
+                    inside[0] = True  # an empty row still has its one (zero) word
+                    w *= inside  # words past a row's end count nothing
+            if bool((r_lengths < 8).any()):
+                w &= _TAIL_MASKS[np.minimum(r_lengths, 8)]
+            self.parts.append(_Part(rows, w, steps, inside))
+
+    def hashes(self) -> np.ndarray[Any, np.dtype[np.int64]]:
+        """:func:`topic_hashes` of the column."""
+        n = len(self.lengths)
+        x = np.empty(n, np.uint64)
+        for part in self.parts:
+            sums = (part.words * _word_multipliers(len(part.words))[:, None]).sum(axis=0, dtype=np.uint64)
+            if part.rows is None:
+                x = sums
+            else:
+                x[part.rows] = sums
+        x += self.lengths.astype(np.uint64) * _LENGTH_MULT
+        return _fmix64(x).view(np.int64)
+
+    def same(
+        self,
+        rows: np.ndarray[Any, Any] | None,
+        store: np.ndarray[Any, np.dtype[np.uint64]],
+        word_starts: np.ndarray[Any, np.dtype[np.int64]],
+    ) -> np.ndarray[Any, np.dtype[np.bool_]]:
+        """Whether ``rows`` (``None``: all) hold the words ``store[word_starts[i]:]`` of equal-length topics."""
+        if rows is None and len(self.parts) == 1:
+            part = self.parts[0]
+            idx = part.steps + word_starts
+            if part.inside is not None:
+                idx *= part.inside  # past a row's end: store[0], a zero word
+            out: np.ndarray[Any, np.dtype[np.bool_]] = (store[idx] == part.words).all(axis=0)
+            return out
+        n = len(self.lengths)
+        wanted = np.full(n, -1, np.int64)
+        picked = np.arange(n) if rows is None else rows
+        wanted[picked] = word_starts
+        same = np.zeros(n, np.bool_)
+        for part in self.parts:
+            at = wanted if part.rows is None else wanted[part.rows]
+            cols = np.flatnonzero(at >= 0)
+            idx = part.steps + at[cols]
+            if part.inside is not None:
+                idx *= part.inside[:, cols]
+            ok = (store[idx] == part.words[:, cols]).all(axis=0)
+            same[cols if part.rows is None else part.rows[cols]] = ok
+        return same[picked]
+
+    def row_words(
+        self, rows: np.ndarray[Any, Any]
+    ) -> tuple[np.ndarray[Any, np.dtype[np.uint64]], np.ndarray[Any, Any]]:
+        """The words of ``rows`` back to back and each row's word count (at least 1)."""
+        counts = np.maximum((self.lengths[rows] + 7) // 8, 1)
+        starts = np.cumsum(counts) - counts
+        out = np.empty(int(counts.sum()), np.uint64)
+        n = len(self.lengths)
+        where = np.full(n, -1, np.int64)
+        where[rows] = np.arange(len(rows))
+        for part in self.parts:
+            at = where if part.rows is None else where[part.rows]
+            cols = np.flatnonzero(at >= 0)
+            if not len(cols):
+                continue
+            sub = part.words[:, cols].T  # (rows, words)
+            mine = at[cols]
+            keep = np.arange(sub.shape[1])[None, :] < counts[mine][:, None]
+            pos = starts[mine][:, None] + np.arange(sub.shape[1])[None, :]
+            out[pos[keep]] = sub[keep]
+        return out, counts
+
+
 def topic_hashes(topics: pa.Array) -> np.ndarray[Any, np.dtype[np.int64]]:
     """A 64-bit hash of every value's bytes, for a whole column with NumPy.
 
-    No Python object per row. A row of ``L >= 8`` bytes is read as the 8-byte words at
-    ``min(8 k, L - 8)`` (the last word overlaps its predecessor), so every read lies inside
-    the row; a
-    row under 8 bytes is one word with the bytes past its end masked off. Each word is
-    multiplied by an odd constant of its position and the products of the row's
-    ``ceil(L / 8)`` words summed (two rows that differ in one word never collide), then the length is mixed in and MurmurHash3's
-    ``fmix64`` spreads the bits. Equal values hash equal, in any process; the hash is a
-    cache key, verified against the cached topic, and never stored.
+    No Python object per row. A row of ``L >= 8`` bytes is read as the ``ceil(L / 8)``
+    8-byte words at ``min(8 k, L - 8)`` (the last word overlaps its predecessor), so every
+    read lies inside the row; a row under 8 bytes is one word with the bytes past its end
+    masked off. Each word is multiplied by an odd constant of its position and the
+    products summed (two rows that differ in one word never collide), then the length is
+    mixed in and MurmurHash3's ``fmix64`` spreads the bits. Equal values hash equal, in
+    any process; the hash is a cache key, verified against the cached topic's words, and
+    never stored.
 
     Args:
         topics: A string (or large string / binary) array without nulls.
@@ -609,64 +752,41 @@ def topic_hashes(topics: pa.Array) -> np.ndarray[Any, np.dtype[np.int64]]:
     Returns:
         One int64 per row.
     """
-    n = len(topics)
-    if n == 0:
+    if not len(topics):
         return np.empty(0, np.int64)
-    if topics.type not in (pa.string(), pa.binary()):
-        topics = topics.cast(pa.string() if pa.types.is_unicode(topics.type) else pa.binary())
-    _validity, offsets_buf, data_buf = topics.buffers()[:3]
-    offsets = np.frombuffer(offsets_buf, np.int32, n + 1, topics.offset * 4).astype(np.int64)
-    first = int(offsets[0])
-    size = int(offsets[-1]) - first
-    starts = offsets[:-1] - first
-    lengths = offsets[1:] - offsets[:-1]
-    longest = int(lengths.max())
-    # The bytes, with 8 zero bytes after them: a short last row reads its word whole.
-    padded = np.zeros(size + 8, np.uint8)
-    if size:
-        padded[:size] = np.frombuffer(data_buf, np.uint8, size, first)
-    unaligned = np.ndarray((size + 1,), np.uint64, buffer=padded, strides=(1,))
-    if longest <= 8 * _SHORT_WORDS:
-        x = _sum_words(unaligned, starts, lengths, max(1, (longest + 7) // 8))
-    else:
-        # Long rows by length class (words <= 8, 32, 128, ...): a class's (words, rows)
-        # matrix is at most 4x its bytes.
-        x = np.empty(n, np.uint64)
-        row_words = (lengths + 7) // 8
-        low, high = 0, _SHORT_WORDS
-        while low * 8 < longest:
-            rows = np.flatnonzero((row_words > low) & (row_words <= high) if low else row_words <= high)
-            if len(rows):
-                words = int(row_words[rows].max())
-                x[rows] = _sum_words(unaligned, starts[rows], lengths[rows], words)
-            low, high = high, 4 * high
-    x += lengths.astype(np.uint64) * _LENGTH_MULT
-    return _fmix64(x).view(np.int64)
+    return _Column(topics).hashes()
 
 
-def _sum_words(
-    unaligned: np.ndarray[Any, np.dtype[np.uint64]],
-    starts: np.ndarray[Any, np.dtype[np.int64]],
+def _length_classes(
     lengths: np.ndarray[Any, np.dtype[np.int64]],
-    words: int,
-) -> np.ndarray[Any, np.dtype[np.uint64]]:
-    """``sum(word k of a row * multiplier k)`` over ``k < words`` (see :func:`topic_hashes`)."""
-    last = np.maximum(lengths - 8, 0)
-    if words == 1:
-        w = np.take(unaligned, starts)
-    else:
-        steps = np.arange(0, 8 * words, 8, dtype=np.int64)[:, None]
-        w = np.take(unaligned, np.minimum(steps, last) + starts)  # (words, rows)
-        if int(lengths.min()) <= 8 * (words - 1):
-            w *= steps < lengths  # words past a row's end count nothing
-    if bool((lengths < 8).any()):
-        w &= _TAIL_MASKS[np.minimum(lengths, 8)]
-    if words == 1:
-        out: np.ndarray[Any, np.dtype[np.uint64]] = w * _word_multipliers(1)[0]
-        return out
-    w *= _word_multipliers(words)[:, None]
-    out = w.sum(axis=0, dtype=np.uint64)
+) -> list[tuple[np.ndarray[Any, Any] | None, int]]:
+    """``(rows, words)`` groups to read as one ``(words, rows)`` matrix (``None``: all rows).
+
+    Rows of up to 64 bytes go together; longer rows by length class (words <= 8, 32, 128,
+    ...), so that a class's matrix is at most 4x its bytes.
+    """
+    longest = int(lengths.max())
+    if longest <= 8 * _SHORT_WORDS:
+        return [(None, max(1, (longest + 7) // 8))]
+    out: list[tuple[np.ndarray[Any, Any] | None, int]] = []
+    row_words = (lengths + 7) // 8
+    low, high = 0, _SHORT_WORDS
+    while low * 8 < longest:
+        rows = np.flatnonzero((row_words > low) & (row_words <= high) if low else row_words <= high)
+        if len(rows):
+            out.append((rows, max(1, int(row_words[rows].max()))))
+        low, high = high, 4 * high
     return out
+
+
+def _gather_ranges(
+    data: np.ndarray[Any, Any], starts: np.ndarray[Any, np.dtype[np.int64]], counts: np.ndarray[Any, Any]
+) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, np.dtype[np.int64]]]:
+    """The ranges ``[start, start + count)`` of ``data`` back to back, and their new starts."""
+    ends = np.cumsum(counts)
+    new_starts = ends - counts
+    size = int(ends[-1]) if len(ends) else 0
+    return data[np.repeat(starts - new_starts, counts) + np.arange(size)], new_starts
 
 
 def _fmix64(h: np.ndarray[Any, np.dtype[np.uint64]]) -> np.ndarray[Any, np.dtype[np.uint64]]:
