@@ -123,6 +123,7 @@ class StreamStamper:
         # shard -> watched stream -> the last offset it was stamped at (an upper bound), or
         # _UNKNOWN until the shard's next stamp.
         self._watched: dict[int, dict[int, int]] = {}
+        self._trie_rows = 0
         self._reset_cache()
 
     # --- the cache ----------------------------------------------------------------------
@@ -154,6 +155,11 @@ class StreamStamper:
     def cached_topics(self) -> int:
         """Entries in the cache (for tests and stats)."""
         return self._n - self._dead
+
+    @property
+    def trie_rows(self) -> int:
+        """Rows the cache missed so far, handed to the tries (for tests and stats)."""
+        return self._trie_rows
 
     def _keys(
         self, column: _Column, shards: np.ndarray[Any, Any] | int
@@ -311,7 +317,9 @@ class StreamStamper:
                     found[rows[~same]] = False
                     out[rows] = self._stream[hits]
             if not bool(found.all()):
-                self._learn_rows(out, np.flatnonzero(~found), topics, column, keys, shards, offsets)
+                misses = np.flatnonzero(~found)
+                self._trie_rows += len(misses)
+                self._learn_rows(out, misses, topics, column, keys, shards, offsets)
             if self._watched:
                 self._note_watched(out, shards, offsets)
             return out
