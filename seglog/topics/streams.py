@@ -622,67 +622,53 @@ class StreamStamper:
 
 
 class _Part:
-    """Rows of a column read as one ``(words, rows)`` matrix (see :func:`topic_hashes`)."""
+    """Rows of a column as one ``(rows, words)`` matrix of 8-byte words (see :func:`topic_hashes`)."""
 
-    __slots__ = ("inside", "rows", "steps", "words")
+    __slots__ = ("inside", "rows", "words")
 
     def __init__(
         self,
         rows: np.ndarray[Any, Any] | None,
         words: np.ndarray[Any, np.dtype[np.uint64]],
-        steps: np.ndarray[Any, np.dtype[np.int64]],
         inside: np.ndarray[Any, np.dtype[np.bool_]] | None,
     ) -> None:
         self.rows = rows  # None: every row of the column
         self.words = words  # word k of each row, 0 past its end
-        self.steps = steps  # (words, 1): k
         self.inside = inside  # k < the row's word count (None: true everywhere)
 
 
 class _Column:
-    """A string column's rows as 8-byte words, read with NumPy (no Python object per row)."""
+    """A string column's rows as 8-byte words (no Python object per row)."""
 
     __slots__ = ("lengths", "parts")
 
     def __init__(self, topics: pa.Array) -> None:
         n = len(topics)
-        if topics.type not in (pa.string(), pa.binary()):
-            topics = topics.cast(pa.string() if pa.types.is_unicode(topics.type) else pa.binary())
-        _validity, offsets_buf, data_buf = topics.buffers()[:3]
-        offsets = np.frombuffer(offsets_buf, np.int32, n + 1, topics.offset * 4).astype(np.int64)
-        first = int(offsets[0])
-        size = int(offsets[-1]) - first
-        starts = offsets[:-1] - first
-        self.lengths = lengths = offsets[1:] - offsets[:-1]
-        # The bytes, with 8 zero bytes after them: a short last row reads its word whole.
-        padded = np.zeros(size + 8, np.uint8)
-        if size:
-            padded[:size] = np.frombuffer(data_buf, np.uint8, size, first)
-        unaligned = np.ndarray((size + 1,), np.dtype("<u8"), buffer=padded, strides=(1,))
+        if topics.type != pa.string():
+            topics = topics.cast(pa.string())
+        offsets = np.frombuffer(topics.buffers()[1], np.int32, n + 1, topics.offset * 4)
+        self.lengths = lengths = (offsets[1:] - offsets[:-1]).astype(np.int64)
         self.parts: list[_Part] = []
         for rows, words in _length_classes(lengths):
-            r_starts = starts if rows is None else starts[rows]
+            part = topics if rows is None else topics.take(pa.array(rows))
             r_lengths = lengths if rows is None else lengths[rows]
-            steps = np.arange(words, dtype=np.int64)[:, None]
+            # Arrow pads every row with zero bytes to the class's width: the data buffer is
+            # then a (rows, words) matrix of words, read in place.
+            padded = pc.ascii_rpad(part, width=8 * words, padding="\0")
+            data = padded.buffers()[2]
+            w = np.frombuffer(data, np.uint64, len(part) * words, 0).reshape(len(part), words)
+            counts = np.maximum((r_lengths + 7) // 8, 1)
             inside = None
-            if words == 1:
-                w = unaligned[r_starts][None, :]
-            else:
-                w = unaligned[np.minimum(8 * steps, np.maximum(r_lengths - 8, 0)) + r_starts]
-                if int(r_lengths.min()) <= 8 * (words - 1):
-                    inside = 8 * steps < r_lengths
-                    inside[0] = True  # an empty row still has its one (zero) word
-                    w *= inside  # words past a row's end count nothing
-            if bool((r_lengths < 8).any()):
-                w &= _TAIL_MASKS[np.minimum(r_lengths, 8)]
-            self.parts.append(_Part(rows, w, steps, inside))
+            if int(counts.min()) != words:
+                inside = np.arange(words)[None, :] < counts[:, None]
+            self.parts.append(_Part(rows, w, inside))
 
     def hashes(self) -> np.ndarray[Any, np.dtype[np.int64]]:
         """:func:`topic_hashes` of the column."""
         n = len(self.lengths)
         x = np.empty(n, np.uint64)
         for part in self.parts:
-            sums = (part.words * _word_multipliers(len(part.words))[:, None]).sum(axis=0, dtype=np.uint64)
+            sums = part.words @ _word_multipliers(part.words.shape[1])
             if part.rows is None:
                 x = sums
             else:
@@ -698,12 +684,7 @@ class _Column:
     ) -> np.ndarray[Any, np.dtype[np.bool_]]:
         """Whether ``rows`` (``None``: all) hold the words ``store[word_starts[i]:]`` of equal-length topics."""
         if rows is None and len(self.parts) == 1:
-            part = self.parts[0]
-            idx = part.steps + word_starts
-            if part.inside is not None:
-                idx *= part.inside  # past a row's end: store[0], a zero word
-            out: np.ndarray[Any, np.dtype[np.bool_]] = (store[idx] == part.words).all(axis=0)
-            return out
+            return _same_words(self.parts[0].words, self.parts[0].inside, store, word_starts)
         n = len(self.lengths)
         wanted = np.full(n, -1, np.int64)
         picked = np.arange(n) if rows is None else rows
@@ -712,10 +693,8 @@ class _Column:
         for part in self.parts:
             at = wanted if part.rows is None else wanted[part.rows]
             cols = np.flatnonzero(at >= 0)
-            idx = part.steps + at[cols]
-            if part.inside is not None:
-                idx *= part.inside[:, cols]
-            ok = (store[idx] == part.words[:, cols]).all(axis=0)
+            inside = None if part.inside is None else part.inside[cols]
+            ok = _same_words(part.words[cols], inside, store, at[cols])
             same[cols if part.rows is None else part.rows[cols]] = ok
         return same[picked]
 
@@ -734,28 +713,42 @@ class _Column:
             cols = np.flatnonzero(at >= 0)
             if not len(cols):
                 continue
-            sub = part.words[:, cols].T  # (rows, words)
+            sub = part.words[cols]  # (rows, words)
             mine = at[cols]
-            keep = np.arange(sub.shape[1])[None, :] < counts[mine][:, None]
-            pos = starts[mine][:, None] + np.arange(sub.shape[1])[None, :]
-            out[pos[keep]] = sub[keep]
+            steps = np.arange(sub.shape[1])[None, :]
+            keep = steps < counts[mine][:, None]
+            out[(starts[mine][:, None] + steps)[keep]] = sub[keep]
         return out, counts
 
 
-def topic_hashes(topics: pa.Array) -> np.ndarray[Any, np.dtype[np.int64]]:
-    """A 64-bit hash of every value's bytes, for a whole column with NumPy.
+def _same_words(
+    words: np.ndarray[Any, np.dtype[np.uint64]],
+    inside: np.ndarray[Any, np.dtype[np.bool_]] | None,
+    store: np.ndarray[Any, np.dtype[np.uint64]],
+    word_starts: np.ndarray[Any, np.dtype[np.int64]],
+) -> np.ndarray[Any, np.dtype[np.bool_]]:
+    """Row by row, whether ``words`` equal the stored words (past a row's end: ``store[0]``, zero)."""
+    idx = word_starts[:, None] + np.arange(words.shape[1])
+    if inside is not None:
+        idx *= inside
+    # Differing words per row, as a product (a reduction along short rows is slow in NumPy).
+    differ = (store[idx] != words).view(np.uint8) @ np.ones(words.shape[1], np.int32)
+    out: np.ndarray[Any, np.dtype[np.bool_]] = differ == 0
+    return out
 
-    No Python object per row. A row of ``L >= 8`` bytes is read as the ``ceil(L / 8)``
-    8-byte words at ``min(8 k, L - 8)`` (the last word overlaps its predecessor), so every
-    read lies inside the row; a row under 8 bytes is one word with the bytes past its end
-    masked off. Each word is multiplied by an odd constant of its position and the
-    products summed (two rows that differ in one word never collide), then the length is
-    mixed in and MurmurHash3's ``fmix64`` spreads the bits. Equal values hash equal, in
-    any process; the hash is a cache key, verified against the cached topic's words, and
-    never stored.
+
+def topic_hashes(topics: pa.Array) -> np.ndarray[Any, np.dtype[np.int64]]:
+    """A 64-bit hash of every value's bytes, for a whole column without a Python object per row.
+
+    A row of ``L`` bytes is its ``max(1, ceil(L / 8))`` little-endian 8-byte words, the
+    last one zero-padded (Arrow's ``ascii_rpad`` pads a batch to one width: the padded
+    data buffer is a word matrix). The words times an odd constant of their position are
+    summed (two rows that differ in one word never collide), the length is mixed in and
+    MurmurHash3's ``fmix64`` spreads the bits. Equal values hash equal, in any process;
+    the hash is a cache key, verified against the cached topic's words, never stored.
 
     Args:
-        topics: A string (or large string / binary) array without nulls.
+        topics: A string (or large string) array without nulls.
 
     Returns:
         One int64 per row.
