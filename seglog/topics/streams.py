@@ -59,8 +59,10 @@ _N_ROOTS: Final = 2
 _MIX: Final = np.int64(-7046029254386353131)  # 0x9E3779B97F4A7C15 as int64: spreads shard numbers
 _MIN_ENTRIES: Final = 1 << 8
 _MIN_WORDS: Final = 1 << 10
-_LOAD: Final = 4  # table slots per entry slot: at most a quarter full
-_STEPS: Final = np.arange(1, 9, dtype=np.int64)  # a probe's window past the home slot
+_LOAD: Final = 2  # table slots per entry slot (entries have 2x room): at most a quarter full
+_STEPS: Final = np.arange(1, 9, dtype=np.int64)
+_LEN_BITS: Final = 24  # a slot packs a topic's word start and length (below 2**24 bytes)
+_LEN_MASK: Final = (1 << _LEN_BITS) - 1  # a probe's window past the home slot
 _DEAD: Final = -1  # entry_shard of a dropped cache entry
 _UNKNOWN: Final = 1 << 62  # a watch not yet resolved: the stream may have rows anywhere
 # topic_hashes: the low k bytes of a word (index k), odd multipliers per word position
@@ -144,12 +146,13 @@ class StreamStamper:
         self._init_table(_LOAD * _MIN_ENTRIES)
 
     def _init_table(self, slots: int) -> None:
-        # Open addressing with linear probing, at most half full: the key of each slot (0:
-        # free) and its entry. A probe is one gather of keys for the whole batch; the rows
-        # whose slot holds another key (rare at this load) step on together.
+        # Open addressing with linear probing, at most a quarter full. A slot is one record
+        # of 4 int64 (half a cache line): key (0: free), entry, word start << 24 | topic
+        # length, shard << 32 | stream -- a copy of what a hit needs, so that a probe is one
+        # gather of records for the whole batch (one cache miss per row, not one per array).
+        # The rows whose home slot holds another key (a few %) look further together.
         self._mask = slots - 1
-        self._slot_key = np.zeros(slots, np.int64)
-        self._slot_entry = np.full(slots, -1, np.int32)
+        self._slots = np.zeros((slots, 4), np.int64)
 
     @property
     def cached_topics(self) -> int:
@@ -174,47 +177,50 @@ class StreamStamper:
         h[h == 0] = 1  # 0 marks a free slot
         return h
 
-    def _probe(self, keys: np.ndarray[Any, np.dtype[np.int64]]) -> np.ndarray[Any, np.dtype[np.int64]]:
-        """The entry with each key (-1: none); topics and shards are checked by the caller."""
+    def _lookup(
+        self, keys: np.ndarray[Any, np.dtype[np.int64]]
+    ) -> tuple[np.ndarray[Any, np.dtype[np.bool_]], np.ndarray[Any, np.dtype[np.int64]]]:
+        """``(hit, slot records)`` of each key (records of misses are garbage)."""
         n = len(keys)
         if self._n == 0 or n == 0:
-            return np.full(n, -1, np.int64)
+            return np.zeros(n, np.bool_), np.zeros((n, 4), np.int64)
         mask = self._mask
         pos = keys & mask
-        at = self._slot_key[pos]
-        hit = at == keys
-        entry: np.ndarray[Any, np.dtype[np.int64]] = self._slot_entry[pos].astype(np.int64)
+        rec = np.take(self._slots, pos, axis=0)  # several times faster than self._slots[pos]
+        hit: np.ndarray[Any, np.dtype[np.bool_]] = rec[:, 0] == keys
         if bool(hit.all()):
-            return entry
-        # Rows whose home slot holds another key look at the next _WINDOW slots at once;
-        # a free slot ends a probe (a miss). Longer runs (rare at this load) step on.
-        entry[~hit] = -1
-        rows = np.flatnonzero(~hit & (at != 0))
+            return hit, rec
+        # Rows whose home slot holds another key look at the next _WINDOW slots at once; a
+        # free slot ends a probe (a miss). Longer runs (rare at this load) step on.
+        rows = np.flatnonzero(~hit & (rec[:, 0] != 0))
         start = pos[rows]
+        slot_keys = self._slots[:, 0]
         while len(rows):
             window = (start[:, None] + _STEPS) & mask
-            at_w = self._slot_key[window]
+            at_w = slot_keys[window]
             eq = at_w == keys[rows][:, None]
             stop = eq | (at_w == 0)
             first = stop.argmax(axis=1)
             ended = stop[np.arange(len(rows)), first]
             found = ended & eq[np.arange(len(rows)), first]
-            entry[rows[found]] = self._slot_entry[window[found, first[found]]]
+            hit[rows[found]] = True
+            rec[rows[found]] = np.take(self._slots, window[found, first[found]], axis=0)
             rows, start = rows[~ended], start[~ended] + len(_STEPS)
-        return entry
+        return hit, rec
 
     def _verify(
-        self, column: _Column, rows: np.ndarray[Any, Any] | None, entry: np.ndarray[Any, Any]
+        self, column: _Column, rows: np.ndarray[Any, Any] | None, rec: np.ndarray[Any, np.dtype[np.int64]]
     ) -> np.ndarray[Any, np.dtype[np.bool_]]:
-        """Whether each row's topic (``rows`` of ``column``; ``None``: all) is its entry's, byte for byte."""
-        same: np.ndarray[Any, np.dtype[np.bool_]] = self._len[entry] == (
+        """Whether each row's topic (``rows`` of ``column``; ``None``: all) is its slot's, byte for byte."""
+        packed = rec[:, 2]
+        same: np.ndarray[Any, np.dtype[np.bool_]] = (packed & _LEN_MASK) == (
             column.lengths if rows is None else column.lengths[rows]
         )
         if bool(same.all()):
-            return column.same(rows, self._store, self._wstart[entry])
+            return column.same(rows, self._store, packed >> _LEN_BITS)
         keep = np.flatnonzero(same)
         picked = keep if rows is None else rows[keep]
-        same[keep] = column.same(picked, self._store, self._wstart[entry[keep]])
+        same[keep] = column.same(picked, self._store, packed[keep] >> _LEN_BITS)
         return same
 
     def _rehash(self, *, grow: bool, reserve: int = 0) -> None:
@@ -300,22 +306,21 @@ class StreamStamper:
         out: np.ndarray[Any, np.dtype[np.uint32]]
         with self._lock:
             keys = self._keys(column, shards)
-            entry = self._probe(keys)
-            found = entry >= 0
+            found, rec = self._lookup(keys)
             if bool(found.all()):
                 # The common case (every topic known): one check of all rows.
-                found = self._verify(column, None, entry)
-                found &= self._shard[entry] == shards
-                out = self._stream[entry]
+                found = self._verify(column, None, rec)
+                found &= (rec[:, 3] >> 32) == shards
+                out = rec[:, 3].astype(np.uint32)  # the low 32 bits: the stream
             else:
                 out = np.zeros(n, np.uint32)
                 rows = np.flatnonzero(found)
                 if len(rows):
-                    hits = entry[rows]
+                    hits = rec[rows]
                     same = self._verify(column, rows, hits)
-                    same &= self._shard[hits] == (shards[rows] if isinstance(shards, np.ndarray) else shards)
+                    same &= (hits[:, 3] >> 32) == (shards[rows] if isinstance(shards, np.ndarray) else shards)
                     found[rows[~same]] = False
-                    out[rows] = self._stream[hits]
+                    out[rows] = hits[:, 3].astype(np.uint32)
             if not bool(found.all()):
                 misses = np.flatnonzero(~found)
                 self._trie_rows += len(misses)
@@ -453,13 +458,15 @@ class StreamStamper:
         rows: np.ndarray[Any, Any],
     ) -> None:
         """Cache new entries: the topics of ``rows`` of ``column`` (vectorised placement)."""
+        # A key already cached belongs to another (shard, topic) (a 64-bit collision): that
+        # one stays uncached (learned on every append) rather than piling up copies. So do
+        # topics of 2**24 bytes or more (a slot packs the length in 24 bits; MQTT's are shorter).
+        fresh = column.lengths[rows] <= _LEN_MASK
         if self._n:
-            # A key already cached belongs to another (shard, topic) (a 64-bit collision):
-            # that one stays uncached (learned on every append) rather than piling up copies.
-            fresh = self._probe(keys) < 0
-            if not fresh.all():
-                keep = np.flatnonzero(fresh)
-                keys, shards, streams, rows = keys[keep], shards[keep], streams[keep], rows[keep]
+            fresh &= ~self._lookup(keys)[0]
+        if not fresh.all():
+            keep = np.flatnonzero(fresh)
+            keys, shards, streams, rows = keys[keep], shards[keep], streams[keep], rows[keep]
         _, first = np.unique(keys, return_index=True)
         if len(first) != len(keys):  # keys shared within the batch: the first row's topic is cached
             first.sort()
@@ -492,13 +499,21 @@ class StreamStamper:
         todo = np.arange(len(entries))
         while len(todo):
             p = pos[todo]
-            free = self._slot_key[p] == 0
+            free = self._slots[p, 0] == 0
             # Of the rows that want one free slot, the first takes it; the others step on.
             cand = todo[free]
             _, first = np.unique(p[free], return_index=True)
             won = cand[first]
-            self._slot_key[pos[won]] = keys[won]
-            self._slot_entry[pos[won]] = entries[won]
+            e = entries[won]
+            self._slots[pos[won]] = np.stack(
+                (
+                    keys[won],
+                    e,
+                    self._wstart[e] << _LEN_BITS | self._len[e],
+                    self._shard[e].astype(np.int64) << 32 | self._stream[e].astype(np.int64),
+                ),
+                axis=1,
+            )
             placed = np.zeros(len(entries), np.bool_)
             placed[won] = True
             todo = todo[~placed[todo]]
@@ -732,7 +747,7 @@ def _same_words(
     if inside is not None:
         idx *= inside
     # Differing words per row, as a product (a reduction along short rows is slow in NumPy).
-    differ = (store[idx] != words).view(np.uint8) @ np.ones(words.shape[1], np.int32)
+    differ = (np.take(store, idx) != words).view(np.uint8) @ np.ones(words.shape[1], np.int32)
     out: np.ndarray[Any, np.dtype[np.bool_]] = differ == 0
     return out
 
