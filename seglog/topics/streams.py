@@ -17,11 +17,12 @@ holds, in offset order, starting from an empty trie with the database's threshol
   policy) is cut back to the log end: the offsets of lost records were never handed out
   twice. So recovery never sees a frame whose stream the trie lacks.
 * **The cache.** Per record the stamp is a lookup of ``(shard, topic)`` in one open-addressing
-  hash table held in NumPy arrays for all shards: Python's ``hash`` of each topic, then
-  vectorised probes, then one Arrow comparison that checks every hit against the cached
-  topic (a hash collision is a miss, never a wrong stream). Only misses walk a trie, one
-  by one in offset order. A Python dict of 100,000 topics costs a cache miss or three per
-  lookup; the vectorised probes overlap theirs.
+  hash table held in NumPy arrays for all shards, done for the whole batch with no Python
+  object per record: the topic column is read as a matrix of 8-byte words (Arrow pads the
+  rows to one width), hashed by one matrix-vector product (:func:`topic_hashes`), probed
+  with one gather of slot records, and every hit is checked word for word against the
+  cached topic (a hash collision is a miss, never a wrong stream). Only misses walk a
+  trie, one by one in offset order, exactly as without the cache.
 
 * **Watches.** Subscriptions ask whether a stream got records since a position, to skip
   the read of a stream an append missed (:meth:`StreamStamper.watch`). Only watched
@@ -65,9 +66,8 @@ _LEN_BITS: Final = 24  # a slot packs a topic's word start and length (below 2**
 _LEN_MASK: Final = (1 << _LEN_BITS) - 1  # a probe's window past the home slot
 _DEAD: Final = -1  # entry_shard of a dropped cache entry
 _UNKNOWN: Final = 1 << 62  # a watch not yet resolved: the stream may have rows anywhere
-# topic_hashes: the low k bytes of a word (index k), odd multipliers per word position
-# (a splitmix64 sequence, grown on demand), the length's multiplier and fmix64's constants.
-_TAIL_MASKS: Final = np.array([(1 << (8 * k)) - 1 for k in range(9)], np.uint64)
+# topic_hashes: the length's multiplier and fmix64's constants (the word multipliers are a
+# splitmix64 sequence, grown on demand).
 _LENGTH_MULT: Final = np.uint64(0x9E3779B97F4A7C15)
 _FMIX1: Final = np.uint64(0xFF51AFD7ED558CCD)
 _FMIX2: Final = np.uint64(0xC4CEB9FE1A85EC53)
