@@ -173,7 +173,8 @@ class StreamStamper:
             h ^= shards.astype(np.int64) * _MIX  # array arithmetic wraps: fine for a hash
         elif shards:
             h ^= (np.array([shards], np.int64) * _MIX)[0]
-        h &= self._key_mask
+        if self._key_mask != -1:
+            h &= self._key_mask
         h[h == 0] = 1  # 0 marks a free slot
         return h
 
