@@ -637,6 +637,53 @@ class StreamStamper:
         return upto
 
 
+def _note_origins(origin: list[int], before: int, counts_after: list[int], origins: list[int]) -> None:
+    """Extend ``origin`` (per node or stream) with the origin of each item that grew the count."""
+    prev = before
+    for count, at in zip(counts_after, origins, strict=True):
+        if count != prev:
+            origin.extend([at] * (count - prev))
+            prev = count
+
+
+def _resized(arr: np.ndarray[Any, Any], size: int) -> np.ndarray[Any, Any]:
+    out = np.empty(size, arr.dtype)
+    out[: len(arr)] = arr
+    return out
+
+
+def _decode_snapshot(data: bytes, thresholds: tuple[int, ...]) -> tuple[_ShardTrie, int]:
+    view = memoryview(data)
+    if len(view) < _SNAP_HEAD.size + _CRC.size:
+        raise CorruptLTS(f"LTS snapshot of {len(view)} bytes is shorter than its header")
+    body, (crc,) = view[: -_CRC.size], _CRC.unpack(view[-_CRC.size :])
+    if zlib.crc32(body) != crc:
+        raise CorruptLTS("LTS snapshot CRC mismatch")
+    magic, version, upto, k, j, size = _SNAP_HEAD.unpack_from(body, 0)
+    if magic != SNAPSHOT_MAGIC or version != _SNAPSHOT_VERSION:
+        raise CorruptLTS(f"not an LTS snapshot (magic {bytes(magic)!r}, version {version})")
+    at = _SNAP_HEAD.size
+    expect = at + size + 8 * (k - _N_ROOTS) + 8 * j
+    if k < _N_ROOTS or len(body) != expect:
+        raise CorruptLTS("LTS snapshot lengths do not add up")
+    lts = LTS.from_bytes(bytes(body[at : at + size]), cache_size=0)
+    if lts.thresholds != thresholds:
+        raise CorruptLTS(
+            f"LTS snapshot learned with thresholds {list(lts.thresholds)}, the database uses {list(thresholds)}"
+        )
+    if lts.node_count != k or lts.stream_count != j:
+        raise CorruptLTS("LTS snapshot counts disagree with its trie")
+    at += size
+    node_origin = np.frombuffer(body, "<i8", k - _N_ROOTS, at).tolist()
+    at += 8 * (k - _N_ROOTS)
+    stream_origin = np.frombuffer(body, "<i8", j, at).tolist()
+    if any(b < a for a, b in itertools.pairwise(node_origin)) or any(
+        b < a for a, b in itertools.pairwise(stream_origin)
+    ):
+        raise CorruptLTS("LTS snapshot origins are not in offset order")
+    return _ShardTrie(lts, [-1, -1, *node_origin], stream_origin), int(upto)
+
+
 class _Part:
     """Rows of a column as one ``(rows, words)`` matrix of 8-byte words (see :func:`topic_hashes`)."""
 
@@ -814,50 +861,3 @@ def _fmix64(h: np.ndarray[Any, np.dtype[np.uint64]]) -> np.ndarray[Any, np.dtype
     h *= _FMIX2
     h ^= h >> s33
     return h
-
-
-def _note_origins(origin: list[int], before: int, counts_after: list[int], origins: list[int]) -> None:
-    """Extend ``origin`` (per node or stream) with the origin of each item that grew the count."""
-    prev = before
-    for count, at in zip(counts_after, origins, strict=True):
-        if count != prev:
-            origin.extend([at] * (count - prev))
-            prev = count
-
-
-def _resized(arr: np.ndarray[Any, Any], size: int) -> np.ndarray[Any, Any]:
-    out = np.empty(size, arr.dtype)
-    out[: len(arr)] = arr
-    return out
-
-
-def _decode_snapshot(data: bytes, thresholds: tuple[int, ...]) -> tuple[_ShardTrie, int]:
-    view = memoryview(data)
-    if len(view) < _SNAP_HEAD.size + _CRC.size:
-        raise CorruptLTS(f"LTS snapshot of {len(view)} bytes is shorter than its header")
-    body, (crc,) = view[: -_CRC.size], _CRC.unpack(view[-_CRC.size :])
-    if zlib.crc32(body) != crc:
-        raise CorruptLTS("LTS snapshot CRC mismatch")
-    magic, version, upto, k, j, size = _SNAP_HEAD.unpack_from(body, 0)
-    if magic != SNAPSHOT_MAGIC or version != _SNAPSHOT_VERSION:
-        raise CorruptLTS(f"not an LTS snapshot (magic {bytes(magic)!r}, version {version})")
-    at = _SNAP_HEAD.size
-    expect = at + size + 8 * (k - _N_ROOTS) + 8 * j
-    if k < _N_ROOTS or len(body) != expect:
-        raise CorruptLTS("LTS snapshot lengths do not add up")
-    lts = LTS.from_bytes(bytes(body[at : at + size]), cache_size=0)
-    if lts.thresholds != thresholds:
-        raise CorruptLTS(
-            f"LTS snapshot learned with thresholds {list(lts.thresholds)}, the database uses {list(thresholds)}"
-        )
-    if lts.node_count != k or lts.stream_count != j:
-        raise CorruptLTS("LTS snapshot counts disagree with its trie")
-    at += size
-    node_origin = np.frombuffer(body, "<i8", k - _N_ROOTS, at).tolist()
-    at += 8 * (k - _N_ROOTS)
-    stream_origin = np.frombuffer(body, "<i8", j, at).tolist()
-    if any(b < a for a, b in itertools.pairwise(node_origin)) or any(
-        b < a for a, b in itertools.pairwise(stream_origin)
-    ):
-        raise CorruptLTS("LTS snapshot origins are not in offset order")
-    return _ShardTrie(lts, [-1, -1, *node_origin], stream_origin), int(upto)
