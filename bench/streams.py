@@ -1,6 +1,7 @@
 """Streams: a selective wildcard read through streams vs a filtered full scan; the append cost of stamping.
 
     python -m bench.streams [--quick] [--records N] [--topics T] [--repeats R] [--out FILE.md] [--dir DIR]
+                            [--fleet-only] [--fleet-records N] [--fleet-topics T]
 
 Topics are ``siteNNN/devNNNNN/temp``: 100 sites, ``T / 100`` devices each (``T`` topics in
 all; 100,000 by default). The database has 4 shards (records routed by topic) and LTS
@@ -29,6 +30,14 @@ cache's worst case), ``append`` (Record objects) and ``append_arrow``, one shard
 with streams against one with ``lts_thresholds=None`` (the same-run baseline). The same
 records go in twice: the first pass meets every topic for the first time (learning), the
 second knows them all. Runs alternate between the two databases; the median of ``R``.
+
+**Fleet append (the cache's common case).** A device fleet re-sending its topics: ``append_arrow``
+of keyed 1000-record batches (key = device id, routed by key) of ``--fleet-topics`` topics
+``fleet/siteNNN/devNNNNN/temp`` (10,000), ``fsync="never"`` (no disk wait to hide the
+stamping), 1 and 16 shards, default thresholds. Each run learns the topics (one untimed
+pass), then times a pass of ``--fleet-records`` records (300,000) whose topics are all
+known; with and without streams alternate in one process, the median of ``R`` runs.
+``--fleet-only`` runs just this part.
 
 The report goes to ``bench/results/streams-<date>.md`` (and ``.json``); ``--quick`` only
 prints unless ``--out`` is given.
@@ -246,44 +255,151 @@ async def append_rows(base: Path, args: argparse.Namespace) -> list[dict[str, An
     return out
 
 
-def render(meta: dict[str, Any], reads: list[dict[str, Any]], appends: list[dict[str, Any]]) -> str:
+def fleet_plan(records: int, topics: int, seed: int = 3) -> list[pa.Table]:
+    """Keyed 1000-record ``append_arrow`` tables of random devices of a fleet."""
+    rng = np.random.default_rng(seed)
+    names = np.array([f"fleet/site{i % 100:03d}/dev{i:05d}/temp" for i in range(topics)], object)
+    keys = np.array([f"dev{i:05d}".encode() for i in range(topics)], object)
+    values = pa.array([VALUE] * BATCH, pa.binary())
+    ts0 = seglog.now_us()
+    out = []
+    for b in range(max(1, records // BATCH)):
+        devices = rng.integers(0, topics, BATCH)
+        out.append(
+            pa.table(
+                {
+                    "ts": np.arange(ts0 + b * BATCH, ts0 + (b + 1) * BATCH, dtype=np.int64),
+                    "topic": pa.array(names[devices].tolist(), pa.string()),
+                    "key": pa.array(keys[devices].tolist(), pa.binary()),
+                    "value": values,
+                }
+            )
+        )
+    return out
+
+
+async def fleet_once(
+    directory: Path, streams: bool, shards: int, plan: list[pa.Table]
+) -> tuple[float, float]:
+    """Records per second and per CPU second (the process's, all threads) of a pass whose topics
+    are all known (after an untimed learning pass): on a shared machine the CPU figure is the
+    steadier one."""
+    shutil.rmtree(directory, ignore_errors=True)
+    async with seglog.open(directory, fsync="never") as store:
+        db = await store.create_db(
+            "f", shards=shards, lts_thresholds=seglog.topics.DEFAULT_LTS_THRESHOLDS if streams else None
+        )
+        for table in plan:
+            await db.append_arrow(table)
+        t0, c0 = time.perf_counter(), time.process_time()
+        for table in plan:
+            await db.append_arrow(table)
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    shutil.rmtree(directory, ignore_errors=True)
+    return len(plan) * BATCH / wall, len(plan) * BATCH / cpu
+
+
+async def fleet_rows(base: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
+    plan = fleet_plan(args.fleet_records, args.fleet_topics)
+    out = []
+    for shards in (1, 16):
+        runs: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
+        for _ in range(args.repeats):
+            for streams in (False, True):
+                runs[streams].append(await fleet_once(base / "fleet", streams, shards, plan))
+        without = statistics.median(r[0] for r in runs[False])
+        with_ = statistics.median(r[0] for r in runs[True])
+        cpu_without = statistics.median(r[1] for r in runs[False])
+        cpu_with = statistics.median(r[1] for r in runs[True])
+        row = {
+            "shards": shards,
+            "records": len(plan) * BATCH,
+            "topics": args.fleet_topics,
+            "without_streams": without,
+            "with_streams": with_,
+            "ratio": with_ / without,
+            "cpu_without_streams": cpu_without,
+            "cpu_with_streams": cpu_with,
+            "cpu_ratio": cpu_with / cpu_without,
+            "runs_without": runs[False],
+            "runs_with": runs[True],
+        }
+        _log(f"  {row}")
+        out.append(row)
+    return out
+
+
+def render_fleet(meta: dict[str, Any], fleet: list[dict[str, Any]]) -> list[str]:
+    lines = [
+        "",
+        f"Fleet append: `append_arrow` of keyed 1000-record batches (routed by key) of {meta['fleet_topics']:,} "
+        'device topics, all known (after an untimed learning pass), fsync="never", default thresholds. '
+        f"Median of {meta['repeats']} alternating runs each; records per second of wall time and per "
+        "CPU second of the process (all threads; steadier on a shared machine).",
+        "",
+        "| shards | records | records/s without streams | with streams | with ÷ without "
+        "| per CPU s without | with | with ÷ without (CPU) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in fleet:
+        lines.append(
+            f"| {r['shards']} | {r['records']:,} | {r['without_streams']:,.0f} | {r['with_streams']:,.0f} "
+            f"| **{r['ratio']:.2f}** | {r['cpu_without_streams']:,.0f} | {r['cpu_with_streams']:,.0f} "
+            f"| **{r['cpu_ratio']:.2f}** |"
+        )
+    lines.append("")
+    return lines
+
+
+def render(
+    meta: dict[str, Any],
+    reads: list[dict[str, Any]],
+    appends: list[dict[str, Any]],
+    fleet: list[dict[str, Any]],
+) -> str:
     lines = [
         f"# seglog streams benchmark, {meta['date']}{' (quick)' if meta['quick'] else ''}",
         "",
         f"Machine: {meta['machine']}; data dir filesystem: {meta['filesystem']}; {meta['load']}.",
-        "",
-        f"Topics `siteNNN/devNNNNN/temp` ({meta['topics']:,}: {SITES} sites), {SHARDS} shards routed by topic, "
-        f"LTS thresholds {THRESHOLDS}; read `{meta['filter']}` (1 % of the records). Streams: "
-        f"`get_streams` + `next_arrow` ({ROWS_PER_CALL:,} rows per call); scan: `read_arrow` of every shard "
-        "+ the filter as a regex. Page cache, best of "
-        f"{meta['repeats']}.",
-        "",
-        "| layout | records | frames | streams read | rows | frames read via streams | streams s "
-        "| full scan s | speedup |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for r in reads:
-        lines.append(
-            f"| {r['layout']} | {r['records']:,} | {r['frames']:,} | {r['streams_read']} of {r['streams_total']} "
-            f"| {r['rows']:,} ({r['share']:.1%}) | {r['frames_read']:,} | {r['streams_s']:.4f} | {r['scan_s']:.3f} "
-            f"| **{r['speedup']:.1f}x** |"
-        )
-    lines += [
-        "",
-        f'Append: 1 producer, fsync="always", 1000-record batches of random topics of the {meta["topics"]:,} '
-        "(100 B values; every batch ~1000 distinct topics), one shard; the same records twice into one "
-        "database: the first pass meets each topic for the first time, the second knows them all. "
-        f"Median of {meta['repeats']} alternating runs each.",
-        "",
-        "| api | pass | records (distinct topics) | records/s without streams | records/s with streams "
-        "| with ÷ without |",
-        "|---|---|---:|---:|---:|---:|",
-    ]
-    for r in appends:
-        lines.append(
-            f"| {r['api']} | {r['phase']} | {r['records']:,} ({r['distinct_topics']:,}) "
-            f"| {r['without_streams']:,.0f} | {r['with_streams']:,.0f} | **{r['ratio']:.2f}** |"
-        )
+    if reads:
+        lines += [
+            "",
+            f"Topics `siteNNN/devNNNNN/temp` ({meta['topics']:,}: {SITES} sites), {SHARDS} shards routed by topic, "
+            f"LTS thresholds {THRESHOLDS}; read `{meta['filter']}` (1 % of the records). Streams: "
+            f"`get_streams` + `next_arrow` ({ROWS_PER_CALL:,} rows per call); scan: `read_arrow` of every shard "
+            "+ the filter as a regex. Page cache, best of "
+            f"{meta['repeats']}.",
+            "",
+            "| layout | records | frames | streams read | rows | frames read via streams | streams s "
+            "| full scan s | speedup |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for r in reads:
+            lines.append(
+                f"| {r['layout']} | {r['records']:,} | {r['frames']:,} | {r['streams_read']} of {r['streams_total']} "
+                f"| {r['rows']:,} ({r['share']:.1%}) | {r['frames_read']:,} | {r['streams_s']:.4f} "
+                f"| {r['scan_s']:.3f} | **{r['speedup']:.1f}x** |"
+            )
+    if appends:
+        lines += [
+            "",
+            f'Append: 1 producer, fsync="always", 1000-record batches of random topics of the {meta["topics"]:,} '
+            "(100 B values; every batch ~1000 distinct topics), one shard; the same records twice into one "
+            "database: the first pass meets each topic for the first time, the second knows them all. "
+            f"Median of {meta['repeats']} alternating runs each.",
+            "",
+            "| api | pass | records (distinct topics) | records/s without streams | records/s with streams "
+            "| with ÷ without |",
+            "|---|---|---:|---:|---:|---:|",
+        ]
+        for r in appends:
+            lines.append(
+                f"| {r['api']} | {r['phase']} | {r['records']:,} ({r['distinct_topics']:,}) "
+                f"| {r['without_streams']:,.0f} | {r['with_streams']:,.0f} | **{r['ratio']:.2f}** |"
+            )
+    if fleet:
+        lines += render_fleet(meta, fleet)
     lines.append("")
     return "\n".join(lines)
 
@@ -292,8 +408,9 @@ async def run(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     load_start = os.getloadavg()[0]
     base = Path(tempfile.mkdtemp(prefix="seglog-bench-streams-", dir=args.dir))
     try:
-        reads = await read_rows(base, args)
-        appends = await append_rows(base, args)
+        reads = [] if args.fleet_only else await read_rows(base, args)
+        appends = [] if args.fleet_only else await append_rows(base, args)
+        fleet = await fleet_rows(base, args)
     finally:
         shutil.rmtree(base, ignore_errors=True)
     meta = {
@@ -305,10 +422,11 @@ async def run(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
         "topics": max(1, args.topics // SITES) * SITES,
         "filter": read_filter(args.records),
         "repeats": args.repeats,
+        "fleet_topics": args.fleet_topics,
         "args": {k: v for k, v in vars(args).items() if k != "out"},
     }
-    report = render(meta, reads, appends)
-    return report, {"meta": meta, "reads": reads, "appends": appends}
+    report = render(meta, reads, appends, fleet)
+    return report, {"meta": meta, "reads": reads, "appends": appends, "fleet": fleet}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -318,6 +436,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--append-records", type=int, default=None, help="records per append pass (1,000,000)")
     p.add_argument("--topics", type=int, default=None, help="distinct topics (100,000)")
     p.add_argument("--repeats", type=int, default=None, help="runs per figure (3)")
+    p.add_argument("--fleet-records", type=int, default=None, help="records per fleet append pass (300,000)")
+    p.add_argument(
+        "--fleet-topics", type=int, default=10_000, help="device topics of the fleet append (10,000)"
+    )
+    p.add_argument("--fleet-only", action="store_true", help="only the fleet append A/B")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--dir", default=None, help="where to put temporary data (default: system temp)")
     args = p.parse_args(argv)
@@ -325,6 +448,7 @@ def main(argv: list[str] | None = None) -> int:
     args.records = args.records or (100_000 if quick else 1_000_000)
     args.append_records = args.append_records or (50_000 if quick else 1_000_000)
     args.topics = args.topics or (10_000 if quick else 100_000)
+    args.fleet_records = args.fleet_records or (20_000 if quick else 300_000)
     args.repeats = args.repeats or (1 if quick else 3)
     report, data = asyncio.run(run(args))
     print(report)

@@ -22,6 +22,10 @@ def test_streams_bench_quick_runs(tmp_path: Path) -> None:
             "4000",
             "--topics",
             "2000",
+            "--fleet-records",
+            "3000",
+            "--fleet-topics",
+            "500",
             "--dir",
             str(tmp_path),
         ],
@@ -33,3 +37,4 @@ def test_streams_bench_quick_runs(tmp_path: Path) -> None:
     ).stdout
     assert "| per-site | 20,000 |" in out and "| interleaved | 20,000 |" in out
     assert "second pass: topics known" in out
+    assert "| 1 | 3,000 |" in out and "| 16 | 3,000 |" in out  # the fleet append A/B

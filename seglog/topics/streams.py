@@ -17,11 +17,12 @@ holds, in offset order, starting from an empty trie with the database's threshol
   policy) is cut back to the log end: the offsets of lost records were never handed out
   twice. So recovery never sees a frame whose stream the trie lacks.
 * **The cache.** Per record the stamp is a lookup of ``(shard, topic)`` in one open-addressing
-  hash table held in NumPy arrays for all shards: Python's ``hash`` of each topic, then
-  vectorised probes, then one Arrow comparison that checks every hit against the cached
-  topic (a hash collision is a miss, never a wrong stream). Only misses walk a trie, one
-  by one in offset order. A Python dict of 100,000 topics costs a cache miss or three per
-  lookup; the vectorised probes overlap theirs.
+  hash table held in NumPy arrays for all shards, done for the whole batch with no Python
+  object per record: the topic column is read as a matrix of 8-byte words (Arrow pads the
+  rows to one width), hashed by one matrix-vector product (:func:`topic_hashes`), probed
+  with one gather of slot records, and every hit is checked word for word against the
+  cached topic (a hash collision is a miss, never a wrong stream). Only misses walk a
+  trie, one by one in offset order, exactly as without the cache.
 
 * **Watches.** Subscriptions ask whether a stream got records since a position, to skip
   the read of a stream an append missed (:meth:`StreamStamper.watch`). Only watched
@@ -57,11 +58,40 @@ _SNAP_HEAD: Final = struct.Struct("<4sBqIII")
 _CRC: Final = struct.Struct("<I")
 _N_ROOTS: Final = 2
 _MIX: Final = np.int64(-7046029254386353131)  # 0x9E3779B97F4A7C15 as int64: spreads shard numbers
-_MIN_BUCKETS: Final = 1 << 7
-_WAYS: Final = 8
-_MAX_TOPIC_CHUNKS: Final = 16
+_MIN_ENTRIES: Final = 1 << 8
+_MIN_WORDS: Final = 1 << 10
+_LOAD: Final = 2  # table slots per entry slot (entries have 2x room): at most a quarter full
+_STEPS: Final = np.arange(1, 9, dtype=np.int64)
+_LEN_BITS: Final = 24  # a slot packs a topic's word start and length (below 2**24 bytes)
+_LEN_MASK: Final = (1 << _LEN_BITS) - 1  # a probe's window past the home slot
 _DEAD: Final = -1  # entry_shard of a dropped cache entry
 _UNKNOWN: Final = 1 << 62  # a watch not yet resolved: the stream may have rows anywhere
+# topic_hashes: the length's multiplier and fmix64's constants (the word multipliers are a
+# splitmix64 sequence, grown on demand).
+_LENGTH_MULT: Final = np.uint64(0x9E3779B97F4A7C15)
+_FMIX1: Final = np.uint64(0xFF51AFD7ED558CCD)
+_FMIX2: Final = np.uint64(0xC4CEB9FE1A85EC53)
+
+
+_WORD_MULTS: list[np.ndarray[Any, np.dtype[np.uint64]]] = []
+_SHORT_WORDS: Final = 8  # rows of up to 64 bytes are hashed in one pass; longer ones by length class
+
+
+def _word_multipliers(count: int) -> np.ndarray[Any, np.dtype[np.uint64]]:
+    """The first ``count`` word multipliers (odd splitmix64 outputs; computed once, grown by doubling)."""
+    if not _WORD_MULTS or len(_WORD_MULTS[0]) < count:
+        size = max(count, 2 * len(_WORD_MULTS[0]) if _WORD_MULTS else 64)
+        out = []
+        state = 0x2545F4914F6CDD1D
+        mask = (1 << 64) - 1
+        for _ in range(size):
+            state = (state + 0x9E3779B97F4A7C15) & mask
+            z = state
+            z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+            z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+            out.append((z ^ (z >> 31)) | 1)
+        _WORD_MULTS[:] = [np.array(out, np.uint64)]
+    return _WORD_MULTS[0][:count]
 
 
 class _ShardTrie:
@@ -81,116 +111,146 @@ class StreamStamper:
     Args:
         shards: Number of shards.
         thresholds: The database's LTS thresholds (see :class:`~seglog.topics.LTS`).
+        key_bits: Bits of the cache keys (64). Fewer force hash collisions, for tests: a
+            collision costs a trie walk, never a wrong stream.
     """
 
-    def __init__(self, shards: int, thresholds: Sequence[int]) -> None:
+    def __init__(self, shards: int, thresholds: Sequence[int], *, key_bits: int = 64) -> None:
+        if not 1 <= key_bits <= 64:
+            raise InvalidArgument(f"key_bits must be in 1..64, not {key_bits!r}")
         self.thresholds = tuple(LTS(thresholds, cache_size=0).thresholds)  # validated
+        self._key_mask = np.int64(-1) if key_bits == 64 else np.int64((1 << key_bits) - 1)
         self._tries: list[_ShardTrie | None] = [None] * shards
         self._lock = threading.Lock()
         # shard -> watched stream -> the last offset it was stamped at (an upper bound), or
         # _UNKNOWN until the shard's next stamp.
         self._watched: dict[int, dict[int, int]] = {}
+        self._trie_rows = 0
         self._reset_cache()
 
     # --- the cache ----------------------------------------------------------------------
 
     def _reset_cache(self) -> None:
-        # Buckets of _WAYS slots: key (hash of shard and topic; 0 marks a free slot), entry and
-        # shard << 32 | stream. One gather of a bucket's keys (one cache line) finds a key
-        # without probing; a bucket that filled up sends later keys to a small dict.
-        self._init_table(_MIN_BUCKETS)
+        # Entries (appended; a cut marks some dead and rebuilds): key, shard, stream, the
+        # topic's length and where its words (see topic_hashes) start in ``_store``, whose
+        # word 0 is a zero word that verification reads for words past a topic's end.
         self._n = 0
-        self._n_reserve = 0
         self._dead = 0
-        self._hash = np.empty(_MIN_BUCKETS * _WAYS // 2, np.int64)
-        self._shard = np.empty(_MIN_BUCKETS * _WAYS // 2, np.int32)
-        self._stream = np.empty(_MIN_BUCKETS * _WAYS // 2, np.uint32)
-        self._topic_chunks: list[pa.Array] = []
-        self._topics: pa.ChunkedArray | None = None
-        self._new_topics: list[str] = []
+        self._hash = np.empty(_MIN_ENTRIES, np.int64)
+        self._shard = np.empty(_MIN_ENTRIES, np.int32)
+        self._stream = np.empty(_MIN_ENTRIES, np.uint32)
+        self._len = np.empty(_MIN_ENTRIES, np.int64)
+        self._wstart = np.empty(_MIN_ENTRIES, np.int64)
+        self._store = np.zeros(_MIN_WORDS, np.uint64)
+        self._n_words = 1
+        self._init_table(_LOAD * _MIN_ENTRIES)
 
-    def _init_table(self, buckets: int) -> None:
-        self._mask = buckets - 1
-        self._b_key = np.zeros((buckets, _WAYS), np.int64)
-        self._b_entry = np.full((buckets, _WAYS), -1, np.int32)
-        self._b_fill = np.zeros(buckets, np.int64)
-        self._stash: dict[int, list[int]] = {}  # key -> entries, for keys of full buckets
+    def _init_table(self, slots: int) -> None:
+        # Open addressing with linear probing, at most a quarter full. A slot is one record
+        # of 4 int64 (half a cache line): key (0: free), entry, word start << 24 | topic
+        # length, shard << 32 | stream -- a copy of what a hit needs, so that a probe is one
+        # gather of records for the whole batch (one cache miss per row, not one per array).
+        # The rows whose home slot holds another key (a few %) look further together.
+        self._mask = slots - 1
+        self._slots = np.zeros((slots, 4), np.int64)
 
     @property
     def cached_topics(self) -> int:
         """Entries in the cache (for tests and stats)."""
         return self._n - self._dead
 
-    def _keys(self, topics: Any, shards: np.ndarray[Any, Any] | int) -> np.ndarray[Any, np.dtype[np.int64]]:
-        h = np.fromiter(map(hash, topics), np.int64, len(topics))
+    @property
+    def trie_rows(self) -> int:
+        """Rows the cache missed so far, handed to the tries (for tests and stats)."""
+        return self._trie_rows
+
+    def _keys(
+        self, column: _Column, shards: np.ndarray[Any, Any] | int
+    ) -> np.ndarray[Any, np.dtype[np.int64]]:
+        """The cache key of every row: the hash of its topic's bytes mixed with its shard."""
+        h = column.hashes()
         if isinstance(shards, np.ndarray):
             h ^= shards.astype(np.int64) * _MIX  # array arithmetic wraps: fine for a hash
         elif shards:
             h ^= (np.array([shards], np.int64) * _MIX)[0]
+        if self._key_mask != -1:
+            h &= self._key_mask
         h[h == 0] = 1  # 0 marks a free slot
         return h
 
-    def _probe(self, keys: np.ndarray[Any, np.dtype[np.int64]]) -> np.ndarray[Any, np.dtype[np.int64]]:
-        """The first entry with each key (-1: none); topics and shards are checked by the caller."""
+    def _lookup(
+        self, keys: np.ndarray[Any, np.dtype[np.int64]]
+    ) -> tuple[np.ndarray[Any, np.dtype[np.bool_]], np.ndarray[Any, np.dtype[np.int64]]]:
+        """``(hit, slot records)`` of each key (records of misses are garbage)."""
         n = len(keys)
         if self._n == 0 or n == 0:
-            return np.full(n, -1, np.int64)
-        pos = keys & self._mask
-        # np.take on flat indices: several times faster than 2-D fancy indexing.
-        eq = np.take(self._b_key, pos, axis=0) == keys[:, None]
-        way = eq.argmax(axis=1)
-        entry: np.ndarray[Any, np.dtype[np.int64]] = np.take(
-            self._b_entry.reshape(-1), pos * _WAYS + way
-        ).astype(np.int64)
-        missing = ~np.take(eq.reshape(-1), np.arange(0, n * _WAYS, _WAYS) + way)
-        if missing.any():
-            entry[missing] = -1
-            if self._stash:
-                for row in np.flatnonzero(missing).tolist():
-                    found = self._stash.get(int(keys[row]))
-                    if found:
-                        entry[row] = found[0]
-        return entry
+            return np.zeros(n, np.bool_), np.zeros((n, 4), np.int64)
+        mask = self._mask
+        pos = keys & mask
+        rec = np.take(self._slots, pos, axis=0)  # several times faster than self._slots[pos]
+        hit: np.ndarray[Any, np.dtype[np.bool_]] = rec[:, 0] == keys
+        if bool(hit.all()):
+            return hit, rec
+        # Rows whose home slot holds another key look at the next _WINDOW slots at once; a
+        # free slot ends a probe (a miss). Longer runs (rare at this load) step on.
+        rows = np.flatnonzero(~hit & (rec[:, 0] != 0))
+        start = pos[rows]
+        slot_keys = self._slots[:, 0]
+        while len(rows):
+            window = (start[:, None] + _STEPS) & mask
+            at_w = slot_keys[window]
+            eq = at_w == keys[rows][:, None]
+            stop = eq | (at_w == 0)
+            first = stop.argmax(axis=1)
+            ended = stop[np.arange(len(rows)), first]
+            found = ended & eq[np.arange(len(rows)), first]
+            hit[rows[found]] = True
+            rec[rows[found]] = np.take(self._slots, window[found, first[found]], axis=0)
+            rows, start = rows[~ended], start[~ended] + len(_STEPS)
+        return hit, rec
 
-    def _rehash(self, *, grow: bool) -> None:
-        """Rebuild the table from the live entries (doubling it when ``grow``), vectorised."""
-        self._flush_topics()
+    def _verify(
+        self, column: _Column, rows: np.ndarray[Any, Any] | None, rec: np.ndarray[Any, np.dtype[np.int64]]
+    ) -> np.ndarray[Any, np.dtype[np.bool_]]:
+        """Whether each row's topic (``rows`` of ``column``; ``None``: all) is its slot's, byte for byte."""
+        packed = rec[:, 2]
+        same: np.ndarray[Any, np.dtype[np.bool_]] = (packed & _LEN_MASK) == (
+            column.lengths if rows is None else column.lengths[rows]
+        )
+        if bool(same.all()):
+            return column.same(rows, self._store, packed >> _LEN_BITS)
+        keep = np.flatnonzero(same)
+        picked = keep if rows is None else rows[keep]
+        same[keep] = column.same(picked, self._store, packed[keep] >> _LEN_BITS)
+        return same
+
+    def _rehash(self, *, grow: bool, reserve: int = 0) -> None:
+        """Rebuild the table from the live entries (dropping dead ones; sized for ``reserve`` more)."""
         live = np.flatnonzero(self._shard[: self._n] != _DEAD)
-        buckets = self._mask + 1
+        size = max(_MIN_ENTRIES, len(self._hash))
         if grow:
-            # Room for twice the entries, the table then at most half full: a bucket of 8
-            # overflows rarely (Poisson, mean <= 4).
-            want = max(len(live), self._n_reserve - (self._n - len(live)))
-            buckets = _MIN_BUCKETS
-            while buckets * _WAYS // 2 < 2 * want:
-                buckets *= 2
-        size = buckets * _WAYS // 2
+            size = _MIN_ENTRIES
+            while size < 2 * (len(live) + reserve):
+                size *= 2
+        if len(live) != self._n:
+            # Keep the words of the live entries only (after the zero word).
+            counts = np.maximum((self._len[live] + 7) // 8, 1)
+            kept, starts = _gather_ranges(self._store, self._wstart[live], counts)
+            self._n_words = 1 + len(kept)
+            self._store = np.zeros(max(_MIN_WORDS, 2 * self._n_words), np.uint64)
+            self._store[1 : self._n_words] = kept
+            self._wstart = _resized(starts + 1, size)
+        else:
+            self._wstart = _resized(self._wstart[: self._n], size)
+        self._len = _resized(self._len[live], size)
         self._hash = _resized(self._hash[live], size)
         self._shard = _resized(self._shard[live], size)
         self._stream = _resized(self._stream[live], size)
-        if self._topics is not None and len(live) != self._n:
-            kept = self._topics.take(pa.array(live))
-            self._topic_chunks = [kept.combine_chunks() if isinstance(kept, pa.ChunkedArray) else kept]
-            self._topics = pa.chunked_array(self._topic_chunks, pa.string())
         n = self._n = len(live)
         self._dead = 0
-        self._init_table(buckets)
+        self._init_table(_LOAD * size)
         if n:
             self._place_many(np.arange(n))
-
-    def _flush_topics(self) -> None:
-        """Move topics cached since the last call into the Arrow storage used to verify hits."""
-        if not self._new_topics:
-            return
-        chunks = self._topic_chunks
-        chunks.append(pa.array(self._new_topics, pa.string()))
-        self._new_topics = []
-        # Sizes at least halve along the list (merged like a binary counter): few chunks,
-        # and every topic is copied O(log n) times in all.
-        while len(chunks) > 1 and (len(chunks[-1]) * 2 >= len(chunks[-2]) or len(chunks) > _MAX_TOPIC_CHUNKS):
-            last = chunks.pop()
-            chunks[-1] = pa.concat_arrays([chunks[-1], last])
-        self._topics = pa.chunked_array(chunks, pa.string())
 
     def _drop_cached(self, shard: int, first_stream: int) -> None:
         """Make entries of ``shard`` with a stream ``>= first_stream`` unfindable."""
@@ -243,31 +303,29 @@ class StreamStamper:
         n = len(topics)
         if n == 0:
             return np.empty(0, np.uint32)
-        objs = topics.to_numpy(zero_copy_only=False)
+        column = _Column(topics)
+        out: np.ndarray[Any, np.dtype[np.uint32]]
         with self._lock:
-            keys = self._keys(objs, shards)
-            entry = self._probe(keys)
-            found = entry >= 0
-            n_found = int(found.sum())
-            safe = np.where(found, entry, 0) if n_found != n else entry
-            if n_found:
-                self._flush_topics()
-                assert self._topics is not None
-                if n_found == n:
-                    cached = self._topics.take(pa.array(entry))
-                    found = pc.equal(cached, topics).to_numpy(zero_copy_only=False)
-                    found &= self._shard[entry] == shards
-                else:
-                    rows = np.flatnonzero(found)
-                    cached = self._topics.take(pa.array(entry[rows]))
-                    same = pc.equal(cached, topics.take(pa.array(rows))).to_numpy(zero_copy_only=False)
-                    want = shards[rows] if isinstance(shards, np.ndarray) else shards
-                    same &= self._shard[entry[rows]] == want
+            keys = self._keys(column, shards)
+            found, rec = self._lookup(keys)
+            if bool(found.all()):
+                # The common case (every topic known): one check of all rows.
+                found = self._verify(column, None, rec)
+                found &= (rec[:, 3] >> 32) == shards
+                out = rec[:, 3].astype(np.uint32)  # the low 32 bits: the stream
+            else:
+                out = np.zeros(n, np.uint32)
+                rows = np.flatnonzero(found)
+                if len(rows):
+                    hits = rec[rows]
+                    same = self._verify(column, rows, hits)
+                    same &= (hits[:, 3] >> 32) == (shards[rows] if isinstance(shards, np.ndarray) else shards)
                     found[rows[~same]] = False
-            out = self._stream[safe] if self._n else np.zeros(n, np.uint32)
-            misses = np.flatnonzero(~found)
-            if len(misses):
-                self._learn_rows(out, misses, topics, keys, shards, offsets)
+                    out[rows] = hits[:, 3].astype(np.uint32)
+            if not bool(found.all()):
+                misses = np.flatnonzero(~found)
+                self._trie_rows += len(misses)
+                self._learn_rows(out, misses, topics, column, keys, shards, offsets)
             if self._watched:
                 self._note_watched(out, shards, offsets)
             return out
@@ -340,6 +398,7 @@ class StreamStamper:
         out: np.ndarray[Any, Any],
         misses: np.ndarray[Any, Any],
         topics: pa.Array,
+        column: _Column,
         keys: np.ndarray[Any, Any],
         shards: np.ndarray[Any, Any] | int,
         offsets: np.ndarray[Any, Any] | int,
@@ -389,55 +448,77 @@ class StreamStamper:
         stream_of_unique = np.empty(len(rows), np.int64)
         stream_of_unique[order] = learned
         out[misses] = stream_of_unique[inverse]
-        self._insert_many(keys[rows], row_shards.astype(np.int64), learned, row_topics)
+        self._insert_many(keys[rows], row_shards.astype(np.int64), learned, column, rows)
 
     def _insert_many(
         self,
         keys: np.ndarray[Any, Any],
         shards: np.ndarray[Any, Any],
         streams: np.ndarray[Any, Any],
-        topics: list[str],
+        column: _Column,
+        rows: np.ndarray[Any, Any],
     ) -> None:
-        """Cache new entries (vectorised placement into buckets; a full bucket's go to the stash)."""
+        """Cache new entries: the topics of ``rows`` of ``column`` (vectorised placement)."""
+        # A key already cached belongs to another (shard, topic) (a 64-bit collision): that
+        # one stays uncached (learned on every append) rather than piling up copies. So do
+        # topics of 2**24 bytes or more (a slot packs the length in 24 bits; MQTT's are shorter).
+        fresh = column.lengths[rows] <= _LEN_MASK
         if self._n:
-            # A key already cached belongs to another (shard, topic) (a 64-bit collision):
-            # that one stays uncached (learned on every append) rather than piling up copies.
-            fresh = self._probe(keys) < 0
-            if not fresh.all():
-                keep = np.flatnonzero(fresh)
-                keys, shards, streams = keys[keep], shards[keep], streams[keep]
-                topics = [topics[i] for i in keep.tolist()]
+            fresh &= ~self._lookup(keys)[0]
+        if not fresh.all():
+            keep = np.flatnonzero(fresh)
+            keys, shards, streams, rows = keys[keep], shards[keep], streams[keep], rows[keep]
+        _, first = np.unique(keys, return_index=True)
+        if len(first) != len(keys):  # keys shared within the batch: the first row's topic is cached
+            first.sort()
+            keys, shards, streams, rows = keys[first], shards[first], streams[first], rows[first]
         m = len(keys)
         if not m:
             return
         if self._n + m > len(self._hash):
-            self._n_reserve = self._n + m
-            self._rehash(grow=True)
+            self._rehash(grow=True, reserve=m)
+        words, counts = column.row_words(rows)
+        at = self._n_words
+        if at + len(words) > len(self._store):
+            self._store = _resized(self._store[:at], max(2 * len(self._store), at + len(words)))
+        self._store[at : at + len(words)] = words
+        self._n_words = at + len(words)
         lo, hi = self._n, self._n + m
         self._hash[lo:hi] = keys
         self._shard[lo:hi] = shards
         self._stream[lo:hi] = streams
-        self._new_topics.extend(topics)
+        self._wstart[lo:hi] = np.cumsum(counts) - counts + at
+        self._len[lo:hi] = column.lengths[rows]
         self._n = hi
         self._place_many(np.arange(lo, hi))
 
     def _place_many(self, entries: np.ndarray[Any, Any]) -> None:
+        """Put entries (with distinct keys, none in the table yet) into free slots."""
+        mask = self._mask
         keys = self._hash[entries]
-        pos = keys & self._mask
-        order = np.argsort(pos, kind="stable")
-        sorted_pos = pos[order]
-        n = len(entries)
-        starts = np.flatnonzero(np.r_[True, sorted_pos[1:] != sorted_pos[:-1]])
-        counts = np.diff(np.r_[starts, n])
-        way = self._b_fill[sorted_pos] + (np.arange(n) - np.repeat(starts, counts))
-        fits = way < _WAYS
-        e = entries[order][fits]
-        p, w = sorted_pos[fits], way[fits]
-        self._b_key[p, w] = self._hash[e]
-        self._b_entry[p, w] = e
-        np.add.at(self._b_fill, p, 1)
-        for k in entries[order][~fits].tolist():
-            self._stash.setdefault(int(self._hash[k]), []).append(k)
+        pos = keys & mask
+        todo = np.arange(len(entries))
+        while len(todo):
+            p = pos[todo]
+            free = self._slots[p, 0] == 0
+            # Of the rows that want one free slot, the first takes it; the others step on.
+            cand = todo[free]
+            _, first = np.unique(p[free], return_index=True)
+            won = cand[first]
+            e = entries[won]
+            self._slots[pos[won]] = np.stack(
+                (
+                    keys[won],
+                    e,
+                    self._wstart[e] << _LEN_BITS | self._len[e],
+                    self._shard[e].astype(np.int64) << 32 | self._stream[e].astype(np.int64),
+                ),
+                axis=1,
+            )
+            placed = np.zeros(len(entries), np.bool_)
+            placed[won] = True
+            todo = todo[~placed[todo]]
+            pos[todo] = (pos[todo] + 1) & mask
 
     def cut(self, shard: int, offset: int) -> bool:
         """Forget what records at ``offset`` and later taught ``shard``'s trie.
@@ -645,3 +726,182 @@ def _decode_snapshot(data: bytes, thresholds: tuple[int, ...]) -> tuple[_ShardTr
     ):
         raise CorruptLTS("LTS snapshot origins are not in offset order")
     return _ShardTrie(lts, [-1, -1, *node_origin], stream_origin), int(upto)
+
+
+class _Part:
+    """Rows of a column as one ``(rows, words)`` matrix of 8-byte words (see :func:`topic_hashes`)."""
+
+    __slots__ = ("inside", "rows", "words")
+
+    def __init__(
+        self,
+        rows: np.ndarray[Any, Any] | None,
+        words: np.ndarray[Any, np.dtype[np.uint64]],
+        inside: np.ndarray[Any, np.dtype[np.bool_]] | None,
+    ) -> None:
+        self.rows = rows  # None: every row of the column
+        self.words = words  # word k of each row, 0 past its end
+        self.inside = inside  # k < the row's word count (None: true everywhere)
+
+
+class _Column:
+    """A string column's rows as 8-byte words (no Python object per row)."""
+
+    __slots__ = ("lengths", "parts")
+
+    def __init__(self, topics: pa.Array) -> None:
+        n = len(topics)
+        if topics.type != pa.string():
+            topics = topics.cast(pa.string())
+        offsets = np.frombuffer(topics.buffers()[1], np.int32, n + 1, topics.offset * 4)
+        self.lengths = lengths = (offsets[1:] - offsets[:-1]).astype(np.int64)
+        self.parts: list[_Part] = []
+        for rows, words in _length_classes(lengths):
+            part = topics if rows is None else topics.take(pa.array(rows))
+            r_lengths = lengths if rows is None else lengths[rows]
+            # Arrow pads every row with zero bytes to the class's width: the data buffer is
+            # then a (rows, words) matrix of words, read in place.
+            padded = pc.ascii_rpad(part, width=8 * words, padding="\0")
+            data = padded.buffers()[2]
+            w = np.frombuffer(data, np.uint64, len(part) * words, 0).reshape(len(part), words)
+            counts = np.maximum((r_lengths + 7) // 8, 1)
+            inside = None
+            if int(counts.min()) != words:
+                inside = np.arange(words)[None, :] < counts[:, None]
+            self.parts.append(_Part(rows, w, inside))
+
+    def hashes(self) -> np.ndarray[Any, np.dtype[np.int64]]:
+        """:func:`topic_hashes` of the column."""
+        n = len(self.lengths)
+        x = np.empty(n, np.uint64)
+        for part in self.parts:
+            sums = part.words @ _word_multipliers(part.words.shape[1])
+            if part.rows is None:
+                x = sums
+            else:
+                x[part.rows] = sums
+        x += self.lengths.astype(np.uint64) * _LENGTH_MULT
+        return _fmix64(x).view(np.int64)
+
+    def same(
+        self,
+        rows: np.ndarray[Any, Any] | None,
+        store: np.ndarray[Any, np.dtype[np.uint64]],
+        word_starts: np.ndarray[Any, np.dtype[np.int64]],
+    ) -> np.ndarray[Any, np.dtype[np.bool_]]:
+        """Whether ``rows`` (``None``: all) hold the words ``store[word_starts[i]:]`` of equal-length topics."""
+        if rows is None and len(self.parts) == 1:
+            return _same_words(self.parts[0].words, self.parts[0].inside, store, word_starts)
+        n = len(self.lengths)
+        wanted = np.full(n, -1, np.int64)
+        picked = np.arange(n) if rows is None else rows
+        wanted[picked] = word_starts
+        same = np.zeros(n, np.bool_)
+        for part in self.parts:
+            at = wanted if part.rows is None else wanted[part.rows]
+            cols = np.flatnonzero(at >= 0)
+            inside = None if part.inside is None else part.inside[cols]
+            ok = _same_words(part.words[cols], inside, store, at[cols])
+            same[cols if part.rows is None else part.rows[cols]] = ok
+        return same[picked]
+
+    def row_words(
+        self, rows: np.ndarray[Any, Any]
+    ) -> tuple[np.ndarray[Any, np.dtype[np.uint64]], np.ndarray[Any, Any]]:
+        """The words of ``rows`` back to back and each row's word count (at least 1)."""
+        counts = np.maximum((self.lengths[rows] + 7) // 8, 1)
+        starts = np.cumsum(counts) - counts
+        out = np.empty(int(counts.sum()), np.uint64)
+        n = len(self.lengths)
+        where = np.full(n, -1, np.int64)
+        where[rows] = np.arange(len(rows))
+        for part in self.parts:
+            at = where if part.rows is None else where[part.rows]
+            cols = np.flatnonzero(at >= 0)
+            if not len(cols):
+                continue
+            sub = part.words[cols]  # (rows, words)
+            mine = at[cols]
+            steps = np.arange(sub.shape[1])[None, :]
+            keep = steps < counts[mine][:, None]
+            out[(starts[mine][:, None] + steps)[keep]] = sub[keep]
+        return out, counts
+
+
+def _same_words(
+    words: np.ndarray[Any, np.dtype[np.uint64]],
+    inside: np.ndarray[Any, np.dtype[np.bool_]] | None,
+    store: np.ndarray[Any, np.dtype[np.uint64]],
+    word_starts: np.ndarray[Any, np.dtype[np.int64]],
+) -> np.ndarray[Any, np.dtype[np.bool_]]:
+    """Row by row, whether ``words`` equal the stored words (past a row's end: ``store[0]``, zero)."""
+    idx = word_starts[:, None] + np.arange(words.shape[1])
+    if inside is not None:
+        idx *= inside
+    # Differing words per row, as a product (a reduction along short rows is slow in NumPy).
+    differ = (np.take(store, idx) != words).view(np.uint8) @ np.ones(words.shape[1], np.int32)
+    out: np.ndarray[Any, np.dtype[np.bool_]] = differ == 0
+    return out
+
+
+def topic_hashes(topics: pa.Array) -> np.ndarray[Any, np.dtype[np.int64]]:
+    """A 64-bit hash of every value's bytes, for a whole column without a Python object per row.
+
+    A row of ``L`` bytes is its ``max(1, ceil(L / 8))`` little-endian 8-byte words, the
+    last one zero-padded (Arrow's ``ascii_rpad`` pads a batch to one width: the padded
+    data buffer is a word matrix). The words times an odd constant of their position are
+    summed (two rows that differ in one word never collide), the length is mixed in and
+    MurmurHash3's ``fmix64`` spreads the bits. Equal values hash equal, in any process;
+    the hash is a cache key, verified against the cached topic's words, never stored.
+
+    Args:
+        topics: A string (or large string) array without nulls.
+
+    Returns:
+        One int64 per row.
+    """
+    if not len(topics):
+        return np.empty(0, np.int64)
+    return _Column(topics).hashes()
+
+
+def _length_classes(
+    lengths: np.ndarray[Any, np.dtype[np.int64]],
+) -> list[tuple[np.ndarray[Any, Any] | None, int]]:
+    """``(rows, words)`` groups to read as one ``(words, rows)`` matrix (``None``: all rows).
+
+    Rows of up to 64 bytes go together; longer rows by length class (words <= 8, 32, 128,
+    ...), so that a class's matrix is at most 4x its bytes.
+    """
+    longest = int(lengths.max())
+    if longest <= 8 * _SHORT_WORDS:
+        return [(None, max(1, (longest + 7) // 8))]
+    out: list[tuple[np.ndarray[Any, Any] | None, int]] = []
+    row_words = (lengths + 7) // 8
+    low, high = 0, _SHORT_WORDS
+    while low * 8 < longest:
+        rows = np.flatnonzero((row_words > low) & (row_words <= high) if low else row_words <= high)
+        if len(rows):
+            out.append((rows, max(1, int(row_words[rows].max()))))
+        low, high = high, 4 * high
+    return out
+
+
+def _gather_ranges(
+    data: np.ndarray[Any, Any], starts: np.ndarray[Any, np.dtype[np.int64]], counts: np.ndarray[Any, Any]
+) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, np.dtype[np.int64]]]:
+    """The ranges ``[start, start + count)`` of ``data`` back to back, and their new starts."""
+    ends = np.cumsum(counts)
+    new_starts = ends - counts
+    size = int(ends[-1]) if len(ends) else 0
+    return data[np.repeat(starts - new_starts, counts) + np.arange(size)], new_starts
+
+
+def _fmix64(h: np.ndarray[Any, np.dtype[np.uint64]]) -> np.ndarray[Any, np.dtype[np.uint64]]:
+    s33 = np.uint64(33)
+    h ^= h >> s33
+    h *= _FMIX1
+    h ^= h >> s33
+    h *= _FMIX2
+    h ^= h >> s33
+    return h
