@@ -8,10 +8,12 @@ the number of shards it touches (a list of per-shard tuples per request made the
 collector walk the heap every few hundred appends at 1024 shards). A shard's own rows are
 found when needed:
 
-* a flush of every pending shard concatenates the requests once and sorts them by
-  ``(shard, offset)``;
+* a flush of every pending shard concatenates the requests once and sorts them stably by
+  shard (each shard's rows then stay in offset order);
 * a flush of some shards and a read of one shard look only at the requests since the shard's
-  first pending one (a read from a recent offset walks back from the newest request).
+  first pending one (a read from a recent offset walks back from the newest request); the first
+  read that needs a request's rows groups them by shard once (:meth:`PendingPart.shard_rows`),
+  so reads of its other shards slice that copy.
 
 Per-shard positions live in :class:`ShardArrays` (numpy, indexed by shard number) shared by
 the event loop and the worker. The worker makes a request visible in this order: the list
