@@ -37,9 +37,9 @@ from typing import Any, Final
 
 from seglog._fs import atomic_write, makedirs_durable
 from seglog.engines.base import GenerationInfo
+from seglog.engines.streams import StreamLookups
 from seglog.errors import CorruptLTS, InvalidArgument, StorageError, UnknownGeneration
 from seglog.topics.lts import LTS
-from seglog.topics.streams import StreamStamper
 
 __all__ = ["GENERATIONS_FILE", "GEN_DIR", "GenerationLog", "GenerationLookups"]
 
@@ -205,15 +205,11 @@ class GenerationLog:
         self.tries_path(generation).unlink(missing_ok=True)
 
 
-class GenerationLookups:
+class GenerationLookups(StreamLookups):
     """The generation questions of an engine with a :class:`GenerationLog` (``generations``)
-    and a stamper (``_streams``, the current generation's tries)."""
+    and a stamper (``_streams``, the current generation's tries; see :class:`StreamLookups`)."""
 
     generations: GenerationLog | None
-    _streams: StreamStamper | None
-
-    def _check_shard_number(self, shard: int) -> None:
-        raise NotImplementedError
 
     @property
     def generations_enabled(self) -> bool:

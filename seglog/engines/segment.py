@@ -59,7 +59,6 @@ from seglog.engines.streams import (
     CLOSE_SNAPSHOT_RECORDS,
     SnapshotFiles,
     StreamCollector,
-    StreamLookups,
     learn_frames,
     recover_shard,
     snapshot_interval,
@@ -542,7 +541,7 @@ def _frame_tags(batch: pa.RecordBatch) -> np.ndarray[Any, np.dtype[np.uint32]]:
     return _MIXED if len(tags) > MAX_FRAME_TAGS else tags
 
 
-class SegmentEngine(GenerationLookups, StreamLookups):
+class SegmentEngine(GenerationLookups):
     """Segment files per shard, LMDB indexes, writes through the shared :class:`IoPool`."""
 
     name: Final = "segment"
