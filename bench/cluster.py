@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import datetime as dt
 import functools
 import json
 import os
@@ -60,8 +59,7 @@ import pyarrow as pa
 
 import seglog
 from bench import net
-from bench.compare import _filesystem, _machine
-from bench.core import _git_state
+from bench.core import run_meta
 from bench.net import Env, ProduceRow, Row, Send, _f, _log, _pct
 from bench.peers._server import LOOPBACK_HOST, ServerProcess, free_port, port_open
 from seglog._routing import route_rows
@@ -827,21 +825,7 @@ async def run(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
         node.stop()
         await cluster.stop()
         shutil.rmtree(work, ignore_errors=True)
-    meta: dict[str, Any] = {
-        "date": dt.date.today().isoformat(),
-        "mode": "quick" if args.quick else "full",
-        "machine": ", ".join(f"{k} {v}" for k, v in _machine().items()),
-        "filesystem": _filesystem(Path(args.dir) if args.dir else Path(tempfile.gettempdir())),
-        "load": f"1-min load average {load_start:.1f} at start, {os.getloadavg()[0]:.1f} at end",
-        "git": _git_state(),
-        "kafka": kafka_version,
-        "runtime_s": round(time.perf_counter() - t_start, 1),
-        "args": {
-            k: (str(v) if isinstance(v, Path) else sorted(v) if isinstance(v, set) else v)
-            for k, v in vars(args).items()
-            if k not in ("out", "dir")
-        },
-    }
+    meta = run_meta(args, load_start, t_start, kafka=kafka_version)
     data = {
         "meta": meta,
         "rows": [r.to_json() for r in rows],

@@ -432,6 +432,37 @@ def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def run_meta(
+    args: argparse.Namespace,
+    load_start: float,
+    t_start: float,
+    *,
+    git: str | bool = True,
+    skip_args: tuple[str, ...] = ("out", "dir"),
+    **extra: Any,
+) -> dict[str, Any]:
+    """The header every bench result file starts with: date, machine, load, code, runtime, args.
+
+    ``git``: ``True`` for :func:`_git_state`, a string to say it otherwise, ``False`` to leave
+    it out; ``extra`` entries (a peer's version, the sides of an A/B) follow it.
+    """
+    return {
+        "date": dt.date.today().isoformat(),
+        "mode": "quick" if args.quick else "full",
+        "machine": ", ".join(f"{k} {v}" for k, v in _machine().items()),
+        "filesystem": _filesystem(Path(args.dir) if args.dir else Path(tempfile.gettempdir())),
+        "load": f"1-min load average {load_start:.1f} at start, {os.getloadavg()[0]:.1f} at end",
+        **({} if git is False else {"git": _git_state() if git is True else git}),
+        **extra,
+        "runtime_s": round(time.perf_counter() - t_start, 1),
+        "args": {
+            k: (str(v) if isinstance(v, Path) else sorted(v) if isinstance(v, set) else v)
+            for k, v in vars(args).items()
+            if k not in skip_args
+        },
+    }
+
+
 def _git_state() -> str:
     """HEAD and whether the working tree had uncommitted changes when the bench ran."""
     try:
@@ -611,16 +642,7 @@ async def run(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
             engines.append({"engine": engine, **e, "tail_p50_ms": t["p50_ms"], "tail_p99_ms": t["p99_ms"]})
     finally:
         shutil.rmtree(base, ignore_errors=True)
-    meta: dict[str, Any] = {
-        "date": dt.date.today().isoformat(),
-        "mode": "quick" if args.quick else "full",
-        "machine": ", ".join(f"{k} {v}" for k, v in _machine().items()),
-        "filesystem": _filesystem(Path(args.dir) if args.dir else Path(tempfile.gettempdir())),
-        "load": f"1-min load average {load_start:.1f} at start, {os.getloadavg()[0]:.1f} at end",
-        "git": _git_state(),
-        "runtime_s": round(time.perf_counter() - t_start, 1),
-        "args": {k: v for k, v in vars(args).items() if k not in ("out", "dir")},
-    }
+    meta = run_meta(args, load_start, t_start)
     data = {
         "meta": meta,
         "shapes": [asdict(s) for s in SHAPES],

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime as dt
 import json
 import os
 import random
@@ -332,8 +331,7 @@ def main(argv: list[str] | None = None) -> int:
             5,
             1,
         )
-    from bench.compare import _filesystem, _machine
-    from bench.core import _git_state
+    from bench.core import _git_state, run_meta
 
     t_start = time.perf_counter()
     load_start = os.getloadavg()[0]
@@ -350,16 +348,9 @@ def main(argv: list[str] | None = None) -> int:
                 _log(f"run {r + 1}/{args.repeats}: {side}")
                 sides.setdefault(side, []).append(_run_side(roots[side], args))
     sides = {s: sides[s] for s in roots}
-    meta: dict[str, Any] = {
-        "date": dt.date.today().isoformat(),
-        "mode": "quick" if args.quick else "full",
-        "machine": ", ".join(f"{k} {v}" for k, v in _machine().items()),
-        "filesystem": _filesystem(Path(args.dir) if args.dir else Path(tempfile.gettempdir())),
-        "load": f"1-min load average {load_start:.1f} at start, {os.getloadavg()[0]:.1f} at end",
-        "sides": described,
-        "runtime_s": round(time.perf_counter() - t_start, 1),
-        "args": {k: v for k, v in vars(args).items() if k not in ("out", "dir", "child_json")},
-    }
+    meta = run_meta(
+        args, load_start, t_start, git=False, skip_args=("out", "dir", "child_json"), sides=described
+    )
     text = render(meta, sides)
     print(text)
     out = args.out if args.out is not None or args.quick else RESULTS_DIR / f"keys-{meta['date']}.md"

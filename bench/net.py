@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import datetime as dt
 import json
 import os
 import re
@@ -67,8 +66,7 @@ if SEGLOG_ROOT:
     sys.path.insert(0, SEGLOG_ROOT)
 
 import seglog  # noqa: E402
-from bench.compare import _filesystem, _machine  # noqa: E402
-from bench.core import _git_state  # noqa: E402
+from bench.core import _git_state, run_meta  # noqa: E402
 from bench.peers import PeerContext, PeerUnavailable  # noqa: E402
 from bench.peers._server import LOOPBACK_HOST, ServerProcess, free_port, port_open  # noqa: E402
 from seglog.client import Consumer  # noqa: E402
@@ -966,21 +964,13 @@ async def run(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
             await kafka.teardown()
         node.stop()
         shutil.rmtree(work, ignore_errors=True)
-    meta: dict[str, Any] = {
-        "date": dt.date.today().isoformat(),
-        "mode": "quick" if args.quick else "full",
-        "machine": ", ".join(f"{k} {v}" for k, v in _machine().items()),
-        "filesystem": _filesystem(Path(args.dir) if args.dir else Path(tempfile.gettempdir())),
-        "load": f"1-min load average {load_start:.1f} at start, {os.getloadavg()[0]:.1f} at end",
-        "git": _git_state() + (f", seglog imported from {SEGLOG_ROOT}" if SEGLOG_ROOT else ""),
-        "kafka": kafka_version,
-        "runtime_s": round(time.perf_counter() - t_start, 1),
-        "args": {
-            k: (str(v) if isinstance(v, Path) else sorted(v) if isinstance(v, set) else v)
-            for k, v in vars(args).items()
-            if k not in ("out", "dir")
-        },
-    }
+    meta = run_meta(
+        args,
+        load_start,
+        t_start,
+        git=_git_state() + (f", seglog imported from {SEGLOG_ROOT}" if SEGLOG_ROOT else ""),
+        kafka=kafka_version,
+    )
     return render(meta, rows, args), {"meta": meta, "rows": [r.to_json() for r in rows]}
 
 

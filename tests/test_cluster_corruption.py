@@ -117,6 +117,25 @@ async def shard_state(session: NodeSession) -> dict[str, Any] | None:
     return dict(states[0]) if states else None
 
 
+async def _led(sessions: dict[int, NodeSession]) -> tuple[int, dict[str, Any]] | None:
+    """``(leader, shard state)`` once a leader that knows it leads has the full ISR, else None."""
+    state = await shard_state(sessions[1])
+    if state is None or state["leader"] <= 0 or sorted(state["isr"]) != [1, 2, 3]:
+        return None
+    leader = int(state["leader"])
+    view = await cluster_view(sessions[leader])
+    return (leader, state) if any(p["db"] == DB for p in view["leading"]) else None
+
+
+async def _produce_batches(session: NodeSession, acked: dict[str, int]) -> None:
+    """``BATCHES`` acks=all batches to shard 0; each value's acknowledged offset into ``acked``."""
+    for b in range(BATCHES):
+        values = [f"a{b}-{i}" for i in range(PER_BATCH)]
+        reply = await produce(session, 0, values)
+        base = reply["parts"][0]["base_offset"]
+        acked.update({v: base + i for i, v in enumerate(values)})
+
+
 @pytest.mark.parametrize("how", ["flip", "truncate"])
 def test_a_damaged_follower_is_repaired_and_never_elected_while_behind(
     how: str, server_factory: ServerFactory, etcd: EtcdProcess, run: Run[None]
@@ -129,20 +148,8 @@ def test_a_damaged_follower_is_repaired_and_never_elected_while_behind(
         try:
             await create_replicated(sessions[1], 1, 3, 2)
 
-            async def led() -> tuple[int, dict[str, Any]] | None:
-                state = await shard_state(sessions[1])
-                if state is None or state["leader"] <= 0 or sorted(state["isr"]) != [1, 2, 3]:
-                    return None
-                leader = int(state["leader"])
-                view = await cluster_view(sessions[leader])
-                return (leader, state) if any(p["db"] == DB for p in view["leading"]) else None
-
-            leader, state = await until(led, "a leader and a full ISR")
-            for b in range(BATCHES):
-                values = [f"a{b}-{i}" for i in range(PER_BATCH)]
-                reply = await produce(sessions[leader], 0, values)
-                base = reply["parts"][0]["base_offset"]
-                acked.update({v: base + i for i, v in enumerate(values)})
+            leader, state = await until(lambda: _led(sessions), "a leader and a full ISR")
+            await _produce_batches(sessions[leader], acked)
             hw = len(acked)
             # acks=all: every ISR member holds all of it; the follower's copy is complete.
             follower = next(r for r in state["replicas"] if r != leader)
@@ -261,20 +268,8 @@ def test_a_damaged_frame_on_the_leader_is_never_served_and_is_repaired(
         try:
             await create_replicated(sessions[1], 1, 3, 2)
 
-            async def led() -> tuple[int, dict[str, Any]] | None:
-                state = await shard_state(sessions[1])
-                if state is None or state["leader"] <= 0 or sorted(state["isr"]) != [1, 2, 3]:
-                    return None
-                leader = int(state["leader"])
-                view = await cluster_view(sessions[leader])
-                return (leader, state) if any(p["db"] == DB for p in view["leading"]) else None
-
-            leader, state = await until(led, "a leader and a full ISR")
-            for b in range(BATCHES):
-                values = [f"a{b}-{i}" for i in range(PER_BATCH)]
-                reply = await produce(sessions[leader], 0, values)
-                base = reply["parts"][0]["base_offset"]
-                acked.update({v: base + i for i, v in enumerate(values)})
+            leader, state = await until(lambda: _led(sessions), "a leader and a full ISR")
+            await _produce_batches(sessions[leader], acked)
             hw = len(acked)
             lagger, keeper = (r for r in state["replicas"] if r != leader)
             await until(lambda: _when_hw(sessions[keeper], 0, hw), "the keeper at the HW")
@@ -379,20 +374,8 @@ def test_a_flipped_byte_in_a_followers_sealed_segment_is_never_served_and_is_ref
         try:
             await create_replicated(sessions[1], 1, 3, 2, segment_bytes=8192)
 
-            async def led() -> tuple[int, dict[str, Any]] | None:
-                state = await shard_state(sessions[1])
-                if state is None or state["leader"] <= 0 or sorted(state["isr"]) != [1, 2, 3]:
-                    return None
-                leader = int(state["leader"])
-                view = await cluster_view(sessions[leader])
-                return (leader, state) if any(p["db"] == DB for p in view["leading"]) else None
-
-            leader, state = await until(led, "a leader and a full ISR")
-            for b in range(BATCHES):
-                values = [f"a{b}-{i}" for i in range(PER_BATCH)]
-                reply = await produce(sessions[leader], 0, values)
-                base = reply["parts"][0]["base_offset"]
-                acked.update({v: base + i for i, v in enumerate(values)})
+            leader, state = await until(lambda: _led(sessions), "a leader and a full ISR")
+            await _produce_batches(sessions[leader], acked)
             hw = len(acked)
             follower = next(r for r in state["replicas"] if r != leader)
             await until(lambda: _when_hw(sessions[follower], 0, hw), "the follower at the HW")
@@ -460,20 +443,8 @@ def test_a_leader_damaged_while_down_is_cut_at_open_and_refetches(
         try:
             await create_replicated(sessions[1], 1, 3, 2)
 
-            async def led() -> tuple[int, dict[str, Any]] | None:
-                state = await shard_state(sessions[1])
-                if state is None or state["leader"] <= 0 or sorted(state["isr"]) != [1, 2, 3]:
-                    return None
-                leader = int(state["leader"])
-                view = await cluster_view(sessions[leader])
-                return (leader, state) if any(p["db"] == DB for p in view["leading"]) else None
-
-            old, _ = await until(led, "a leader and a full ISR")
-            for b in range(BATCHES):
-                values = [f"a{b}-{i}" for i in range(PER_BATCH)]
-                reply = await produce(sessions[old], 0, values)
-                base = reply["parts"][0]["base_offset"]
-                acked.update({v: base + i for i, v in enumerate(values)})
+            old, _ = await until(lambda: _led(sessions), "a leader and a full ISR")
+            await _produce_batches(sessions[old], acked)
             hw = len(acked)
             nodes[old].kill()
             cut_at = damage(nodes[old].data, "flip", hw)

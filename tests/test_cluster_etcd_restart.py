@@ -25,7 +25,6 @@ names a leader outside its ISR and no new leader came from outside the previous 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
@@ -33,12 +32,11 @@ from typing import Any, TypeVar
 
 from seglog.client import Consumer
 from seglog.client._http import NodeSession
-from seglog.cluster import protocol
 from seglog.errors import NotEnoughReplicas, NotEnoughReplicasAfterAppend, NotLeader, SeglogError
 from tests.etcd_fixtures import EtcdProcess
 from tests.queue_checker import check_queue
 from tests.server_fixtures import ServerFactory, ServerProcess
-from tests.test_cluster import DB, cluster_view, create_replicated, read_all, start_cluster, until
+from tests.test_cluster import DB, cluster_view, create_replicated, produce, read_all, start_cluster, until
 
 T = TypeVar("T")
 Run = Callable[[Coroutine[Any, Any, T]], T]
@@ -128,17 +126,10 @@ def test_etcd_restart_loses_nothing_and_writes_resume(
                         continue
                     value = f"v{n}"
                     n += 1
-                    body = (json.dumps({"topic": "t", "value": value}) + "\n").encode()
                     h.sent_at[value] = time.monotonic()
                     try:
-                        reply = await sessions[lead].request(
-                            "POST",
-                            f"/v1/dbs/{DB}/records",
-                            params={"shard": 0, "acks": "all"},
-                            data=body,
-                            content_type=protocol.NDJSON,
-                        )
-                        h.acked[value] = int(reply.json()["parts"][0]["base_offset"])
+                        reply = await produce(sessions[lead], 0, [value])
+                        h.acked[value] = int(reply["parts"][0]["base_offset"])
                         h.acked_at[value] = time.monotonic()
                     except (NotLeader, NotEnoughReplicas) as exc:
                         if isinstance(exc, NotEnoughReplicasAfterAppend) or "no longer leads" in str(exc):

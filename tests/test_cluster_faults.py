@@ -11,7 +11,6 @@ send refused before writing never appears (G1a), and every replica holds the sam
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import random
 import signal
@@ -20,12 +19,11 @@ from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from seglog.client._http import NodeSession
-from seglog.cluster import protocol
 from seglog.errors import NotEnoughReplicas, NotEnoughReplicasAfterAppend, NotLeader, SeglogError
 from tests.etcd_fixtures import EtcdProcess
 from tests.queue_checker import check_queue
 from tests.server_fixtures import ServerFactory, ServerProcess
-from tests.test_cluster import DB, cluster_view, create_replicated, read_all, start_cluster, until
+from tests.test_cluster import DB, cluster_view, create_replicated, produce, read_all, start_cluster, until
 
 T = TypeVar("T")
 Run = Callable[[Coroutine[Any, Any, T]], T]
@@ -73,16 +71,9 @@ def test_kills_and_pauses_lose_nothing_acknowledged(
                         continue
                     value = f"v{n}"
                     n += 1
-                    body = (json.dumps({"topic": "t", "value": value}) + "\n").encode()
                     try:
-                        reply = await sessions[leader].request(
-                            "POST",
-                            f"/v1/dbs/{DB}/records",
-                            params={"shard": 0, "acks": "all"},
-                            data=body,
-                            content_type=protocol.NDJSON,
-                        )
-                        acked[value] = int(reply.json()["parts"][0]["base_offset"])
+                        reply = await produce(sessions[leader], 0, [value])
+                        acked[value] = int(reply["parts"][0]["base_offset"])
                     except (NotLeader, NotEnoughReplicas) as exc:
                         if isinstance(exc, NotEnoughReplicasAfterAppend):
                             unknown.add(value)

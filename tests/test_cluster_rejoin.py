@@ -9,19 +9,17 @@ round plus one metadata compare-and-swap.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any, Final, TypeVar
 
 from seglog.client._http import NodeSession
-from seglog.cluster import protocol
 from seglog.errors import NotEnoughReplicas, NotEnoughReplicasAfterAppend, NotLeader, SeglogError
 from seglog.isr.leader_state import DEFAULT_REPLICA_LAG_TIME_MAX_MS
 from tests.etcd_fixtures import EtcdProcess
 from tests.queue_checker import check_queue
 from tests.server_fixtures import ServerFactory, ServerProcess
-from tests.test_cluster import DB, cluster_view, create_replicated, read_all, until
+from tests.test_cluster import DB, cluster_view, create_replicated, produce, read_all, until
 
 T = TypeVar("T")
 Run = Callable[[Coroutine[Any, Any, T]], T]
@@ -82,16 +80,9 @@ def test_a_restarted_follower_rejoins_the_isr_on_its_fetch(
                 while not stop.is_set():
                     value = f"v{n}"
                     n += 1
-                    body = (json.dumps({"topic": "t", "value": value}) + "\n").encode()
                     try:
-                        reply = await sessions[leader].request(
-                            "POST",
-                            f"/v1/dbs/{DB}/records",
-                            params={"shard": 0, "acks": "all"},
-                            data=body,
-                            content_type=protocol.NDJSON,
-                        )
-                        acked[value] = int(reply.json()["parts"][0]["base_offset"])
+                        reply = await produce(sessions[leader], 0, [value])
+                        acked[value] = int(reply["parts"][0]["base_offset"])
                     except NotEnoughReplicasAfterAppend:
                         unknown.add(value)
                     except (NotLeader, NotEnoughReplicas):
