@@ -31,7 +31,7 @@ import gc
 import struct
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from itertools import repeat
 from typing import Any, Final, NamedTuple
 
@@ -534,32 +534,44 @@ def records_to_batch(
 
 _HEADERS_COLUMN: Final = FRAME_SCHEMA.get_field_index("headers")
 
-# All-null headers columns are slices of one array built once: ``pa.nulls`` of a map type
-# makes Arrow IPC write offsets for every row of the parent into each frame cut from it.
-_NULL_HEADERS: list[pa.Array] = []
-_NULL_HEADERS_ROWS: Final = 1 << 16
+_SHARED_ROWS: Final = 1 << 16
+
+
+class _SharedColumn:
+    """A constant column built once (and again, longer, when a longer one is asked for);
+    the columns handed out are slices of it."""
+
+    def __init__(self, make: Callable[[int], pa.Array]) -> None:
+        self._make = make
+        self._array: pa.Array | None = None
+
+    def take(self, n: int) -> pa.Array:
+        array = self._array
+        if array is None or len(array) < n:
+            array = self._array = self._make(max(n, _SHARED_ROWS))
+        return array.slice(0, n)
+
+
+# All-null headers columns are slices of one array: ``pa.nulls`` of a map type makes Arrow IPC
+# write offsets for every row of the parent into each frame cut from it.
+_NULL_HEADERS: Final = _SharedColumn(lambda n: pa.array([None] * n, type=HEADERS_TYPE))
+_ZERO_STREAMS: Final = _SharedColumn(lambda n: pa.array(np.zeros(n, np.uint32)))
 
 
 def null_headers(n: int) -> pa.Array:
     """An all-null headers column of ``n`` rows that serialises compactly, also when sliced."""
-    if not _NULL_HEADERS or len(_NULL_HEADERS[0]) < n:
-        _NULL_HEADERS[:] = [pa.array([None] * max(n, _NULL_HEADERS_ROWS), type=HEADERS_TYPE)]
-    return _NULL_HEADERS[0].slice(0, n)
-
-
-_ZERO_STREAMS: list[pa.Array] = []
+    return _NULL_HEADERS.take(n)
 
 
 def zero_streams(n: int) -> pa.Array:
     """A ``stream`` column of ``n`` zeros (a slice of one array built once)."""
-    if not _ZERO_STREAMS or len(_ZERO_STREAMS[0]) < n:
-        _ZERO_STREAMS[:] = [pa.array(np.zeros(max(n, _NULL_HEADERS_ROWS), np.uint32))]
-    return _ZERO_STREAMS[0].slice(0, n)
+    return _ZERO_STREAMS.take(n)
 
 
-def _is_null_headers(column: pa.Array) -> bool:
-    """Whether ``column`` is a slice made by :func:`null_headers`."""
-    return bool(_NULL_HEADERS) and column.buffers()[1].address == _NULL_HEADERS[0].buffers()[1].address
+def _carries_children(column: pa.Array) -> bool:
+    """Whether an all-null map column holds child buffers it does not need (``pa.nulls`` makes
+    them one entry per row; IPC writes them, for a slice those of the whole parent)."""
+    return any(b is not None and b.size > 64 for b in column.buffers()[2:])
 
 
 def table_to_batch(
@@ -649,7 +661,7 @@ def encode_frame(
     if batch.num_rows == 0:
         raise InvalidArgument("a frame holds at least one record")
     headers = batch.column(_HEADERS_COLUMN)
-    if headers.null_count == batch.num_rows and not _is_null_headers(headers):
+    if headers.null_count == batch.num_rows and _carries_children(headers):
         # A slice of an all-null map made elsewhere (pa.nulls) would carry its parent's
         # offsets into the frame: the frame gets a compact one of its own.
         batch = batch.set_column(
