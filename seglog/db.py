@@ -69,6 +69,9 @@ log = logging.getLogger("seglog.db")
 
 # Reads larger than this convert to Record objects off the event loop.
 _INLINE_RECORDS_MAX: Final = 4096
+# Frames read for shipping are CRC-checked on the loop up to this size (a tail's few frames);
+# larger reads are checked in a thread, so a follower's big fetch does not stall the loop.
+_INLINE_VERIFY_BYTES: Final = 256 << 10
 # Frames one next()/next_arrow() call reads at most (each may hold the stream): a very
 # selective filter returns fewer records (maybe none) and a position further on.
 _NEXT_MAX_FRAMES: Final = 4096
@@ -1031,7 +1034,10 @@ class Database:
         _check_int("offset", offset)
         _check_int("max_bytes", max_bytes, minimum=1)
         data = await engine.read_frames(shard, offset, max_bytes)
-        return _verified_prefix(data, shard, offset)
+        if len(data) <= _INLINE_VERIFY_BYTES:
+            return _verified_prefix(data, shard, offset)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, _verified_prefix, data, shard, offset)
 
     async def append_frames(
         self, shard: int, frames: bytes | bytearray | memoryview, *, expected_base: int
