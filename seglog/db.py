@@ -16,6 +16,7 @@ import pyarrow.compute as pc
 
 from seglog._routing import route_rows, shard_for
 from seglog.db_config import DbConfig, validate_db_name
+from seglog.db_producers import Producers
 from seglog.engines.base import (
     Engine,
     GenerationEngine,
@@ -56,6 +57,7 @@ from seglog.record import (
     timestamp_us,
     verify_frame,
 )
+from seglog.segment.producer_state import ProducerStamp
 from seglog.tiering.seam import ManifestEntry, TieredStorage
 from seglog.topics import structure_regex, validate_topic_filter, varying_filter_for
 
@@ -185,6 +187,7 @@ class Database:
         engine.listener = self._wake
         engine.listener_many = self._wake_many
         self._config_lock = asyncio.Lock()
+        self._producers = Producers()  # idempotent appends (append_arrow(producer=))
         self._closed = False
 
     @property
@@ -267,6 +270,7 @@ class Database:
         shard: int | None = None,
         shards: np.ndarray[Any, Any] | pa.Array | None = None,
         leader_epoch: int = 0,
+        producer: ProducerStamp | None = None,
     ) -> pa.Table:
         """Append columns ``ts, topic, key, value[, headers][, stream]`` durably.
 
@@ -275,12 +279,21 @@ class Database:
         in :meth:`append`. ``shards`` (one integer per row, instead of ``shard``) sends each
         row to its own shard, as a record's ``shard`` attribute does in :meth:`append`.
 
+        ``producer`` makes the append idempotent (:mod:`seglog.segment.producer_state`):
+        ``ProducerStamp(producer_id, producer_epoch, {shard: sequence of its first row})``
+        naming every shard the rows go to. Rows a shard already holds from that producer
+        (a retry) are not written again and get their first offsets back (``-1`` when too old
+        to place); the rest are written in frames of their own.
+
         Returns:
             A table with columns ``shard`` (int32) and ``offset`` (int64), one row per input
             row, in input order.
 
         Raises:
             InvalidRecord: A row or column is invalid; nothing was written.
+            OutOfOrderSequence: With ``producer``: a shard is missing records before the
+                sequence given; nothing was written.
+            ProducerFenced: With ``producer``: a newer epoch of the producer wrote since.
         """
         engine = self._check()
         _check_epoch(leader_epoch)
@@ -293,6 +306,23 @@ class Database:
         batch = table_to_batch(
             data, max_record_bytes=cfg.max_record_bytes, min_ts_us=cfg.min_ts_us, max_ts_us=cfg.max_ts_us
         )
+        if producer is not None:
+            if not isinstance(producer, ProducerStamp):
+                raise InvalidArgument(f"producer must be a ProducerStamp, not {type(producer).__name__}")
+            if shard is None and self.config.shards == 1 and not len(explicit):
+                shard = 0
+            routes = (
+                np.full(batch.num_rows, shard, np.int32)
+                if shard is not None
+                else self._routes(batch, explicit)
+            )
+            if not batch.num_rows:
+                offset_col = np.empty(0, np.int64)
+            else:
+                offset_col = await self._producers.append(
+                    engine, batch, routes, producer, self._quota, leader_epoch
+                )
+            return pa.table({"shard": pa.array(routes), "offset": pa.array(offset_col)})
         shard_col, offset_col = await self._append_routed(engine, batch, shard, explicit, leader_epoch)
         return pa.table({"shard": pa.array(shard_col), "offset": pa.array(offset_col)})
 
@@ -1062,7 +1092,10 @@ class Database:
         _check_int("expected_base", expected_base)
         if not isinstance(frames, bytes | bytearray | memoryview):
             raise InvalidArgument(f"frames must be bytes, not {type(frames).__name__}")
-        return await engine.append_frames(shard, frames, expected_base=expected_base)
+        try:
+            return await engine.append_frames(shard, frames, expected_base=expected_base)
+        finally:
+            self._producers.forget(shard)  # a leader's frames: rebuilt from the log if this node leads
 
     async def truncate_to(self, shard: int, offset: int, *, force: bool = False) -> int:
         """Remove every record of ``shard`` at or after ``offset`` (a replica that diverged).
@@ -1084,10 +1117,13 @@ class Database:
         engine = self._replica_engine()
         self._check_shard(shard)
         _check_int("offset", offset)
-        if self._tier is not None:
-            end = await self._tier.truncate_to(shard, offset, force=force)
-        else:
-            end = await engine.truncate_to(shard, offset, force=force)
+        try:
+            if self._tier is not None:
+                end = await self._tier.truncate_to(shard, offset, force=force)
+            else:
+                end = await engine.truncate_to(shard, offset, force=force)
+        finally:
+            self._producers.forget(shard)
         if self._subscriptions is not None:
             self._subscriptions.truncated(shard, end)
         return end

@@ -48,8 +48,10 @@ __all__ = [
     "NotLeader",
     "OffsetMismatch",
     "OffsetOutOfRange",
+    "OutOfOrderSequence",
     "Overloaded",
     "PermissionDenied",
+    "ProducerFenced",
     "QuotaExceeded",
     "RecordTooLarge",
     "RemoteError",
@@ -293,6 +295,39 @@ class StaleGeneration(UsageError):
         super().__init__(message)
         self.generation = generation
         self.current = current
+
+
+class ProducerFenced(UsageError):
+    """An idempotent producer wrote with an epoch below the one its id has written with since.
+
+    Attributes:
+        producer_id: The producer.
+        epoch: The producer's current epoch on the shard.
+    """
+
+    def __init__(self, message: str, *, producer_id: int, epoch: int) -> None:
+        super().__init__(message)
+        self.producer_id = producer_id
+        self.epoch = epoch
+
+
+class OutOfOrderSequence(UsageError):
+    """An idempotent producer's batch does not continue what the shard stored of it.
+
+    Records between the last stored sequence and the batch's first were never stored (or
+    the shard lost them); storing the batch would hide the gap. Nothing was written.
+
+    Attributes:
+        producer_id: The producer.
+        expected: The sequence the shard expects next.
+        got: The batch's first sequence.
+    """
+
+    def __init__(self, message: str, *, producer_id: int, expected: int, got: int) -> None:
+        super().__init__(message)
+        self.producer_id = producer_id
+        self.expected = expected
+        self.got = got
 
 
 class UnknownMember(StaleGeneration):

@@ -5,9 +5,9 @@ A frame is the unit of writing, replication, checksumming and compression::
     offset  size  field
     0       4     magic  b"SGLF"
     4       4     crc32c of bytes [8, 56) of the header and the whole stored body
-    8       1     format version (1)
+    8       1     format version (2; version 1 frames, 56-byte headers, are still read)
     9       1     compression (0 none, 1 zstd)
-    10      2     attributes (reserved, 0)
+    10      2     producer epoch (int16, -1 without a producer)
     12      8     base offset (int64)
     20      4     record count (uint32)
     24      4     leader epoch (int32)
@@ -15,8 +15,14 @@ A frame is the unit of writing, replication, checksumming and compression::
     36      8     max ts (int64 µs)
     44      4     stored body length (uint32)
     48      4     uncompressed body length (uint32)
-    52      4     reserved (0)
-    56      ...   body, then zero padding to a multiple of 8 bytes
+    52      4     base sequence (int32: the producer's sequence number of the first record, -1)
+    56      8     producer id (int64, -1: not written by an idempotent producer)
+    64      ...   body, then zero padding to a multiple of 8 bytes
+
+Version 1 frames end their header at 56 with a reserved uint32 where version 2 has the base
+sequence, and no producer id. The three producer fields are what the leader checks to drop a
+retried batch of an idempotent producer (:mod:`seglog.producer_state`); they travel with the
+frame, so every replica can rebuild that state from its own log.
 
 The body is one Arrow IPC record-batch message with :data:`FRAME_SCHEMA`; offsets are
 implicit (``base offset + row``). Frames are padded to 8 bytes so that bodies read through
@@ -85,7 +91,10 @@ __all__ = [
 ]
 
 FRAME_MAGIC: Final = b"SGLF"
-FORMAT_VERSION: Final = 1
+FORMAT_VERSION: Final = 2
+FORMAT_VERSION_1: Final = 1
+NO_PRODUCER: Final = -1
+"""The producer id, epoch and base sequence of a frame no idempotent producer wrote."""
 COMPRESSION_NONE: Final = 0
 COMPRESSION_ZSTD: Final = 1
 # The fixed frame header, little-endian, one field per line (the module docstring draws the
@@ -96,7 +105,7 @@ _HEADER_FIELDS: Final = (
     ("crc", "I"),  # CRC => uint32 crc32c of the header from ``version`` on, then the stored body
     ("version", "B"),  # FormatVersion => uint8 (FORMAT_VERSION)
     ("compression", "B"),  # Compression => uint8 (COMPRESSION_NONE, COMPRESSION_ZSTD)
-    ("attributes", "H"),  # Attributes => uint16, reserved (0)
+    ("producer_epoch", "h"),  # ProducerEpoch => int16 (-1: none; v1: attributes, 0)
     ("base_offset", "q"),  # BaseOffset => int64
     ("record_count", "I"),  # RecordCount => uint32
     ("leader_epoch", "i"),  # LeaderEpoch => int32
@@ -104,10 +113,15 @@ _HEADER_FIELDS: Final = (
     ("max_ts", "q"),  # MaxTimestamp => int64 µs
     ("body_len", "I"),  # StoredBodyLength => uint32 (after compression)
     ("raw_len", "I"),  # RawBodyLength => uint32 (uncompressed)
-    ("reserved", "I"),  # Reserved => uint32 (0)
+    ("base_sequence", "i"),  # BaseSequence => int32 (-1: none; v1: reserved, 0)
+    ("producer_id", "q"),  # ProducerId => int64 (-1: none; not in v1)
 )
 _HEADER = struct.Struct(_HEADER_BYTE_ORDER + "".join(fmt for _, fmt in _HEADER_FIELDS))
 FRAME_HEADER_BYTES: Final = _HEADER.size
+# A version 1 header: the same fields up to ``producer_id``, which it lacks.
+_PRODUCER_ID = struct.Struct(_HEADER_BYTE_ORDER + "q")
+_HEADER_V1 = struct.Struct(_HEADER_BYTE_ORDER + "".join(fmt for _, fmt in _HEADER_FIELDS[:-1]))
+FRAME_HEADER_BYTES_V1: Final = _HEADER_V1.size
 # Each field's byte offset: the size of the formats before it.
 _HEADER_OFFSETS: Final = {
     name: struct.calcsize(_HEADER_BYTE_ORDER + "".join(fmt for _, fmt in _HEADER_FIELDS[:i]))
@@ -148,7 +162,12 @@ OFFSET_FIELD: Final = pa.field("offset", pa.int64(), nullable=False)
 READ_SCHEMA: Final = pa.schema([OFFSET_FIELD, *FRAME_SCHEMA])
 """Records as reads return them: :data:`OFFSET_FIELD`, then the :data:`FRAME_SCHEMA` columns."""
 
-assert FRAME_HEADER_BYTES == 56
+assert FRAME_HEADER_BYTES == 64 and FRAME_HEADER_BYTES_V1 == 56
+# Every frame (a body of at least one byte, padded to 8) is at least this long, so reading
+# FRAME_HEADER_BYTES at a frame's start never runs past a version 1 frame.
+assert FRAME_HEADER_BYTES_V1 + 8 == FRAME_HEADER_BYTES
+MAX_PRODUCER_EPOCH: Final = 2**15 - 1
+MAX_SEQUENCE: Final = 2**31 - 1
 
 
 def now_us() -> int:
@@ -310,6 +329,9 @@ class FrameHeader(NamedTuple):
     max_ts: int
     body_len: int
     raw_len: int
+    producer_id: int = NO_PRODUCER
+    producer_epoch: int = NO_PRODUCER
+    base_sequence: int = NO_PRODUCER
 
     @property
     def next_offset(self) -> int:
@@ -317,9 +339,14 @@ class FrameHeader(NamedTuple):
         return self.base_offset + self.record_count
 
     @property
+    def header_bytes(self) -> int:
+        """Bytes of the fixed header: where the body starts."""
+        return FRAME_HEADER_BYTES if self.version == FORMAT_VERSION else FRAME_HEADER_BYTES_V1
+
+    @property
     def size(self) -> int:
         """Bytes the frame takes on disk, padding included."""
-        return frame_size(self.body_len)
+        return self.header_bytes + ((self.body_len + 7) & ~7)
 
 
 class EncodedFrame(NamedTuple):
@@ -335,7 +362,7 @@ class EncodedFrame(NamedTuple):
 
 
 def frame_size(body_len: int) -> int:
-    """Bytes on disk of a frame whose stored body is ``body_len`` bytes."""
+    """Bytes on disk of a frame (of the current format) whose stored body is ``body_len`` bytes."""
     return FRAME_HEADER_BYTES + ((body_len + 7) & ~7)
 
 
@@ -656,8 +683,13 @@ def encode_frame(
     *,
     compression: int = COMPRESSION_NONE,
     leader_epoch: int = 0,
+    producer: tuple[int, int, int] | None = None,
 ) -> EncodedFrame:
-    """Encode one batch (with :data:`FRAME_SCHEMA`) as a frame starting at ``base_offset``."""
+    """Encode one batch (with :data:`FRAME_SCHEMA`) as a frame starting at ``base_offset``.
+
+    ``producer``: ``(producer id, producer epoch, base sequence)`` of an idempotent
+    producer's rows (checked by the caller), or ``None``.
+    """
     if batch.num_rows == 0:
         raise InvalidArgument("a frame holds at least one record")
     headers = batch.column(_HEADERS_COLUMN)
@@ -683,10 +715,11 @@ def encode_frame(
     ts_values = np.frombuffer(ts.buffers()[1], np.int64, batch.num_rows, ts.offset * 8)
     min_ts = int(ts_values.min())
     max_ts = int(ts_values.max())
+    pid, pepoch, seq = (NO_PRODUCER, NO_PRODUCER, NO_PRODUCER) if producer is None else producer
     fields = (
         FORMAT_VERSION,
         compression,
-        0,
+        pepoch,
         base_offset,
         batch.num_rows,
         leader_epoch,
@@ -694,7 +727,8 @@ def encode_frame(
         max_ts,
         body_len,
         raw_len,
-        0,
+        seq,
+        pid,
     )
     packed = _HEADER.pack(FRAME_MAGIC, 0, *fields)
     crc = crc32c.crc32c(body, crc32c.crc32c(memoryview(packed)[_CRC_START:]))
@@ -710,6 +744,9 @@ def encode_frame(
         max_ts,
         body_len,
         raw_len,
+        pid,
+        pepoch,
+        seq,
     )
     pad = _PADDING[-body_len & 7]
     buffers: tuple[Any, ...] = (header_bytes, body, pad) if pad else (header_bytes, body)
@@ -722,20 +759,29 @@ def parse_header(buf: Any, pos: int = 0) -> FrameHeader:
     Raises:
         CorruptFrame: Short buffer, bad magic, unknown version or implausible lengths.
     """
-    if len(buf) - pos < FRAME_HEADER_BYTES:
+    available = len(buf) - pos
+    if available < FRAME_HEADER_BYTES_V1:
         raise CorruptFrame(f"short frame header at position {pos}")
-    magic, crc, version, compression, _attrs, base, count, epoch, min_ts, max_ts, body_len, raw_len, _ = (
-        _HEADER.unpack_from(buf, pos)
+    magic, crc, version, compression, pepoch, base, count, epoch, min_ts, max_ts, body_len, raw_len, seq = (
+        _HEADER_V1.unpack_from(buf, pos)
     )
     if magic != FRAME_MAGIC:
         raise CorruptFrame(f"bad frame magic {magic!r} at position {pos}")
-    if version != FORMAT_VERSION:
+    if version == FORMAT_VERSION:
+        if available < FRAME_HEADER_BYTES:
+            raise CorruptFrame(f"short frame header at position {pos}")
+        pid = _PRODUCER_ID.unpack_from(buf, pos + FRAME_HEADER_BYTES_V1)[0]
+    elif version == FORMAT_VERSION_1:
+        pid = pepoch = seq = NO_PRODUCER
+    else:
         raise CorruptFrame(f"unknown frame format version {version} at position {pos}")
     if compression not in (COMPRESSION_NONE, COMPRESSION_ZSTD):
         raise CorruptFrame(f"unknown compression {compression} at position {pos}")
     if body_len > MAX_FRAME_BODY_BYTES or raw_len > MAX_FRAME_BODY_BYTES or count == 0:
         raise CorruptFrame(f"implausible frame lengths at position {pos}")
-    return FrameHeader(crc, version, compression, base, count, epoch, min_ts, max_ts, body_len, raw_len)
+    return FrameHeader(
+        crc, version, compression, base, count, epoch, min_ts, max_ts, body_len, raw_len, pid, pepoch, seq
+    )
 
 
 def verify_frame(buf: Any, pos: int, header: FrameHeader) -> None:
@@ -744,12 +790,13 @@ def verify_frame(buf: Any, pos: int, header: FrameHeader) -> None:
     Raises:
         CorruptFrame: The frame is truncated or its checksum does not match.
     """
-    end = pos + FRAME_HEADER_BYTES + header.body_len
+    body = pos + header.header_bytes
+    end = body + header.body_len
     if len(buf) < end:
         raise CorruptFrame(f"truncated frame at position {pos}")
     view = memoryview(buf)
-    crc = crc32c.crc32c(view[pos + _CRC_START : pos + FRAME_HEADER_BYTES])
-    crc = crc32c.crc32c(view[pos + FRAME_HEADER_BYTES : end], crc)
+    crc = crc32c.crc32c(view[pos + _CRC_START : body])
+    crc = crc32c.crc32c(view[body:end], crc)
     if crc != header.crc:
         raise CorruptFrame(f"frame CRC mismatch at position {pos} (base offset {header.base_offset})")
 
@@ -760,7 +807,7 @@ def decode_body(buf: Any, pos: int, header: FrameHeader) -> pa.RecordBatch:
     Raises:
         CorruptFrame: The body is not a valid batch of the frame schema.
     """
-    start = pos + FRAME_HEADER_BYTES
+    start = pos + header.header_bytes
     body = memoryview(buf)[start : start + header.body_len]
     try:
         if header.compression == COMPRESSION_ZSTD:

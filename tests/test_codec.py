@@ -17,6 +17,7 @@ from seglog.record import (
     MAX_TOPIC_BYTES,
     Record,
     decode_body,
+    decode_frames,
     encode_frame,
     parse_header,
     records_from_table,
@@ -101,7 +102,7 @@ def test_header_offsets_are_the_packed_layout() -> None:
         0x01020304,
         5,
         6,
-        0x0708,
+        -0x0708,
         -(2**40) - 9,
         0x0A0B0C0D,
         -14,
@@ -110,9 +111,10 @@ def test_header_offsets_are_the_packed_layout() -> None:
         17,
         18,
         19,
+        -(2**60) - 20,
     ]
     packed = record._HEADER.pack(*values)
-    assert len(packed) == FRAME_HEADER_BYTES == 56
+    assert len(packed) == FRAME_HEADER_BYTES == 64
     offsets = record._HEADER_OFFSETS
     assert list(offsets) == [name for name, _ in fields]
     for (name, fmt), value in zip(fields, values, strict=True):
@@ -134,12 +136,57 @@ def test_frame_header_bytes_are_unchanged() -> None:
     recs = [Record(topic="a/b", value=b"v%d" % i, ts=1_700_000_000_000_000 + i) for i in range(3)]
     frame = encode_frame(records_to_batch(recs), 1234567890123, leader_epoch=-5)
     header = bytes(frame.buffers[0])
-    # magic | crc (depends on the Arrow body) | version, compression, attributes, base offset,
-    # count, epoch, min ts, max ts | body lengths (depend on the Arrow body) | reserved
+    # magic | crc (depends on the Arrow body) | version, compression, producer epoch, base
+    # offset, count, epoch, min ts, max ts | body lengths (depend on the Arrow body) | base
+    # sequence, producer id (-1: no producer)
     assert header[:4] == b"SGLF"
-    assert header[8:44].hex() == "01000000cb04fb711f01000003000000fbffffff00401e18240a060002401e18240a0600"
+    assert header[8:44].hex() == "0200ffffcb04fb711f01000003000000fbffffff00401e18240a060002401e18240a0600"
     assert struct.unpack_from("<II", header, 44) == (len(bytes(frame.buffers[1])),) * 2
-    assert header[52:] == b"\0" * 4
+    assert header[52:] == b"\xff" * 12
     assert (
         crc32c.crc32c(frame.buffers[1], crc32c.crc32c(header[8:])) == struct.unpack_from("<I", header, 4)[0]
     )
+
+
+def _as_version_1(frame: bytes) -> bytes:
+    """The same frame as format version 1 wrote it: a 56-byte header, reserved fields 0."""
+    v1 = bytearray(frame[:52]) + b"\0" * 4 + frame[FRAME_HEADER_BYTES:]
+    v1[8] = 1
+    v1[10:12] = b"\0\0"
+    struct.pack_into("<I", v1, 4, crc32c.crc32c(bytes(v1[8:])))
+    return bytes(v1)
+
+
+def test_version_1_frames_are_still_read() -> None:
+    """Logs written before the producer fields (56-byte headers) read, verify and decode."""
+    recs = [Record(topic="a/b", value=b"v%d" % i, ts=1_700_000_000_000_000 + i) for i in range(3)]
+    frames = [encode_frame(records_to_batch(recs), base) for base in (10, 13)]
+    v2 = [b"".join(bytes(b) for b in f.buffers) for f in frames]
+    v1 = [_as_version_1(f) for f in v2]
+    assert [len(a) - len(b) for a, b in zip(v2, v1, strict=True)] == [8, 8]
+    buf = v1[0] + v2[1]  # a log written across the upgrade
+    first = parse_header(buf, 0)
+    assert (first.version, first.header_bytes, first.size) == (1, 56, len(v1[0]))
+    assert (first.producer_id, first.producer_epoch, first.base_sequence) == (-1, -1, -1)
+    second = parse_header(buf, first.size)
+    assert (second.version, second.header_bytes) == (2, 64)
+    table = decode_frames(buf)
+    assert table.column("offset").to_pylist() == list(range(10, 16))
+    assert table.column("value").to_pylist() == [r.value for r in recs] * 2
+    flipped = bytearray(buf)
+    flipped[60] ^= 1  # a body byte of the version 1 frame
+    with pytest.raises(CorruptFrame):
+        decode_frames(bytes(flipped))
+
+
+def test_producer_fields_round_trip_and_are_checksummed() -> None:
+    recs = [Record(topic="a/b", value=b"v", ts=1_700_000_000_000_000)]
+    frame = encode_frame(records_to_batch(recs), 7, producer=(2**40 + 3, 5, 2**31 - 9))
+    buf = b"".join(bytes(b) for b in frame.buffers)
+    header = parse_header(buf)
+    assert header == frame.header
+    assert (header.producer_id, header.producer_epoch, header.base_sequence) == (2**40 + 3, 5, 2**31 - 9)
+    damaged = bytearray(buf)
+    damaged[57] ^= 1  # inside the producer id
+    with pytest.raises(CorruptFrame):
+        verify_frame(bytes(damaged), 0, parse_header(bytes(damaged)))

@@ -35,6 +35,7 @@ LAYERS: Final[dict[str, int]] = {
     # The embedded API (DESIGN: db.py, store.py) and what serves it directly.
     "seglog.db": 5,
     "seglog.db_config": 5,
+    "seglog.db_producers": 5,
     "seglog.store": 5,
     "seglog.store_config": 5,
     "seglog.groups": 5,

@@ -116,6 +116,8 @@ _STATUS: Final[dict[type[errors.SeglogError], int]] = {
     errors.DatabaseExists: 409,
     errors.ConfigMismatch: 409,
     errors.StaleGeneration: 409,
+    errors.ProducerFenced: 409,
+    errors.OutOfOrderSequence: 409,
     errors.BusyResourceError: 409,
     errors.OffsetMismatch: 409,
     errors.RequestTooLarge: 413,
@@ -143,6 +145,9 @@ _FIELDS: Final = (
     "written",
     "leader",
     "leader_epoch",
+    "producer_id",
+    "epoch",
+    "got",
 )
 
 _RETRIABLE: Final = (errors.ServerUnavailable, errors.QuotaExceeded, errors.ClosedResourceError)

@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from seglog.record import DEFAULT_MAX_RECORD_BYTES, READ_SCHEMA, FrameHeader
+from seglog.segment.producer_state import ProducerStamp
 
 __all__ = [
     "DEFAULT_SEGMENT_BYTES",
@@ -186,6 +187,7 @@ class Engine(Protocol):
         quota: Quota | None = None,
         *,
         leader_epoch: int = 0,
+        producer: ProducerStamp | None = None,
     ) -> list[int]:
         """Append batches to distinct shards; return each one's base offset.
 
@@ -193,6 +195,9 @@ class Engine(Protocol):
         before any offset is assigned or anything is queued; the bytes of parts that fail
         are given back with ``quota.release``. Frames are stamped with ``leader_epoch`` (0 for
         a standalone store); a new epoch's first frame on a shard is recorded in its epochs.
+        With ``producer`` (checked by the caller: :mod:`seglog.segment.producer_state`) each
+        shard's frames hold only that part's rows and carry the producer id, epoch and the
+        sequence of their first row (``producer.sequences[shard]`` for the part's first).
 
         Raises:
             InvalidArgument: ``leader_epoch`` is outside ``0..2**31-1``.
@@ -207,6 +212,7 @@ class Engine(Protocol):
         quota: Quota | None = None,
         *,
         leader_epoch: int = 0,
+        producer: ProducerStamp | None = None,
     ) -> np.ndarray[Any, np.dtype[np.int64]]:
         """Append each row of ``batch`` to the shard ``routes`` names; return each row's offset.
 
@@ -230,6 +236,9 @@ class Engine(Protocol):
 
     async def read_key(self, shard: int, key: bytes) -> pa.Table:
         """Every record with ``key`` in offset order (:data:`READ_SCHEMA`)."""
+
+    async def producer_headers(self, shard: int) -> list[FrameHeader]:
+        """Headers of the durable frames of ``shard`` an idempotent producer wrote, oldest first."""
 
     def stats(self, shard: int) -> ShardStats:
         """Offsets and on-disk size of ``shard``."""

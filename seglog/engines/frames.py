@@ -59,6 +59,7 @@ from seglog.segment.epoch_cache import (
     end_offset_for_epoch,
     entries_truncated_from_start,
 )
+from seglog.segment.producer_state import ProducerStamp
 from seglog.topics.streams import StreamStamper
 
 __all__ = [
@@ -77,6 +78,7 @@ __all__ = [
     "epochs_with_frames",
     "frame_bytes",
     "frame_keys",
+    "frame_producer",
     "parse_frames",
     "queue_appends",
     "raise_if_failed",
@@ -197,6 +199,15 @@ def shard_end_offset_for_epoch(entries: list[EpochEntry], epoch: int, end: int) 
 # A batch is cut into frames of at most this many records / value bytes.
 MAX_FRAME_RECORDS: Final = 16_384
 MAX_FRAME_VALUE_BYTES: Final = 8 << 20
+
+
+def frame_producer(
+    producer: ProducerStamp | None, shard: int, rows_before: int
+) -> tuple[int, int, int] | None:
+    """The producer fields of a frame of ``shard`` whose first row is ``rows_before`` rows into its part."""
+    if producer is None:
+        return None
+    return (producer.producer_id, producer.producer_epoch, producer.sequences[shard] + rows_before)
 
 
 def split_batch(batch: pa.RecordBatch, *, frame_bytes: int | None = None) -> list[pa.RecordBatch]:
@@ -652,6 +663,7 @@ class FrameTableEngine(StreamLookups, abc.ABC):
         quota: Quota | None = None,
         *,
         leader_epoch: int = 0,
+        producer: ProducerStamp | None = None,
     ) -> list[int]:
         """Append batches to distinct shards, frames stamped with ``leader_epoch`` (the engine protocol's)."""
 
@@ -663,6 +675,12 @@ class FrameTableEngine(StreamLookups, abc.ABC):
     async def _cut(self, shard: int, offset: int) -> int:
         """Remove the frames of ``shard`` holding ``offset`` or later, with their key entries,
         and cut its epochs and high watermark; return the new end (checks are done)."""
+
+    async def producer_headers(self, shard: int) -> list[FrameHeader]:
+        """Headers of the frames of ``shard`` an idempotent producer wrote, oldest first."""
+        t = self._table(shard)
+        with t.lock:
+            return [h for h in t.headers if h.producer_id >= 0]
 
     def _assigned_end(self, shard: int) -> int:
         """The offset after the last one handed to an append (queued ones included)."""
@@ -686,6 +704,7 @@ class FrameTableEngine(StreamLookups, abc.ABC):
         quota: Quota | None = None,
         *,
         leader_epoch: int = 0,
+        producer: ProducerStamp | None = None,
     ) -> np.ndarray[Any, np.dtype[np.int64]]:
         """Append rows to the shards ``routes`` names, one part per shard (:meth:`append_many`)."""
         order = np.argsort(routes, kind="stable")
@@ -697,7 +716,10 @@ class FrameTableEngine(StreamLookups, abc.ABC):
                 parts.append((s, order[start : start + c]))
                 start += c
         bases = await self.append_many(
-            [(s, batch.take(pa.array(idx))) for s, idx in parts], quota, leader_epoch=leader_epoch
+            [(s, batch.take(pa.array(idx))) for s, idx in parts],
+            quota,
+            leader_epoch=leader_epoch,
+            producer=producer,
         )
         offsets = np.empty(batch.num_rows, np.int64)
         for (_, idx), base in zip(parts, bases, strict=True):

@@ -31,6 +31,7 @@ from seglog.engines.frames import (
     epochs_with_frames,
     frame_bytes,
     frame_keys,
+    frame_producer,
     parse_frames,
     queue_appends,
     split_batch,
@@ -47,6 +48,7 @@ from seglog.errors import ClosedResourceError, CorruptFrame, OffsetOutOfRange, S
 from seglog.io_pool import IoPool
 from seglog.record import FrameHeader, encode_frame, parse_header
 from seglog.segment.epoch_cache import EpochEntry, entries_truncated_from_end
+from seglog.segment.producer_state import ProducerStamp
 
 __all__ = ["FRAMES_DIR", "LmdbEngine"]
 
@@ -445,11 +447,24 @@ class LmdbEngine(FrameTableEngine):
     async def append(self, shard: int, batch: pa.RecordBatch) -> int:
         return (await self.append_many([(shard, batch)]))[0]
 
-    def _encode(self, gen: int, base: int, batch: pa.RecordBatch, leader_epoch: int) -> tuple[_Pending, int]:
+    def _encode(
+        self,
+        gen: int,
+        base: int,
+        batch: pa.RecordBatch,
+        leader_epoch: int,
+        producer: tuple[ProducerStamp, int] | None = None,
+    ) -> tuple[_Pending, int]:
         frames = []
         offset = base
         for part in split_batch(batch):
-            frame = encode_frame(part, offset, compression=self.config.compression, leader_epoch=leader_epoch)
+            frame = encode_frame(
+                part,
+                offset,
+                compression=self.config.compression,
+                leader_epoch=leader_epoch,
+                producer=None if producer is None else frame_producer(*producer, offset - base),
+            )
             frames.append((frame.header, frame_bytes(frame), frame_keys(part, offset)))
             offset += part.num_rows
         return _Pending(gen, base, frames), offset
@@ -460,8 +475,10 @@ class LmdbEngine(FrameTableEngine):
         quota: Quota | None = None,
         *,
         leader_epoch: int = 0,
+        producer: ProducerStamp | None = None,
     ) -> list[int]:
-        """Append batches to distinct shards, frames stamped with ``leader_epoch``; ``quota`` may
+        """Append batches to distinct shards, frames stamped with ``leader_epoch`` (and
+        ``producer``); ``quota`` may
         veto before anything is queued. A new epoch's first frame is recorded in the shard's
         epoch entries in the frames' own transaction."""
         shards = [self._shard(n) for n, _ in parts]
@@ -476,8 +493,10 @@ class LmdbEngine(FrameTableEngine):
                     for s, (n, batch) in zip(shards, parts, strict=True)
                 ]
             encoded = [
-                self._encode(s.gen, s.next_offset, batch, leader_epoch)
-                for s, (_, batch) in zip(shards, parts, strict=True)
+                self._encode(
+                    s.gen, s.next_offset, batch, leader_epoch, None if producer is None else (producer, n)
+                )
+                for s, (n, batch) in zip(shards, parts, strict=True)
             ]
             sizes = [sum(h.size for h, _d, _k in pending.frames) for pending, _ in encoded]
             if quota is not None:

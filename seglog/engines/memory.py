@@ -21,6 +21,7 @@ from seglog.engines.frames import (
     epochs_with_frames,
     frame_bytes,
     frame_keys,
+    frame_producer,
     parse_frames,
     split_batch,
 )
@@ -29,6 +30,7 @@ from seglog.errors import OffsetOutOfRange
 from seglog.io_pool import IoPool
 from seglog.record import EncodedFrame, FrameHeader, encode_frame
 from seglog.segment.epoch_cache import entries_truncated_from_end
+from seglog.segment.producer_state import ProducerStamp
 
 __all__ = ["MemoryEngine"]
 
@@ -91,12 +93,18 @@ class MemoryEngine(FrameTableEngine):
         return (await self.append_many([(shard, batch)]))[0]
 
     def _encode(
-        self, base: int, batch: pa.RecordBatch, leader_epoch: int
+        self, base: int, batch: pa.RecordBatch, leader_epoch: int, producer: tuple[ProducerStamp, int] | None
     ) -> list[tuple[EncodedFrame, list[tuple[bytes, int]], frozenset[int]]]:
         out = []
         offset = base
         for part in split_batch(batch):
-            frame = encode_frame(part, offset, compression=self.config.compression, leader_epoch=leader_epoch)
+            frame = encode_frame(
+                part,
+                offset,
+                compression=self.config.compression,
+                leader_epoch=leader_epoch,
+                producer=None if producer is None else frame_producer(*producer, offset - base),
+            )
             out.append((frame, frame_keys(part, offset), _frame_streams(part)))
             offset += part.num_rows
         return out
@@ -120,9 +128,11 @@ class MemoryEngine(FrameTableEngine):
         quota: Quota | None = None,
         *,
         leader_epoch: int = 0,
+        producer: ProducerStamp | None = None,
     ) -> list[int]:
-        """Append batches to distinct shards, frames stamped with ``leader_epoch``; ``quota`` may
-        veto before anything changes; a new epoch's first frame is recorded in the shard's epochs."""
+        """Append batches to distinct shards, frames stamped with ``leader_epoch`` (and
+        ``producer``); ``quota`` may veto before anything changes; a new epoch's first frame is
+        recorded in the shard's epochs."""
         tables = [self._table(n) for n, _ in parts]
         check_leader_epoch(leader_epoch)
         self._check_not_truncating([n for n, _ in parts])
@@ -135,7 +145,8 @@ class MemoryEngine(FrameTableEngine):
                     for t, (n, batch) in zip(tables, parts, strict=True)
                 ]
             encoded = [
-                self._encode(t.end, batch, leader_epoch) for t, (_, batch) in zip(tables, parts, strict=True)
+                self._encode(t.end, batch, leader_epoch, None if producer is None else (producer, n))
+                for t, (n, batch) in zip(tables, parts, strict=True)
             ]
             if quota is not None:
                 quota.admit(sum(f.size for frames in encoded for f, _, _ in frames))

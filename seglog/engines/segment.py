@@ -40,6 +40,7 @@ from seglog.engines.frames import (
     Maintenance,
     await_outcomes,
     check_frames_continue,
+    frame_producer,
     parse_frames,
     raise_if_failed,
     split_batch,
@@ -78,6 +79,7 @@ from seglog.io_pool import IoPool
 from seglog.record import (
     FRAME_HEADER_BYTES,
     EncodedFrame,
+    FrameHeader,
     decode_body,
     encode_frame,
     parse_header,
@@ -88,6 +90,7 @@ from seglog.segment.epoch_cache import MAX_EPOCH, UNDEFINED_EPOCH, UNDEFINED_OFF
 from seglog.segment.high_watermark import HighWatermarkCheckpoint
 from seglog.segment.journal import Journal
 from seglog.segment.log_segment import SEGMENT_SUFFIX
+from seglog.segment.producer_state import ProducerStamp
 from seglog.topics.lts import LTS
 from seglog.topics.streams import StreamStamper
 
@@ -685,6 +688,7 @@ class SegmentEngine(GenerationLookups):
         quota: Quota | None = None,
         *,
         leader_epoch: int = 0,
+        producer: ProducerStamp | None = None,
     ) -> list[int]:
         """Append batches to distinct shards; ``quota`` may veto before anything is queued."""
         parts = [(n, b) for n, b in parts if b.num_rows]
@@ -698,7 +702,7 @@ class SegmentEngine(GenerationLookups):
         else:
             batch = pa.Table.from_batches([b for _, b in parts]).combine_chunks().to_batches()[0]
             routes = np.repeat(np.array([n for n, _ in parts], np.int32), [b.num_rows for _, b in parts])
-        offsets = await self.append_routed(batch, routes, quota, leader_epoch=leader_epoch)
+        offsets = await self.append_routed(batch, routes, quota, leader_epoch=leader_epoch, producer=producer)
         bases = []
         row = 0
         for _, b in parts:
@@ -713,11 +717,14 @@ class SegmentEngine(GenerationLookups):
         quota: Quota | None = None,
         *,
         leader_epoch: int = 0,
+        producer: ProducerStamp | None = None,
     ) -> np.ndarray[Any, np.dtype[np.int64]]:
         """Append the rows of ``batch`` to the shards ``routes`` names; return each row's offset.
 
         Frames are stamped with ``leader_epoch`` (0 for a standalone store); the first frame
-        of a new epoch on a shard is recorded in its leader-epoch cache.
+        of a new epoch on a shard is recorded in its leader-epoch cache. With ``producer``
+        every shard's rows are framed on their own (never buffered with other appends' rows),
+        each frame carrying the producer fields.
 
         One request per I/O worker (see :mod:`seglog.engines.segment_writer`); offsets are
         assigned without awaiting, so concurrent appends cannot interleave.
@@ -790,9 +797,28 @@ class SegmentEngine(GenerationLookups):
                 req: FrameRequest | RowsRequest
                 if len(wids) == 1:
                     s = self._shards[int(wids[0])]
-                    frames, batches = self._encode(int(woffsets[0]), wbatch, leader_epoch)
+                    stamp = frame_producer(producer, s.number, 0)
+                    frames, batches = self._encode(int(woffsets[0]), wbatch, leader_epoch, stamp)
                     req = FrameRequest(writer.gen, s, frames, batches)
                     size = sum(f.size for f in frames)
+                elif producer is not None:
+                    # A producer's rows make frames of their own: one frame request per shard.
+                    for sid in wids.tolist():
+                        rows = np.flatnonzero(wroutes == sid)
+                        stamp = frame_producer(producer, sid, 0)
+                        frames, batches = self._encode(
+                            int(woffsets[rows[0]]), wbatch.take(pa.array(rows)), leader_epoch, stamp
+                        )
+                        fsize = sum(f.size for f in frames)
+                        requests.append(
+                            (
+                                writer,
+                                FrameRequest(writer.gen, self._shards[sid], frames, batches),
+                                np.array([sid]),
+                                fsize,
+                            )
+                        )
+                    continue
                 else:
                     part = PendingPart.make(
                         wbatch,
@@ -1061,17 +1087,49 @@ class SegmentEngine(GenerationLookups):
         await asyncio.shield(flush.future)
 
     def _encode(
-        self, base: int, batch: pa.RecordBatch, leader_epoch: int = 0
+        self,
+        base: int,
+        batch: pa.RecordBatch,
+        leader_epoch: int = 0,
+        producer: tuple[int, int, int] | None = None,
     ) -> tuple[list[EncodedFrame], list[pa.RecordBatch]]:
         frames: list[EncodedFrame] = []
         batches = split_batch(batch)
         offset = base
         for part in batches:
+            stamp = None if producer is None else (producer[0], producer[1], producer[2] + offset - base)
             frames.append(
-                encode_frame(part, offset, compression=self.config.compression, leader_epoch=leader_epoch)
+                encode_frame(
+                    part,
+                    offset,
+                    compression=self.config.compression,
+                    leader_epoch=leader_epoch,
+                    producer=stamp,
+                )
             )
             offset += part.num_rows
         return frames, batches
+
+    async def producer_headers(self, shard: int) -> list[FrameHeader]:
+        """Headers of the durable frames of ``shard`` an idempotent producer wrote, oldest first
+        (a scan of every segment's headers, off the loop)."""
+        s = self._shard(shard)
+
+        def scan() -> list[FrameHeader]:
+            end = s.durable_end
+            out: list[FrameHeader] = []
+            for seg in s.log.segments_snapshot():
+                if seg.base_offset >= end:
+                    break
+                for _pos, h in seg.headers(0, seg.size):
+                    if h.base_offset >= end:
+                        break
+                    if h.producer_id >= 0:
+                        out.append(h)
+            return out
+
+        headers: list[FrameHeader] = await self._run(scan)
+        return headers
 
     # --- streams -----------------------------------------------------------------------
 
