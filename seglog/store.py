@@ -26,6 +26,7 @@ from seglog.engines.registry import EngineFactory, get_engine, tiering_engines
 from seglog.errors import (
     ClosedResourceError,
     ConfigMismatch,
+    CorruptCheckpoint,
     DatabaseExists,
     DatabaseNotFound,
     InvalidArgument,
@@ -53,6 +54,7 @@ log = logging.getLogger("seglog.store")
 STORE_FORMAT: Final = 1
 _LOCK_FILE: Final = "LOCK"
 _RUNNING_FILE: Final = "RUNNING"
+_PRODUCER_IDS_FILE: Final = "producer-ids"  # the next producer id, decimal
 STORE_FILE: Final = "seglog.json"
 DBS_DIR: Final = "dbs"
 DB_CONFIG_FILE: Final = "config.json"
@@ -187,6 +189,7 @@ class Store:
         self._lock_fd = -1
         self._dbs: dict[str, Database] = {}
         self._db_lock = asyncio.Lock()
+        self._producer_id_lock = asyncio.Lock()
         self._io_pool: IoPool | None = None
         self._executor: ThreadPoolExecutor | None = None
         self.quota_bytes = config.quota_bytes
@@ -413,6 +416,25 @@ class Store:
             raise ClosedResourceError(f"store at {self.path} is {self._state}")
 
     # --- databases ---------------------------------------------------------------------
+
+    async def allocate_producer_id(self) -> int:
+        """A producer id no earlier call on this data directory returned (persisted before it
+        is returned, so a restart never hands it out again)."""
+        self._check_open()
+        loop = asyncio.get_running_loop()
+        async with self._producer_id_lock:
+            return await loop.run_in_executor(self._executor, self._allocate_producer_id_blocking)
+
+    def _allocate_producer_id_blocking(self) -> int:
+        path = self.path / _PRODUCER_IDS_FILE
+        try:
+            current = int(path.read_bytes().decode("ascii").strip() or "0")
+        except FileNotFoundError:
+            current = 0
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise CorruptCheckpoint(f"{path}: not a producer id counter") from exc
+        atomic_write(path, b"%d\n" % (current + 1))
+        return current
 
     def _db_dir(self, name: str) -> Path:
         return db_directory(self.path, name)

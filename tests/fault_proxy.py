@@ -2,6 +2,8 @@
 
 Runs its own event loop in a thread so it serves while the test blocks. ``cut()`` closes
 every open connection and refuses new ones (a partition); ``heal()`` forwards again.
+``drop_replies()`` forwards requests but throws away what the target answers (a request that
+is carried out and whose reply is lost: the ambiguous failure a retry must not duplicate).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ class FaultProxy:
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._thread.start()
         self._cut = False
+        self._drop_replies = False
         self._writers: set[asyncio.StreamWriter] = set()
         self._server: asyncio.Server = self._call(asyncio.start_server(self._handle, "127.0.0.1", 0))
         self.port = int(self._server.sockets[0].getsockname()[1])
@@ -49,9 +52,11 @@ class FaultProxy:
             return
         self._writers |= {writer, up_writer}
 
-        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter, *, reply: bool) -> None:
             try:
                 while not self._cut and (data := await src.read(CHUNK_BYTES)):
+                    if reply and self._drop_replies:
+                        continue
                     dst.write(data)
                     await dst.drain()
             except (ConnectionError, OSError):
@@ -59,7 +64,7 @@ class FaultProxy:
             finally:
                 dst.close()
 
-        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        await asyncio.gather(pipe(reader, up_writer, reply=False), pipe(up_reader, writer, reply=True))
         self._writers -= {writer, up_writer}
 
     async def _close_all(self) -> None:
@@ -73,8 +78,13 @@ class FaultProxy:
         self._call(self._close_all())
 
     def heal(self) -> None:
-        """Forward again."""
+        """Forward again (both ways)."""
         self._cut = False
+        self._drop_replies = False
+
+    def drop_replies(self) -> None:
+        """Forward requests, throw away the replies (until :meth:`heal`)."""
+        self._drop_replies = True
 
     def close(self) -> None:
         """Stop the proxy and its thread."""

@@ -149,6 +149,7 @@ from seglog.record import (
     DEFAULT_MAX_RECORD_BYTES,
     FRAME_SCHEMA,
     HEADERS_TYPE,
+    MAX_SEQUENCE,
     RecordMeta,
     now_us,
     null_headers,
@@ -182,7 +183,7 @@ MiB: Final = 1 << 20
 class _Item:
     """One shard's sealed batch in the buffer."""
 
-    __slots__ = ("arrow", "count", "futs", "id", "payload", "rows", "shard", "ts")
+    __slots__ = ("arrow", "count", "futs", "id", "payload", "pid", "rows", "seq", "shard", "ts")
 
     def __init__(
         self,
@@ -202,6 +203,10 @@ class _Item:
         self.ts = ts
         self.arrow = arrow
         self.rows = rows
+        # An idempotent producer's id and the sequence of the first record, fixed when the
+        # item is first sent (every retry carries the same ones); -1 until then.
+        self.pid = -1
+        self.seq = -1
 
     @property
     def message(self) -> memoryview:
@@ -252,9 +257,9 @@ class _ArrowResult:
     def table(self) -> pa.Table:
         return pa.table({"shard": self.shards, "offset": self.offsets})
 
-    def part_done(self, rows: np.ndarray[Any, Any], shard: int, base: int) -> None:
+    def part_done(self, rows: np.ndarray[Any, Any], shard: int, offsets: np.ndarray[Any, Any]) -> None:
         self.shards[rows] = shard
-        self.offsets[rows] = np.arange(base, base + len(rows), dtype=np.int64)
+        self.offsets[rows] = offsets
         self.pending -= 1
         if not self.pending and not self.future.done():
             self.future.set_result(self.table())
@@ -334,6 +339,7 @@ class Producer:
         overflow: Overflow = "block",
         buffer_fsync: FsyncPolicy = "always",
         bootstrap: Sequence[str] | None = None,
+        idempotent: bool = True,
     ) -> None:
         if not isinstance(db, str) or not db:
             raise InvalidArgument(f"db must be a database name, not {db!r}")
@@ -352,6 +358,8 @@ class Producer:
                 raise InvalidArgument(f"{name} must be an int >= 1, not {value!r}")
         if retries is not None and (type(retries) is not int or retries < 0):
             raise InvalidArgument(f"retries must be an int >= 0 or None, not {retries!r}")
+        if not isinstance(idempotent, bool):
+            raise InvalidArgument(f"idempotent must be a bool, not {idempotent!r}")
         for name, ms in (
             ("linger_ms", linger_ms),
             ("retry_backoff_ms", retry_backoff_ms),
@@ -387,6 +395,12 @@ class Producer:
             if bootstrap is None
             else LeaderCache([url, *bootstrap], token=token, ssl_context=ssl, timeout_s=self._timeout_s)
         )
+        # The idempotent producer: an id from the node (per producer session, and again after
+        # a batch was given up on), and per shard the sequence of the next record sent.
+        self.idempotent = idempotent
+        self._pid = -1
+        self._pid_lock = asyncio.Lock()
+        self._next_seq: dict[int, int] = {}
         # Known at start.
         self.shards = 0
         self._shard_per_request = False
@@ -478,6 +492,9 @@ class Producer:
         self._min_ts_us = config.get("min_ts_us")
         self._max_ts_us = config.get("max_ts_us")
         self._unsent = {s: deque() for s in range(self.shards)}
+        if self.idempotent:
+            with contextlib.suppress(ServerUnavailable):  # a node down at start: at the first send
+                await self._producer_id()
         self._group = _Group(self._loop)
         if self._buffer_dir is None:
             self._buffer = MemoryBuffer(self._max_bytes)
@@ -1040,14 +1057,19 @@ class Producer:
                 continue
             groups: list[tuple[int, list[_Item]]] = []
             size = 0
+            pid: int | None = None  # a request carries one producer id (items sent before keep theirs)
             for shard in self._same_node(free):
                 if groups and size >= self._max_batch_bytes:
                     break
-                self._ready_shards.remove(shard)
                 queue = self._unsent[shard]
+                if pid is None:
+                    pid = queue[0].pid
+                elif queue[0].pid != pid:
+                    continue
+                self._ready_shards.remove(shard)
                 items = [queue.popleft()]
                 size += len(items[0].payload)
-                while queue and size + len(queue[0].payload) <= self._max_batch_bytes:
+                while queue and size + len(queue[0].payload) <= self._max_batch_bytes and queue[0].pid == pid:
                     items.append(queue.popleft())
                     size += len(items[-1].payload)
                 if queue:
@@ -1104,6 +1126,8 @@ class Producer:
             delay = self._backoff_s
             while True:
                 try:
+                    if self.idempotent:
+                        await self._number(items, params)
                     self.sent_requests += 1
                     session = self._session
                     if self._leaders is not None:
@@ -1116,7 +1140,7 @@ class Producer:
                         content_type=protocol.ARROW_STREAM,
                         timeout_s=self._timeout_s,
                     )
-                    bases = _base_offsets(reply.json(), expected)
+                    offsets = _reply_offsets(reply.json(), expected)
                 except SeglogError as exc:
                     if len(groups) > 1 and isinstance(exc, NotLeader):
                         # Refused before anything was written: the leaders moved apart.
@@ -1148,30 +1172,73 @@ class Producer:
                         continue
                     self.failed_batches += len(items)
                     log.warning("producer: giving up on %d batches of %s: %r", len(items), which, exc)
+                    if any(it.seq >= 0 for it in items):
+                        # Their sequence numbers may or may not be stored: the shards' next
+                        # records cannot follow them. A new producer id starts afresh.
+                        self._new_producer_id(items[0].pid)
                     for item in items:
                         self._fail_item(item, exc)
                         self._finish(item)
                     return
                 for s, its in groups:
-                    base = bases[s]
+                    at = 0
                     for item in its:
-                        self._complete(item, s, base)
-                        base += item.count
+                        self._complete(item, s, offsets[s][at : at + item.count])
+                        at += item.count
                         self._finish(item)
                 return
         finally:
             self._slots.release()
 
-    def _complete(self, item: _Item, shard: int, base: int) -> None:
+    async def _producer_id(self) -> int:
+        """The current producer id, asked of the node when there is none (after start or
+        after a batch was given up on)."""
+        async with self._pid_lock:
+            if self._pid < 0:
+                session = self._session
+                if self._leaders is not None:
+                    session = self._leaders.session(await self._leaders.leader_url(self.db, 0))
+                reply = await session.request("POST", f"{protocol.API_PREFIX}/dbs/{self.db}/producer-id")
+                try:
+                    self._pid = int(reply.json()["producer_id"])
+                except (KeyError, TypeError, ValueError):
+                    raise RemoteError(f"unexpected producer-id reply: {reply.json()!r:.200}") from None
+                self._next_seq = {}
+            return self._pid
+
+    def _new_producer_id(self, old: int) -> None:
+        """Drop ``old`` (if still current): the next item sent asks for a new id."""
+        if self._pid == old:
+            self._pid = -1
+
+    async def _number(self, items: list[_Item], params: dict[str, str | int]) -> None:
+        """Give the items never sent the current producer id and their shards' next sequence
+        numbers (a retry keeps the ones it was sent with), and name them in ``params``."""
+        if any(it.seq < 0 for it in items):
+            pid = items[0].pid if items[0].seq >= 0 else await self._producer_id()
+            for it in items:
+                if it.seq < 0:
+                    seq = self._next_seq.get(it.shard, 0)
+                    if seq + it.count > MAX_SEQUENCE:  # numbering exhausted: a new id
+                        self._new_producer_id(pid)
+                        pid = await self._producer_id()
+                        seq = 0
+                    it.pid, it.seq = pid, seq
+                    self._next_seq[it.shard] = seq + it.count
+        params["producer_id"] = items[0].pid
+        params["producer_epoch"] = 0
+        params["seqs"] = ",".join(str(it.seq) for it in items)
+
+    def _complete(self, item: _Item, shard: int, offsets: np.ndarray[Any, Any]) -> None:
         if item.futs is not None:
             ts = item.ts
             assert ts is not None
-            for i, fut in enumerate(item.futs):
+            for i, (fut, offset) in enumerate(zip(item.futs, offsets.tolist(), strict=True)):
                 if not fut.done():
-                    fut.set_result(RecordMeta(shard, base + i, ts[i]))
+                    fut.set_result(RecordMeta(shard, offset, ts[i]))
         elif item.arrow is not None:
             assert item.rows is not None
-            item.arrow.part_done(item.rows, shard, base)
+            item.arrow.part_done(item.rows, shard, offsets)
 
     def _fail_item(self, item: _Item, exc: BaseException) -> None:
         if item.futs is not None:
@@ -1240,14 +1307,20 @@ def _payload(shard: int, batch: pa.RecordBatch) -> bytes:
     return _ITEM.pack(_ITEM_MAGIC, _ITEM_VERSION, shard, batch.num_rows) + message
 
 
-def _base_offsets(reply: Any, expected: dict[int, int]) -> dict[int, int]:
-    """Each shard's base offset from a produce reply, checked against the records sent."""
+def _reply_offsets(reply: Any, expected: dict[int, int]) -> dict[int, np.ndarray[Any, Any]]:
+    """Each shard's record offsets, in send order, from a produce reply's parts (one per shard,
+    or for an idempotent produce runs in order: records stored before keep their offsets,
+    ``-1`` when the node no longer knows them), checked against the records sent."""
     try:
-        parts = reply["parts"]
-        got = {int(p["shard"]): int(p["count"]) for p in parts}
-        if got != expected:
+        runs: dict[int, list[np.ndarray[Any, Any]]] = {}
+        for p in reply["parts"]:
+            base, count = int(p["base_offset"]), int(p["count"])
+            run = np.full(count, -1, np.int64) if base < 0 else np.arange(base, base + count, dtype=np.int64)
+            runs.setdefault(int(p["shard"]), []).append(run)
+        out = {s: np.concatenate(r) for s, r in runs.items()}
+        if {s: len(o) for s, o in out.items()} != expected:
             raise ValueError
-        return {int(p["shard"]): int(p["base_offset"]) for p in parts}
+        return out
     except (KeyError, TypeError, ValueError):
         raise RemoteError(
             f"unexpected produce reply for {expected} (shard: records): {reply!r:.200}"

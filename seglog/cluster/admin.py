@@ -103,6 +103,19 @@ async def describe_db(request: web.Request) -> web.Response:
     return web.json_response(out)
 
 
+async def producer_id(request: web.Request) -> web.Response:
+    """``POST /v1/dbs/{db}/producer-id``: ``{"producer_id", "producer_epoch"}`` for an
+    idempotent producer of the database; unique in the cluster (etcd) or the node's store."""
+    node = request.app[NODE]
+    await node.database(request.match_info["db"])  # DatabaseNotFound, and the write permission
+    cluster = node.cluster
+    if cluster is not None:
+        pid = await cluster.meta.allocate_producer_id()
+    else:
+        pid = await node.store.allocate_producer_id()
+    return web.json_response({"producer_id": pid, "producer_epoch": 0})
+
+
 async def configure_db(request: web.Request) -> web.Response:
     """``PATCH /v1/dbs/{db}`` with ``{setting: value}`` (mutable settings only)."""
     node = request.app[NODE]

@@ -28,9 +28,18 @@ from seglog.errors import (
     UnsupportedContentType,
 )
 from seglog.isr import Acks
-from seglog.record import Record, table_to_batch
+from seglog.record import MAX_PRODUCER_EPOCH, MAX_SEQUENCE, Record, table_to_batch
+from seglog.segment.producer_state import ProducerStamp
 
-__all__ = ["acks_param", "ndjson_table", "parse_ndjson", "produce", "reply_parts"]
+__all__ = [
+    "acks_param",
+    "ndjson_table",
+    "parse_ndjson",
+    "produce",
+    "producer_param",
+    "reply_parts",
+    "reply_runs",
+]
 
 
 def _bytes(value: Any, what: str, index: int) -> bytes:
@@ -175,17 +184,90 @@ def _shards_param(request: web.Request, shards: int) -> list[int] | None:
     return out
 
 
-def _parse_arrow_batches(body: bytes, shards: list[int]) -> tuple[pa.Table, np.ndarray[Any, Any]]:
-    """The stream's rows and each row's shard: record batch ``i`` goes to ``shards[i]``."""
+def _parse_arrow_batches(
+    body: bytes, shards: list[int] | int
+) -> tuple[pa.Table, np.ndarray[Any, Any], list[int]]:
+    """The stream's rows, each row's shard (record batch ``i`` goes to ``shards[i]``, or all
+    to one shard) and each record batch's row count."""
     try:
         reader = pa.ipc.open_stream(body)
         batches = list(reader)
     except (pa.ArrowInvalid, pa.ArrowTypeError, OSError) as exc:
         raise InvalidRequest(f"the body is not a complete Arrow IPC stream: {exc}") from None
+    if isinstance(shards, int):
+        shards = [shards] * len(batches)
     if len(batches) != len(shards):
         raise InvalidRequest(f"?shards= names {len(shards)} shards for {len(batches)} record batches")
-    rows = np.repeat(np.asarray(shards, np.int32), [b.num_rows for b in batches])
-    return pa.Table.from_batches(batches, reader.schema), rows
+    counts = [b.num_rows for b in batches]
+    rows = np.repeat(np.asarray(shards, np.int32), counts)
+    return pa.Table.from_batches(batches, reader.schema), rows, counts
+
+
+def producer_param(request: web.Request) -> tuple[int, int, list[int]] | None:
+    """``?producer_id=P&producer_epoch=E&seqs=a,b,...`` of an idempotent produce (``None``
+    without ``producer_id``): the sequence number of each record batch's first record.
+
+    Raises:
+        InvalidRequest: Malformed or partial parameters.
+    """
+    pid = query_int(request, "producer_id", None, maximum=2**63 - 1)
+    if pid is None:
+        if "seqs" in request.query or "producer_epoch" in request.query:
+            raise InvalidRequest("seqs and producer_epoch go with producer_id")
+        return None
+    epoch = query_int(request, "producer_epoch", 0, maximum=MAX_PRODUCER_EPOCH)
+    raw = request.query.get("seqs")
+    if raw is None:
+        raise InvalidRequest("an idempotent produce (producer_id) needs seqs")
+    try:
+        seqs = [int(x, 10) for x in raw.split(",")]
+    except ValueError:
+        raise InvalidRequest(
+            f"query parameter seqs must be comma-separated integers, not {raw[:40]!r}"
+        ) from None
+    if any(not 0 <= q <= MAX_SEQUENCE for q in seqs):
+        raise InvalidRequest(f"query parameter seqs must hold integers in 0..{MAX_SEQUENCE}")
+    assert epoch is not None
+    return pid, epoch, seqs
+
+
+def _stamp(producer: tuple[int, int, list[int]], batch_shards: list[int], counts: list[int]) -> ProducerStamp:
+    """Each shard's first sequence; a shard's later batches must continue its numbering."""
+    pid, epoch, seqs = producer
+    if len(seqs) != len(counts):
+        raise InvalidRequest(f"seqs has {len(seqs)} numbers for {len(counts)} record batches")
+    first: dict[int, int] = {}
+    following: dict[int, int] = {}
+    for shard, seq, n in zip(batch_shards, seqs, counts, strict=True):
+        if shard in following and following[shard] != seq:
+            raise InvalidRequest(
+                f"shard {shard}: a batch at sequence {seq} does not follow {following[shard] - 1}"
+            )
+        first.setdefault(shard, seq)
+        following[shard] = seq + n
+    return ProducerStamp(pid, epoch, {s: q for s, q in first.items() if following[s] > q})
+
+
+def reply_runs(shards: np.ndarray[Any, Any], offsets: np.ndarray[Any, Any]) -> list[dict[str, int]]:
+    """Per shard, in row order, the runs of consecutive offsets of its rows (an idempotent
+    produce: rows stored earlier keep their offsets, ``-1`` when too old to place)."""
+    out: list[dict[str, int]] = []
+    for shard in dict.fromkeys(shards.tolist()):
+        offs = offsets[shards == shard]
+        breaks = np.flatnonzero((offs[1:] != offs[:-1] + 1) | (offs[1:] < 0)) + 1
+        for run in np.split(offs, breaks):
+            out.append({"shard": shard, "base_offset": int(run[0]), "count": len(run)})
+    return out
+
+
+def _ends(shards: np.ndarray[Any, Any], offsets: np.ndarray[Any, Any], db: Database) -> dict[int, int]:
+    """Per shard, the end offset replication must reach before the reply (the log end when
+    some rows are duplicates too old to place)."""
+    out = {}
+    for shard in dict.fromkeys(shards.tolist()):
+        offs = offsets[shards == shard]
+        out[shard] = db.end_offset(shard) if bool((offs < 0).any()) else int(offs.max()) + 1
+    return out
 
 
 def reply_parts(shards: np.ndarray[Any, Any], offsets: np.ndarray[Any, Any]) -> list[dict[str, int]]:
@@ -211,8 +293,19 @@ async def _produce_replicated(
     if shard is None:
         raise InvalidRequest("a replicated database takes one shard per produce request (?shard=N)")
     lead = cluster.leader_for_append(db.name, shard, acks)  # before reading or writing anything
+    producer = producer_param(request)
     body = await request.read()
     started = time.perf_counter()
+    node = request.app[NODE]
+    if producer is not None:
+        table, rows, counts = _parse_arrow_batches(body, shard)
+        stamp = _stamp(producer, [shard] * len(counts), counts)
+        result = await db.append_arrow(table, shard=shard, leader_epoch=lead.leader_epoch, producer=stamp)
+        offsets = result.column("offset").to_numpy()
+        if len(offsets):
+            await cluster.appended(db, shard, lead, _ends(rows, offsets, db)[shard], acks)
+        node.metrics.append_done(db.name, len(offsets), len(body), time.perf_counter() - started)
+        return web.json_response({"count": len(offsets), "parts": reply_runs(rows, offsets)})
     if request.content_type == protocol.ARROW_STREAM:
         result = await db.append_arrow(_parse_arrow(body), shard=shard, leader_epoch=lead.leader_epoch)
         offsets = result.column("offset").to_numpy()
@@ -222,7 +315,6 @@ async def _produce_replicated(
     count = len(offsets)
     base = int(offsets[0]) if count else db.end_offset(shard)
     await cluster.appended(db, shard, lead, base + count, acks)
-    node = request.app[NODE]
     node.metrics.append_done(db.name, count, len(body), time.perf_counter() - started)
     parts = [{"shard": shard, "base_offset": base, "count": count}] if count else []
     return web.json_response({"count": count, "parts": parts})
@@ -243,9 +335,11 @@ async def _produce_replicated_many(
     if request.content_type != protocol.ARROW_STREAM:
         raise InvalidRequest(f"?shards= takes an {protocol.ARROW_STREAM} body")
     leads = {s: cluster.leader_for_append(db.name, s, acks) for s in dict.fromkeys(batch_shards)}
+    producer = producer_param(request)
     body = await request.read()
     started = time.perf_counter()
-    table, rows = _parse_arrow_batches(body, batch_shards)
+    table, rows, counts = _parse_arrow_batches(body, batch_shards)
+    stamp = None if producer is None else _stamp(producer, batch_shards, counts)
     # Frames carry their shard's leader epoch: one append per epoch among the shards (usually
     # one). With several, the whole body is validated first so a bad row writes nothing.
     by_epoch: dict[int, list[int]] = {}
@@ -263,8 +357,14 @@ async def _produce_replicated_many(
         else:
             keep = np.flatnonzero(np.isin(rows, shards))
             part, part_rows = table.take(pa.array(keep)), rows[keep]
-        result = await db.append_arrow(part, shards=part_rows, leader_epoch=epoch)
-        parts = reply_parts(result.column("shard").to_numpy(), result.column("offset").to_numpy())
+        mine = None if stamp is None else stamp._replace(sequences={s: stamp.sequences[s] for s in shards})
+        result = await db.append_arrow(part, shards=part_rows, leader_epoch=epoch, producer=mine)
+        shard_col, offset_col = result.column("shard").to_numpy(), result.column("offset").to_numpy()
+        if mine is not None:
+            ends = _ends(shard_col, offset_col, db)
+            await asyncio.gather(*(cluster.appended(db, s, leads[s], end, acks) for s, end in ends.items()))
+            return reply_runs(shard_col, offset_col)
+        parts = reply_parts(shard_col, offset_col)
         await asyncio.gather(
             *(
                 cluster.appended(db, p["shard"], leads[p["shard"]], p["base_offset"] + p["count"], acks)
@@ -307,13 +407,30 @@ async def produce(request: web.Request) -> web.Response:
             if batch_shards is not None:
                 return await _produce_replicated_many(request, node.cluster, db, batch_shards, acks)
             return await _produce_replicated(request, node.cluster, db, shard, acks)
+        producer = producer_param(request)
+        if producer is not None and content_type != protocol.ARROW_STREAM:
+            raise InvalidRequest(f"an idempotent produce (producer_id) takes an {protocol.ARROW_STREAM} body")
         body = await request.read()
         started = time.perf_counter()
+        idempotent = False
         try:
-            if batch_shards is not None:
+            if producer is not None:
+                table, rows, counts = _parse_arrow_batches(
+                    body, batch_shards if batch_shards is not None else 0
+                )
+                if batch_shards is None:
+                    if shard is None and db.shards > 1:
+                        raise InvalidRequest("an idempotent produce names its shards (?shard= or ?shards=)")
+                    rows[:] = shard or 0
+                stamp = _stamp(producer, batch_shards or [shard or 0] * len(counts), counts)
+                result = await db.append_arrow(table, shards=rows, producer=stamp)
+                shard_col = result.column("shard").to_numpy()
+                offset_col = result.column("offset").to_numpy()
+                idempotent = True
+            elif batch_shards is not None:
                 if content_type != protocol.ARROW_STREAM:
                     raise InvalidRequest(f"?shards= takes an {protocol.ARROW_STREAM} body")
-                table, rows = _parse_arrow_batches(body, batch_shards)
+                table, rows, _ = _parse_arrow_batches(body, batch_shards)
                 result = await db.append_arrow(table, shards=rows)
                 shard_col = result.column("shard").to_numpy()
                 offset_col = result.column("offset").to_numpy()
@@ -335,8 +452,8 @@ async def produce(request: web.Request) -> web.Response:
             # The parts written (other shards) are durable: make them visible like any other.
             node.publish(db, sorted(exc.written))
             raise
-        parts = reply_parts(shard_col, offset_col)
-        node.publish(db, [p["shard"] for p in parts])
+        parts = reply_runs(shard_col, offset_col) if idempotent else reply_parts(shard_col, offset_col)
+        node.publish(db, list(dict.fromkeys(p["shard"] for p in parts)))
         node.metrics.append_done(db.name, len(shard_col), len(body), time.perf_counter() - started)
     finally:
         node.inflight_appends -= 1

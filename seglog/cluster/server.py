@@ -99,6 +99,7 @@ ROUTE_NEEDS: Final[dict[tuple[str, str], Need]] = {
     ("DELETE", _DB): _ADMIN,
     ("GET", API_PREFIX + "/stats"): _HANDLER_CHECKS,
     ("POST", _DB + "/records"): _WRITE,
+    ("POST", _DB + "/producer-id"): _WRITE,
     ("GET", _DB + "/shards/{shard}/frames"): _READ,
     ("POST", _DB + "/fetch"): _READ,
     ("GET", _DB + "/shards/{shard}/offset"): _READ,
@@ -192,6 +193,7 @@ class NodeServer:
         app.router.add_delete(db, admin.drop_db)
         app.router.add_get(API_PREFIX + "/stats", admin.stats)
         app.router.add_post(db + "/records", produce.produce)
+        app.router.add_post(db + "/producer-id", admin.producer_id)
         app.router.add_get(db + "/shards/{shard}/frames", fetch.fetch)
         app.router.add_post(db + "/fetch", fetch.fetch_many)
         app.router.add_get(db + "/shards/{shard}/offset", admin.offset_for_time)
