@@ -67,7 +67,8 @@ def main() -> int:
         rows.append(
             f"| {seed} | {status} | {fields.get('kills', '?')} | {fields.get('pauses', '?')} | "
             f"{fields.get('acked', '?')} | {fields.get('refused', '?')} | {fields.get('unknown', '?')} | "
-            f"{fields.get('unknown_visible', '?')} | {fields.get('final_log', '?')} | {wall:.0f} |"
+            f"{fields.get('unknown_visible', '?')} | {fields.get('retries', '?')} | "
+            f"{fields.get('acked_after_retry', '?')} | {fields.get('final_log', '?')} | {wall:.0f} |"
         )
         if not ok:
             failures.append((seed, output[-6000:]))
@@ -77,15 +78,19 @@ def main() -> int:
         f"`python -m tests.chaos --runs {args.runs} --seconds {args.seconds:g}`: each run is a fresh 3-node "
         "cluster (real etcd, real `seglog serve` processes) under a seeded nemesis (SIGKILL + restart of "
         "a node, mostly the leader; SIGSTOP of the leader past its lease), a client sending unique values "
-        "with acks=all, then heal and Jepsen's queue checks (lost-write, duplicate, inconsistent-offsets, "
-        "G1a, replica agreement). unknown = sends whose outcome the client could not know (timeouts, "
-        "`NotEnoughReplicasAfterAppend`); unknown visible = those that did land.",
+        "with acks=all as an idempotent producer (a send whose outcome is unknown is retried with the same "
+        "sequence number until acknowledged), then heal and Jepsen's queue checks (lost-write, duplicate, "
+        "inconsistent-offsets, G1a, replica agreement). retries = attempts after an unknown outcome "
+        "(timeouts, `NotEnoughReplicasAfterAppend`, a leader that resigned after writing); acked after "
+        "retry = values acknowledged only by a retry (each stored once: the duplicate check); unknown = "
+        "the last value when the run ended mid-retry; unknown visible = those that did land.",
         "",
         f"Total: {args.runs} schedules, {totals['kills']} kills, {totals['pauses']} pauses, "
         f"{totals['acked']} acknowledged sends checked; {len(failures)} failed.",
         "",
-        "| seed | result | kills | pauses | acked | refused | unknown | unknown visible | final log | wall s |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| seed | result | kills | pauses | acked | refused | unknown | unknown visible | retries | "
+        "acked after retry | final log | wall s |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         *rows,
     ]
     for seed, output in failures:

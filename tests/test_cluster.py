@@ -8,6 +8,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
+import pyarrow as pa
 import pytest
 
 from seglog.client._http import NodeSession
@@ -20,6 +21,7 @@ from tests.server_fixtures import ServerFactory, ServerProcess
 T = TypeVar("T")
 Run = Callable[[Coroutine[Any, Any, T]], T]
 DB = "telemetry"
+TS0 = 1_700_000_000_000_000
 WAIT_S = 60.0
 POLL_S = 0.05
 
@@ -93,6 +95,36 @@ async def produce(session: NodeSession, shard: int, values: list[str], acks: str
     )
     out: dict[str, Any] = reply.json()
     return out
+
+
+async def produce_idempotent(
+    session: NodeSession, shard: int, values: list[str], producer_id: int, seq: int, acks: str = "all"
+) -> dict[str, Any]:
+    """``produce`` as an idempotent producer: records numbered from ``seq`` (an Arrow body)."""
+    table = pa.table(
+        {
+            "ts": pa.array([TS0] * len(values), pa.int64()),
+            "topic": ["dev/1"] * len(values),
+            "value": [v.encode() for v in values],
+        }
+    )
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    reply = await session.request(
+        "POST",
+        f"/v1/dbs/{DB}/records",
+        params={"shard": shard, "acks": acks, "producer_id": producer_id, "producer_epoch": 0, "seqs": seq},
+        data=sink.getvalue().to_pybytes(),
+        content_type=protocol.ARROW_STREAM,
+    )
+    out: dict[str, Any] = reply.json()
+    return out
+
+
+async def producer_id(session: NodeSession) -> int:
+    """A producer id allocated by the cluster (etcd) through any node."""
+    return int((await session.request("POST", f"/v1/dbs/{DB}/producer-id")).json()["producer_id"])
 
 
 async def read_all(session: NodeSession, shard: int) -> tuple[list[tuple[int, bytes]], int]:

@@ -1,7 +1,8 @@
 """Jepsen-style: a 3-node cluster under kills and pauses, checked like Jepsen's queue checker.
 
-A client sends unique values with ``acks="all"`` to whichever node leads, never retrying a
-send whose outcome is unknown; a nemesis SIGKILLs and restarts nodes and SIGSTOPs leaders past
+A client sends unique values with ``acks="all"`` to whichever node leads as an idempotent
+producer, retrying a send whose outcome is unknown (a timeout, a leader that resigned or lost
+its ISR after writing) with the same sequence number until it is acknowledged; a nemesis SIGKILLs and restarts nodes and SIGSTOPs leaders past
 their lease. At the end every node is healed and the log is drained from each of them.
 Checked: no acknowledged value is lost (lost-write/unseen), no value sits at two offsets
 (duplicate), an acknowledged offset holds the acknowledged value (inconsistent-offsets), a
@@ -11,6 +12,7 @@ send refused before writing never appears (G1a), and every replica holds the sam
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import signal
@@ -23,7 +25,16 @@ from seglog.errors import NotEnoughReplicas, NotEnoughReplicasAfterAppend, NotLe
 from tests.etcd_fixtures import EtcdProcess
 from tests.queue_checker import check_queue
 from tests.server_fixtures import ServerFactory, ServerProcess
-from tests.test_cluster import DB, cluster_view, create_replicated, produce, read_all, start_cluster, until
+from tests.test_cluster import (
+    DB,
+    cluster_view,
+    create_replicated,
+    produce_idempotent,
+    producer_id,
+    read_all,
+    start_cluster,
+    until,
+)
 
 T = TypeVar("T")
 Run = Callable[[Coroutine[Any, Any, T]], T]
@@ -44,6 +55,7 @@ def test_kills_and_pauses_lose_nothing_acknowledged(
         refused: set[str] = set()  # definitely not written
         unknown: set[str] = set()
         faults = {"kills": 0, "pauses": 0}
+        retried = {"retries": 0, "acked_after_retry": 0}
         stop = asyncio.Event()
         try:
             await create_replicated(sessions[1], 1, 3, 2)
@@ -63,26 +75,46 @@ def test_kills_and_pauses_lose_nothing_acknowledged(
                 return None
 
             async def client() -> None:
+                # An idempotent producer: a send whose outcome is unknown is retried with the
+                # same sequence number until it is acknowledged (or the run ends), so every
+                # value is stored at most once whatever the faults did to its first attempts.
+                pid = await until(lambda: _any_producer_id(sessions, nodes), "a producer id")
+                seq = 0
                 n = 0
                 while not stop.is_set():
-                    leader = await current_leader()
-                    if leader is None:
-                        await asyncio.sleep(0.05)  # no leader to talk to yet: poll the metadata
-                        continue
                     value = f"v{n}"
                     n += 1
-                    try:
-                        reply = await produce(sessions[leader], 0, [value])
-                        acked[value] = int(reply["parts"][0]["base_offset"])
-                    except (NotLeader, NotEnoughReplicas) as exc:
-                        if isinstance(exc, NotEnoughReplicasAfterAppend):
-                            unknown.add(value)
-                        elif isinstance(exc, NotLeader) and "no longer leads" in str(exc):
-                            unknown.add(value)  # resigned while waiting: written, maybe kept
-                        else:
-                            refused.add(value)
-                    except SeglogError:
-                        unknown.add(value)  # timeout, connection lost: outcome unknown
+                    tried = False  # an attempt of this value may have been written
+                    while True:
+                        leader = await current_leader()
+                        if leader is None:
+                            if stop.is_set():
+                                (unknown if tried else refused).add(value)
+                                break
+                            await asyncio.sleep(0.05)  # no leader to talk to yet: poll the metadata
+                            continue
+                        try:
+                            reply = await produce_idempotent(sessions[leader], 0, [value], pid, seq)
+                            acked[value] = int(reply["parts"][0]["base_offset"])
+                            retried["acked_after_retry"] += tried
+                            seq += 1
+                            break
+                        except (NotLeader, NotEnoughReplicas) as exc:
+                            written = isinstance(exc, NotEnoughReplicasAfterAppend) or (
+                                isinstance(exc, NotLeader) and "no longer leads" in str(exc)
+                            )
+                            tried = tried or written
+                        except SeglogError:
+                            tried = True  # timeout, connection lost: outcome unknown
+                        if stop.is_set() or not tried:
+                            # Refused before anything was written: the next value takes this
+                            # sequence number. Unknown at the end of the run: left unknown.
+                            (unknown if tried else refused).add(value)
+                            if tried:
+                                return  # its sequence number may be used: send nothing after it
+                            break
+                        retried["retries"] += 1
+                        await asyncio.sleep(0.05)  # back off before the retry
 
             async def nemesis() -> None:
                 deadline = time.monotonic() + NEMESIS_S
@@ -141,13 +173,22 @@ def test_kills_and_pauses_lose_nothing_acknowledged(
             print(
                 f"CHAOS seed={SEED} seconds={NEMESIS_S:g} kills={faults['kills']} pauses={faults['pauses']} "
                 f"acked={len(acked)} refused={len(refused)} unknown={len(unknown)} "
-                f"unknown_visible={len(unknown & set(where))} final_log={len(final)}"
+                f"unknown_visible={len(unknown & set(where))} final_log={len(final)} "
+                f"retries={retried['retries']} acked_after_retry={retried['acked_after_retry']}"
             )
         finally:
             for s in sessions.values():
                 await s.close()
 
     run(main())
+
+
+async def _any_producer_id(sessions: dict[int, NodeSession], nodes: dict[int, ServerProcess]) -> int | None:
+    for i, session in sessions.items():
+        if _alive(nodes[i]):
+            with contextlib.suppress(SeglogError):
+                return await producer_id(session)
+    return None
 
 
 def _alive(proc: ServerProcess) -> bool:
