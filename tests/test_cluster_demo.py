@@ -47,17 +47,18 @@ def test_cluster_demo_loses_nothing_acknowledged(tmp_path: Path) -> None:
     )
     output = done.stdout + done.stderr
     assert done.returncode == 0, output
-    assert "OK: nothing acknowledged was lost" in output
+    assert "OK: nothing acknowledged was lost, nothing was stored twice" in output
     assert "SIGKILL node" in output
     acked = int(_field(output, "acknowledged"))
     read_back = int(_field(output, "read back"))
     duplicates = int(_field(output, "duplicates"))
     assert int(_field(output, "lost")) == 0
     assert acked > 100, output
-    # Every acknowledged record was read back; anything more is a counted duplicate or a
-    # retried send whose first attempt landed before it failed (never acknowledged).
+    # Every acknowledged record was read back, once: a retried request whose first attempt
+    # had landed was answered with its first offsets (the idempotent producer). More read
+    # back than acknowledged only from sends still unacknowledged when the demo stopped.
     assert read_back >= acked, output
-    assert duplicates >= 0
+    assert duplicates == 0, output
     assert _field(output, "failover") != "n/a", output
     # The work directory is removed (no --keep).
     assert not any(tmp_path.iterdir())
