@@ -21,6 +21,7 @@ from seglog.errors import (
 from seglog.follower import Follower, follow
 from seglog.iterators import Iterator, Slab, Stream
 from seglog.record import Record, RecordMeta, now_us, timestamp_us
+from seglog.segment.producer_state import ProducerStamp
 from seglog.store import Store, open
 from seglog.subscriptions import Subscription, SubscriptionBatch, SubscriptionStats
 
@@ -40,6 +41,7 @@ __all__ = [
     "InvalidTimestamp",
     "Iterator",
     "OffsetOutOfRange",
+    "ProducerStamp",
     "Record",
     "RecordMeta",
     "SeglogError",

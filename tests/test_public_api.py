@@ -21,6 +21,7 @@ def test_all_is_exact_and_importable() -> None:
         "InvalidRecord",
         "InvalidTimestamp",
         "OffsetOutOfRange",
+        "ProducerStamp",
         "Record",
         "RecordMeta",
         "SeglogError",
@@ -58,6 +59,8 @@ def test_error_tree_is_rooted_and_split() -> None:
     assert issubclass(errors.CorruptFrame, errors.StorageError)
     assert issubclass(errors.TierError, errors.StorageError)
     assert not issubclass(errors.OffsetOutOfRange, errors.UsageError)
+    assert issubclass(errors.OutOfOrderSequence, errors.UsageError)
+    assert issubclass(errors.ProducerFenced, errors.UsageError)
     e = errors.OffsetOutOfRange(5, 10, 20, shard=1)
     assert (e.offset, e.start, e.end, e.shard) == (5, 10, 20, 1)
 
