@@ -366,11 +366,14 @@ async def kafka_produce(env: Env) -> AsyncIterator[Send]:
 
 
 @asynccontextmanager
-async def producer_arrow(env: Env) -> AsyncIterator[Send]:
-    """``seglog.client.Producer.send_arrow``, each call awaited until acknowledged (acks=all)."""
+async def producer_arrow(env: Env, *, idempotent: bool = True) -> AsyncIterator[Send]:
+    """``seglog.client.Producer.send_arrow``, each call awaited until acknowledged (acks=all);
+    idempotent (producer id and sequences checked by the node) unless told otherwise."""
     from seglog.client import Producer
 
-    async with Producer(env.url, env.db, acks="all", max_batch_bytes=4 << 20) as producer:
+    async with Producer(
+        env.url, env.db, acks="all", max_batch_bytes=4 << 20, idempotent=idempotent
+    ) as producer:
 
         async def send(table: pa.Table) -> None:
             await (await producer.send_arrow(table))
@@ -378,9 +381,15 @@ async def producer_arrow(env: Env) -> AsyncIterator[Send]:
         yield send
 
 
+def producer_arrow_plain(env: Env) -> AbstractAsyncContextManager[Send]:
+    """:func:`producer_arrow` with ``idempotent=False``: what the producer ids cost."""
+    return producer_arrow(env, idempotent=False)
+
+
 PRODUCE_ROWS: list[ProduceRow] = [
     ProduceRow("embedded append_arrow", embedded_arrow, "embedded", single=True, baseline=True),
     ProduceRow("network Producer (Arrow)", producer_arrow, "node", single=True),
+    ProduceRow("network Producer (Arrow, idempotent=False)", producer_arrow_plain, "node", single=True),
     ProduceRow("network Arrow (bench sender)", node_arrow, "node", single=True),
     ProduceRow("network JSON lines", node_ndjson, "node"),
     ProduceRow("Kafka aiokafka (acks=all)", kafka_produce, "kafka"),

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
 import pyarrow as pa
@@ -13,7 +14,13 @@ import pytest
 
 from seglog.client._http import NodeSession
 from seglog.cluster import protocol
-from seglog.errors import DatabaseNotFound, NotEnoughReplicas, NotLeader, SeglogError
+from seglog.errors import (
+    DatabaseNotFound,
+    NotEnoughReplicas,
+    NotEnoughReplicasAfterAppend,
+    NotLeader,
+    SeglogError,
+)
 from seglog.record import decode_frames
 from tests.etcd_fixtures import EtcdProcess
 from tests.server_fixtures import ServerFactory, ServerProcess
@@ -402,10 +409,12 @@ async def _produce_shard_ok(cache: Any, url: str, shard: int) -> bool:
     return True
 
 
-def test_a_leader_cut_off_from_its_followers_acknowledges_nothing(
-    server_factory: ServerFactory, etcd: EtcdProcess, run: Run[None]
-) -> None:
-    """The leader keeps its etcd lease and its producer but loses its followers (a partition)."""
+@contextlib.contextmanager
+def _proxied_cluster(
+    server_factory: ServerFactory, etcd: EtcdProcess
+) -> Iterator[tuple[dict[int, ServerProcess], dict[int, Any]]]:
+    """Three nodes that reach each other only through a fault proxy each (peers use the
+    advertised proxy URL; tests talk to the nodes directly)."""
     from tests.fault_proxy import FaultProxy
 
     proxies = {i: FaultProxy() for i in (1, 2, 3)}
@@ -427,6 +436,22 @@ def test_a_leader_cut_off_from_its_followers_acknowledges_nothing(
         }
         for i, proxy in proxies.items():
             proxy.set_target(nodes[i].url)
+        yield nodes, proxies
+    finally:
+        for proxy in proxies.values():
+            proxy.close()
+
+
+async def _isr_is(session: NodeSession, isr: list[int]) -> bool:
+    view = await cluster_view(session)
+    return sorted(view["dbs"][DB]["state"][0]["isr"]) == isr
+
+
+def test_a_leader_cut_off_from_its_followers_acknowledges_nothing(
+    server_factory: ServerFactory, etcd: EtcdProcess, run: Run[None]
+) -> None:
+    """The leader keeps its etcd lease and its producer but loses its followers (a partition)."""
+    with _proxied_cluster(server_factory, etcd) as (nodes, proxies):
 
         async def main() -> None:
             sessions = {i: NodeSession(p.url) for i, p in nodes.items()}
@@ -437,22 +462,14 @@ def test_a_leader_cut_off_from_its_followers_acknowledges_nothing(
                 before = [f"a{i}" for i in range(20)]
                 await until(lambda: _produce_ok(sessions[lead], before), "acks=all before the cut")
                 proxies[lead].cut()
-
-                async def isolated() -> bool:
-                    view = await cluster_view(sessions[lead])
-                    return view["dbs"][DB]["state"][0]["isr"] == [lead]
-
-                await until(isolated, "the followers dropped from the leader's ISR")
+                await until(
+                    lambda: _isr_is(sessions[lead], [lead]), "the followers dropped from the leader's ISR"
+                )
                 # The producer still reaches the leader, which acknowledges nothing.
                 with pytest.raises(NotEnoughReplicas):
                     await produce(sessions[lead], 0, ["during"])
                 proxies[lead].heal()
-
-                async def whole() -> bool:
-                    view = await cluster_view(sessions[lead])
-                    return sorted(view["dbs"][DB]["state"][0]["isr"]) == [1, 2, 3]
-
-                await until(whole, "the followers back in the ISR")
+                await until(lambda: _isr_is(sessions[lead], [1, 2, 3]), "the followers back in the ISR")
                 after = [f"b{i}" for i in range(5)]
                 await until(lambda: _produce_ok(sessions[lead], after), "acks=all after healing")
                 for i in (1, 2, 3):
@@ -465,9 +482,52 @@ def test_a_leader_cut_off_from_its_followers_acknowledges_nothing(
                     await s.close()
 
         run(main())
-    finally:
-        for proxy in proxies.values():
-            proxy.close()
+
+
+def test_a_batch_written_then_not_replicated_is_retried_without_a_duplicate(
+    server_factory: ServerFactory, etcd: EtcdProcess, run: Run[None]
+) -> None:
+    """Kafka's ambiguous ``NOT_ENOUGH_REPLICAS_AFTER_APPEND``: the leader wrote the batch, lost
+    its followers before they had it, and answered an error. Healed, the batch replicates; the
+    idempotent producer's retry gets the batch's first offset instead of a second copy."""
+    with _proxied_cluster(server_factory, etcd) as (nodes, proxies):
+
+        async def main() -> None:
+            sessions = {i: NodeSession(p.url) for i, p in nodes.items()}
+            try:
+                await create_replicated(sessions[1], 1, 3, 2)
+                lead = await until(lambda: leading_node(sessions, list((1, 2, 3))), "a leader")
+                pid = await producer_id(sessions[lead])
+                before = [f"a{i}" for i in range(20)]
+                await until(lambda: _produce_idempotent_ok(sessions[lead], before, pid, 0), "acks=all")
+                proxies[lead].cut()
+                with pytest.raises(NotEnoughReplicas) as info:
+                    await produce_idempotent(sessions[lead], 0, ["x0", "x1"], pid, 20)
+                # Written, not refused: the leader holds it and will replicate it when healed.
+                assert isinstance(info.value, NotEnoughReplicasAfterAppend), info.value
+                proxies[lead].heal()
+                await until(lambda: _isr_is(sessions[lead], [1, 2, 3]), "the followers back in the ISR")
+                reply = await until(
+                    lambda: _produce_idempotent_ok(sessions[lead], ["x0", "x1"], pid, 20), "the retry"
+                )
+                assert reply["parts"] == [{"shard": 0, "base_offset": 20, "count": 2}]
+                for i in (1, 2, 3):
+                    records, _ = await until(lambda i=i: _when_hw(sessions[i], 0, 22), f"node {i}")
+                    assert [v.decode() for _, v in records] == [*before, "x0", "x1"], i
+            finally:
+                for s in sessions.values():
+                    await s.close()
+
+        run(main())
+
+
+async def _produce_idempotent_ok(
+    session: NodeSession, values: list[str], pid: int, seq: int
+) -> dict[str, Any] | None:
+    try:
+        return await produce_idempotent(session, 0, values, pid, seq)
+    except (NotLeader, NotEnoughReplicas):
+        return None
 
 
 def test_producer_follows_leaders_through_a_failover(
