@@ -7,6 +7,10 @@ from the frame headers) and on a replica that got the frames byte for byte (a fa
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -205,5 +209,73 @@ def test_concurrent_retries_of_one_batch_store_it_once(tmp_path: Path, engine: s
             )
             assert all(o.to_pydict() == outs[0].to_pydict() for o in outs[:6])
             assert sum(db.end_offset(s) for s in range(3)) == 50 + 50
+
+    asyncio.run(run())
+
+
+_CHILD = """
+import asyncio, sys
+import pyarrow as pa
+import seglog
+from seglog import ProducerStamp
+from tests.test_idempotent import _table
+
+async def main(path):
+    store = await seglog.open(path, buffer_ms=600_000)  # rows stay in the journal, not the segments
+    db = await store.create_db("d", shards=4)
+    t = _table(60)
+    shards = {db.shard_for(k) for k in t.column("key").to_pylist()}
+    out = await db.append_arrow(t, producer=ProducerStamp(11, 0, {s: 0 for s in shards}))
+    print("ACKED", ",".join(f"{s}:{o}" for s, o in zip(out.column("shard").to_pylist(), out.column("offset").to_pylist())), flush=True)
+    await asyncio.Event().wait()
+
+asyncio.run(main(sys.argv[1]))
+"""
+
+
+def test_buffered_producer_rows_survive_sigkill_with_their_producer(tmp_path: Path) -> None:
+    """Idempotent rows acknowledged from the journal (not yet in a segment) are replayed at
+    open into frames that carry their producer fields, so the retry is still dropped."""
+    root = Path(__file__).resolve().parents[1]
+    child = subprocess.Popen(
+        [sys.executable, "-c", _CHILD, str(tmp_path / "s")],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None
+        line = child.stdout.readline()  # blocks until the append is acknowledged
+        assert line.startswith("ACKED "), line
+        acked = [tuple(map(int, x.split(":"))) for x in line.split()[1].split(",")]
+        journal = tmp_path / "s" / "dbs" / "d" / "journal"
+        assert any(p.stat().st_size for p in journal.iterdir())
+        child.send_signal(signal.SIGKILL)
+    finally:
+        child.kill()
+        child.wait()
+
+    async def run() -> None:
+        async with seglog.open(tmp_path / "s") as store:
+            db = await store.open_db("d")
+            ends = [db.end_offset(s) for s in range(4)]
+            assert sum(ends) == 60
+            t = _table(60)
+            shards = {db.shard_for(k) for k in t.column("key").to_pylist()}
+            again = await db.append_arrow(t, producer=_stamp(11, {s: 0 for s in shards}))
+            assert (
+                list(zip(again.column("shard").to_pylist(), again.column("offset").to_pylist(), strict=True))
+                == acked
+            )
+            assert [db.end_offset(s) for s in range(4)] == ends
+            frames = b"".join([await db.read_frames(s, 0, 1 << 20) for s in range(4) if ends[s]])
+            pos, seen = 0, 0
+            while pos < len(frames):
+                h = parse_header(frames, pos)
+                assert h.producer_id == 11
+                seen += h.record_count
+                pos += h.size
+            assert seen == 60
 
     asyncio.run(run())

@@ -12,6 +12,7 @@ import pyarrow as pa
 import seglog
 from seglog.engines.pending_rows import PendingPart, PendingRows, ShardArrays
 from seglog.record import FRAME_SCHEMA, HEADERS_TYPE, encode_frame, records_to_batch
+from seglog.segment.producer_state import ProducerColumns
 from tests.helpers import read_all
 
 
@@ -30,8 +31,18 @@ def _part(shards: list[int], arrays: ShardArrays, tag: int) -> PendingPart:
     )
     ids, first = np.unique(routes, return_index=True)
     counts = np.bincount(routes, minlength=int(ids.max()) + 1)[ids]
+    # Every third request is an idempotent producer's (producer id = its tag, sequence =
+    # 1000 * tag + its row): the fields must follow their rows through collect's sort.
+    n = len(routes)
+    stamps = (
+        ProducerColumns(
+            np.full(n, tag, np.int64), np.zeros(n, np.int16), (1000 * tag + np.arange(n)).astype(np.int32)
+        )
+        if tag % 3 == 0
+        else None
+    )
     return PendingPart.make(
-        batch, routes, offsets, ids.astype(np.int64), offsets[first], counts.astype(np.int64)
+        batch, routes, offsets, ids.astype(np.int64), offsets[first], counts.astype(np.int64), stamps
     )
 
 
@@ -44,12 +55,16 @@ def test_snapshot_and_collect_return_each_shards_rows_in_offset_order() -> None:
     arrays = ShardArrays.zeros(8)
     pending = PendingRows(arrays, np.arange(8, dtype=np.int64))
     expected: dict[int, list[bytes]] = {s: [] for s in range(8)}
+    expected_pids: dict[int, list[int]] = {s: [] for s in range(8)}
+    expected_seqs: dict[int, list[int]] = {s: [] for s in range(8)}
     for tag in range(30):
         shards = [rng.randrange(8) for _ in range(rng.randrange(2, 40))]
         part = _part(shards, arrays, tag)
         pending.add(part)
-        for s, o in zip(shards, part.offset_col.tolist(), strict=True):
+        for i, (s, o) in enumerate(zip(shards, part.offset_col.tolist(), strict=True)):
             expected[s].append(b"%d-%d-%d" % (tag, s, o))
+            expected_pids[s].append(tag if tag % 3 == 0 else -1)
+            expected_seqs[s].append(1000 * tag + i if tag % 3 == 0 else -1)
     assert pending.count == sum(1 for v in expected.values() if v)
     for s in range(8):
         stop = int(arrays.durable_ends[s])
@@ -65,12 +80,14 @@ def test_snapshot_and_collect_return_each_shards_rows_in_offset_order() -> None:
         assert len(recent) <= len(parts)
     # Flush shard 3 alone, then everything: shard 3's rows are not collected twice.
     three = pending.collect(np.array([3]), np.array([0]))
-    assert _values(three[0]) == expected[3]
+    assert _values(three[0][0]) == expected[3]
     pending.done(3)
     rest = [s for s in range(8) if s != 3 and expected[s]]
     batches = pending.collect(np.array(rest), np.zeros(len(rest), np.int64))
-    for s, b in zip(rest, batches, strict=True):
+    for s, (b, stamps) in zip(rest, batches, strict=True):
         assert _values(b) == expected[s]
+        assert stamps is not None
+        assert stamps.pid.tolist() == expected_pids[s] and stamps.seq.tolist() == expected_seqs[s]
         pending.done(s)
     assert pending.count == 0 and pending.nbytes == 0 and pending.since is None
     assert pending.snapshot(0, 10) == (10, [])

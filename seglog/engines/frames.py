@@ -49,7 +49,7 @@ from seglog.errors import (
     StorageError,
 )
 from seglog.io_pool import BatchWriter, IoPool, ItemError
-from seglog.record import EncodedFrame, FrameHeader, decode_body, parse_header, verify_frame
+from seglog.record import EncodedFrame, FrameHeader, decode_body, encode_frame, parse_header, verify_frame
 from seglog.segment.epoch_cache import (
     MAX_EPOCH,
     UNDEFINED_EPOCH,
@@ -59,7 +59,7 @@ from seglog.segment.epoch_cache import (
     end_offset_for_epoch,
     entries_truncated_from_start,
 )
-from seglog.segment.producer_state import ProducerStamp
+from seglog.segment.producer_state import ProducerColumns, ProducerStamp, producer_runs
 from seglog.topics.streams import StreamStamper
 
 __all__ = [
@@ -259,6 +259,33 @@ def split_stream_runs(batch: pa.RecordBatch, *, frame_bytes: int | None = None) 
     for lo, hi in itertools.pairwise(bounds):
         out.extend(split_batch(batch.slice(lo, hi - lo), frame_bytes=frame_bytes))
     return out
+
+
+def encode_rows(
+    rows: pa.RecordBatch,
+    offset: int,
+    stamps: ProducerColumns | None,
+    *,
+    compression: int,
+    leader_epoch: int,
+    frame_bytes: int | None,
+) -> tuple[list[EncodedFrame], list[pa.RecordBatch]]:
+    """Frames of one shard's buffered rows from ``offset`` on: cut by producer run, then as
+    :func:`split_stream_runs` cuts; each frame stamped with its first row's producer fields."""
+    frames: list[EncodedFrame] = []
+    batches: list[pa.RecordBatch] = []
+    n = rows.num_rows
+    for lo, hi, producer in producer_runs(stamps, n):
+        run = rows if hi - lo == n else rows.slice(lo, hi - lo)
+        first = offset
+        for part in split_stream_runs(run, frame_bytes=frame_bytes):
+            stamp = None if producer is None else (producer[0], producer[1], producer[2] + offset - first)
+            frames.append(
+                encode_frame(part, offset, compression=compression, leader_epoch=leader_epoch, producer=stamp)
+            )
+            batches.append(part)
+            offset += part.num_rows
+    return frames, batches
 
 
 def frame_keys(batch: pa.RecordBatch, base: int) -> list[tuple[bytes, int]]:

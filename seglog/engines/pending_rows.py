@@ -32,6 +32,7 @@ import numpy as np
 import pyarrow as pa
 
 from seglog.errors import StorageError
+from seglog.segment.producer_state import ProducerColumns
 
 __all__ = ["NO_PENDING", "PendingPart", "PendingRows", "ShardArrays"]
 
@@ -66,6 +67,7 @@ class PendingPart(NamedTuple):
     # The rows grouped by shard, made by the first read that needs them (then every shard's
     # rows are a zero-copy slice): ``[batch]`` once made. Reads race benignly to make it.
     by_shard: list[pa.RecordBatch]
+    stamps: ProducerColumns | None = None  # an idempotent append's producer fields per row
 
     @classmethod
     def make(
@@ -76,9 +78,10 @@ class PendingPart(NamedTuple):
         ids: np.ndarray[Any, Any],
         bases: np.ndarray[Any, Any],
         counts: np.ndarray[Any, Any],
+        stamps: ProducerColumns | None = None,
     ) -> PendingPart:
         """A part with its own (empty) grouped-rows slot."""
-        return cls(batch, shard_col, offset_col, ids, bases, counts, [])
+        return cls(batch, shard_col, offset_col, ids, bases, counts, [], stamps)
 
     def shard_rows(self, k: int) -> pa.RecordBatch:
         """The rows of ``ids[k]``, in offset order."""
@@ -158,8 +161,11 @@ class PendingRows:
         out.reverse()
         return start, out
 
-    def collect(self, numbers: np.ndarray[Any, Any], log_ends: np.ndarray[Any, Any]) -> list[pa.RecordBatch]:
-        """(Worker) The buffered rows of ``numbers`` (ascending), one batch per shard in offset order.
+    def collect(
+        self, numbers: np.ndarray[Any, Any], log_ends: np.ndarray[Any, Any]
+    ) -> list[tuple[pa.RecordBatch, ProducerColumns | None]]:
+        """(Worker) The buffered rows of ``numbers`` (ascending), one batch per shard in offset
+        order, with their producer fields when an idempotent append buffered any.
 
         Rows below a shard's ``log_ends`` entry (already written by an earlier flush of that
         shard alone) are left out.
@@ -173,30 +179,44 @@ class PendingRows:
             parts = self._parts
         else:
             parts = self._parts[int(self._first[numbers].min()) - self._seq0 :]
+        stamped = any(p.stamps is not None for p in parts)
+        stamps: ProducerColumns | None = None
         idx: np.ndarray[Any, Any] | None = None  # rows of ``batch`` kept (None: all)
         if len(parts) > 1 and len(numbers) == self.count:
             # Everything buffered: one concatenation; rows single flushes wrote are dropped.
             batch = pa.concat_batches([p.batch for p in parts])
             shard_col = np.concatenate([p.shard_col for p in parts])
             offset_col = np.concatenate([p.offset_col for p in parts])
+            if stamped:
+                stamps = ProducerColumns.concat([_stamps_of(p) for p in parts])
             idx = np.flatnonzero(offset_col >= ends[shard_col])
             if len(idx) == len(offset_col):
                 idx = None
             else:
                 shard_col, offset_col = shard_col[idx], offset_col[idx]
+                stamps = None if stamps is None else stamps.take(idx)
         else:
             pieces = []
             for p in parts:
                 keep = np.flatnonzero(p.offset_col >= ends[p.shard_col])
                 if len(keep) == p.batch.num_rows:
-                    pieces.append((p.batch, p.shard_col, p.offset_col))
+                    pieces.append((p.batch, p.shard_col, p.offset_col, _stamps_of(p) if stamped else None))
                 elif len(keep):
-                    pieces.append((p.batch.take(keep), p.shard_col[keep], p.offset_col[keep]))
+                    pieces.append(
+                        (
+                            p.batch.take(keep),
+                            p.shard_col[keep],
+                            p.offset_col[keep],
+                            _stamps_of(p).take(keep) if stamped else None,
+                        )
+                    )
             if not pieces:
                 raise StorageError("buffered rows do not match the shards' pending rows")
-            batch = pa.concat_batches([b for b, _, _ in pieces]) if len(pieces) > 1 else pieces[0][0]
-            shard_col = np.concatenate([c for _, c, _ in pieces])
-            offset_col = np.concatenate([o for _, _, o in pieces])
+            batch = pa.concat_batches([b for b, _, _, _ in pieces]) if len(pieces) > 1 else pieces[0][0]
+            shard_col = np.concatenate([c for _, c, _, _ in pieces])
+            offset_col = np.concatenate([o for _, _, o, _ in pieces])
+            if stamped:
+                stamps = ProducerColumns.concat([st for _, _, _, st in pieces if st is not None])
         # Requests are kept in append order and a shard's rows come in offset order in each:
         # a stable sort by shard alone (a radix sort) leaves every shard's rows in offset order.
         order = np.argsort(shard_col.astype(np.int16), kind="stable")  # radix: MAX_SHARDS fits
@@ -208,7 +228,11 @@ class PendingRows:
         if not (np.array_equal(got, numbers) and np.array_equal(counts, expected)):
             raise StorageError("buffered rows do not match the shards' pending rows")
         rows = batch.take(pa.array(order if idx is None else idx[order]))
-        return [rows.slice(a, c) for a, c in zip(starts.tolist(), counts.tolist(), strict=True)]
+        sorted_stamps = None if stamps is None else stamps.take(order)
+        return [
+            (rows.slice(a, c), None if sorted_stamps is None else sorted_stamps.slice(a, a + c))
+            for a, c in zip(starts.tolist(), counts.tolist(), strict=True)
+        ]
 
     def done(self, shard: int) -> None:
         """(Worker) ``shard``'s buffered rows are in its segment now."""
@@ -220,3 +244,7 @@ class PendingRows:
             self._parts = []  # rebound, not cleared: readers may hold the old list
             self.nbytes = 0
             self.since = None
+
+
+def _stamps_of(part: PendingPart) -> ProducerColumns:
+    return part.stamps if part.stamps is not None else ProducerColumns.none(part.batch.num_rows)

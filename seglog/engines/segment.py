@@ -90,7 +90,7 @@ from seglog.segment.epoch_cache import MAX_EPOCH, UNDEFINED_EPOCH, UNDEFINED_OFF
 from seglog.segment.high_watermark import HighWatermarkCheckpoint
 from seglog.segment.journal import Journal
 from seglog.segment.log_segment import SEGMENT_SUFFIX
-from seglog.segment.producer_state import ProducerStamp
+from seglog.segment.producer_state import ProducerColumns, ProducerStamp
 from seglog.topics.lts import LTS
 from seglog.topics.streams import StreamStamper
 
@@ -801,32 +801,16 @@ class SegmentEngine(GenerationLookups):
                     frames, batches = self._encode(int(woffsets[0]), wbatch, leader_epoch, stamp)
                     req = FrameRequest(writer.gen, s, frames, batches)
                     size = sum(f.size for f in frames)
-                elif producer is not None:
-                    # A producer's rows make frames of their own: one frame request per shard.
-                    for sid in wids.tolist():
-                        rows = np.flatnonzero(wroutes == sid)
-                        stamp = frame_producer(producer, sid, 0)
-                        frames, batches = self._encode(
-                            int(woffsets[rows[0]]), wbatch.take(pa.array(rows)), leader_epoch, stamp
-                        )
-                        fsize = sum(f.size for f in frames)
-                        requests.append(
-                            (
-                                writer,
-                                FrameRequest(writer.gen, self._shards[sid], frames, batches),
-                                np.array([sid]),
-                                fsize,
-                            )
-                        )
-                    continue
                 else:
+                    wbases = bases if mine is None else bases[mine]
                     part = PendingPart.make(
                         wbatch,
                         wroutes.astype(np.int32, copy=False),
                         woffsets,
                         wids,
-                        bases if mine is None else bases[mine],
+                        wbases,
                         counts if mine is None else counts[mine],
+                        None if producer is None else _row_stamps(producer, wids, wbases, wroutes, woffsets),
                     )
                     req = RowsRequest(writer.gen, part, leader_epoch)
                     size = wbatch.nbytes
@@ -1112,23 +1096,17 @@ class SegmentEngine(GenerationLookups):
 
     async def producer_headers(self, shard: int) -> list[FrameHeader]:
         """Headers of the durable frames of ``shard`` an idempotent producer wrote, oldest first
-        (a scan of every segment's headers, off the loop)."""
+        (a scan of every segment's headers on the shard's I/O worker, after its buffered rows
+        are written: no append moves the log under the scan)."""
         s = self._shard(shard)
 
         def scan() -> list[FrameHeader]:
-            end = s.durable_end
             out: list[FrameHeader] = []
             for seg in s.log.segments_snapshot():
-                if seg.base_offset >= end:
-                    break
-                for _pos, h in seg.headers(0, seg.size):
-                    if h.base_offset >= end:
-                        break
-                    if h.producer_id >= 0:
-                        out.append(h)
+                out.extend(h for _pos, h in seg.headers(0, seg.size) if h.producer_id >= 0)
             return out
 
-        headers: list[FrameHeader] = await self._run(scan)
+        headers: list[FrameHeader] = await self._on_worker(s, scan)
         return headers
 
     # --- streams -----------------------------------------------------------------------
@@ -1734,3 +1712,20 @@ def _catch_up_index(s: _Shard) -> None:
             s.index.add(pending)
             pending = []
     s.index.add(pending)
+
+
+def _row_stamps(
+    producer: ProducerStamp,
+    ids: np.ndarray[Any, Any],
+    bases: np.ndarray[Any, Any],
+    routes: np.ndarray[Any, Any],
+    offsets: np.ndarray[Any, Any],
+) -> ProducerColumns:
+    """Each row's producer fields: its shard's first sequence plus its place in the shard's rows."""
+    n = len(routes)
+    first_seq = np.array([producer.sequences[i] for i in ids.tolist()], np.int64)
+    k = np.searchsorted(ids, routes)  # ids ascending: each row's shard's index in it
+    seq = (first_seq[k] + offsets - bases[k]).astype(np.int32)
+    return ProducerColumns(
+        np.full(n, producer.producer_id, np.int64), np.full(n, producer.producer_epoch, np.int16), seq
+    )

@@ -41,14 +41,15 @@ import numpy as np
 import pyarrow as pa
 
 from seglog.engines.base import Fsync, ReadOnlyReason
-from seglog.engines.frames import IntervalSync, split_stream_runs
+from seglog.engines.frames import IntervalSync, encode_rows
 from seglog.engines.pending_rows import PendingPart, PendingRows, ShardArrays
 from seglog.errors import CorruptFrame, StorageError
 from seglog.io_pool import ItemError
-from seglog.record import FRAME_SCHEMA, EncodedFrame, encode_frame, parse_header, verify_frame
+from seglog.record import FRAME_SCHEMA, EncodedFrame, parse_header, verify_frame
 from seglog.segment import FramePosition
 from seglog.segment.high_watermark import DEFAULT_FLUSH_INTERVAL_S as DEFAULT_HW_FLUSH_INTERVAL_S
-from seglog.segment.journal import ENTRY_FRAME, ENTRY_ROWS, Journal, journal_name
+from seglog.segment.journal import ENTRY_FRAME, ENTRY_ROWS, ENTRY_ROWS_PRODUCER, Journal, journal_name
+from seglog.segment.producer_state import ProducerColumns
 from seglog.segment.shard_log import AppendMark
 
 if TYPE_CHECKING:
@@ -83,6 +84,15 @@ _JOURNAL_DIR: Final = "journal"
 _ROWS_SCHEMA: Final = pa.schema(
     [*FRAME_SCHEMA, pa.field("shard", pa.int32()), pa.field("offset", pa.int64())]
 )
+# A rows entry of an idempotent append (ENTRY_ROWS_PRODUCER) also keeps each row's producer.
+_ROWS_PRODUCER_SCHEMA: Final = pa.schema(
+    [
+        *_ROWS_SCHEMA,
+        pa.field("producer_id", pa.int64()),
+        pa.field("producer_epoch", pa.int16()),
+        pa.field("sequence", pa.int32()),
+    ]
+)
 
 
 class FrameRequest(NamedTuple):
@@ -103,12 +113,19 @@ class RowsRequest(NamedTuple):
 
 
 def rows_body(req: RowsRequest) -> pa.Buffer:
-    """The journal body of a rows request: its batch plus ``shard`` and ``offset`` columns."""
+    """The journal body of a rows request: its batch plus ``shard`` and ``offset`` columns
+    (and the producer columns of an idempotent append)."""
     p = req.part
-    full = pa.RecordBatch.from_arrays(
-        [*p.batch.columns, pa.array(p.shard_col), pa.array(p.offset_col)], schema=_ROWS_SCHEMA
-    )
-    return full.serialize()
+    columns = [*p.batch.columns, pa.array(p.shard_col), pa.array(p.offset_col)]
+    if p.stamps is None:
+        return pa.RecordBatch.from_arrays(columns, schema=_ROWS_SCHEMA).serialize()
+    columns += [pa.array(p.stamps.pid), pa.array(p.stamps.epoch), pa.array(p.stamps.seq)]
+    return pa.RecordBatch.from_arrays(columns, schema=_ROWS_PRODUCER_SCHEMA).serialize()
+
+
+def rows_kind(req: RowsRequest) -> int:
+    """The journal entry kind of a rows request."""
+    return ENTRY_ROWS if req.part.stamps is None else ENTRY_ROWS_PRODUCER
 
 
 class WorkerLog:
@@ -242,7 +259,7 @@ class WorkerLog:
                 for frame in item.frames:
                     bodies.append((ENTRY_FRAME, item.shard.number, frame.buffers))
             else:
-                bodies.append((ENTRY_ROWS, item.epoch, (rows_body(item),)))
+                bodies.append((rows_kind(item), item.epoch, (rows_body(item),)))
         need = sum(Journal.entry_bytes(sum(memoryview(b).nbytes for b in body)) for _, _, body in bodies)
         marks: dict[int, tuple[_Shard, AppendMark]] = {}
         frame_writes: list[tuple[FrameRequest, list[FramePosition]]] = []
@@ -527,15 +544,15 @@ class WorkerLog:
             raise StorageError(f"I/O worker {self.worker}: {exc}") from None
         first: OSError | None = None
         written: list[tuple[_Shard, list[tuple[FramePosition, pa.RecordBatch]]]] = []
-        for s, rows, offset in zip(shards, rows_of, log_ends.tolist(), strict=True):
-            frames: list[EncodedFrame] = []
-            batches: list[pa.RecordBatch] = []
-            for part in split_stream_runs(rows, frame_bytes=s.log.segment_bytes // 2):
-                frames.append(
-                    encode_frame(part, offset, compression=self.compression, leader_epoch=self._pending_epoch)
-                )
-                batches.append(part)
-                offset += part.num_rows
+        for s, (rows, stamps), offset in zip(shards, rows_of, log_ends.tolist(), strict=True):
+            frames, batches = encode_rows(
+                rows,
+                offset,
+                stamps,
+                compression=self.compression,
+                leader_epoch=self._pending_epoch,
+                frame_bytes=s.log.segment_bytes // 2,
+            )
             mark = s.log.mark()
             try:
                 positions = s.log.append(frames)
@@ -710,7 +727,8 @@ def replay_journals(db_directory: Path, shards: Sequence[_Shard], *, compression
                 if entry.kind == ENTRY_FRAME:
                     _replay_frame(shards, entry.shard, entry.body, touched, replayed)
                 else:  # a rows entry's ``shard`` field holds the leader epoch of its rows
-                    _replay_rows(shards, entry.body, touched, replayed, compression, entry.shard)
+                    stamped = entry.kind == ENTRY_ROWS_PRODUCER
+                    _replay_rows(shards, entry.body, touched, replayed, compression, entry.shard, stamped)
         finally:
             journal.close()
     for s in touched.values():
@@ -765,16 +783,27 @@ def _replay_rows(
     replayed: dict[int, int],
     compression: int,
     epoch: int,
+    stamped: bool = False,
 ) -> None:
-    batch = pa.ipc.read_record_batch(pa.py_buffer(body), _ROWS_SCHEMA)
+    batch = pa.ipc.read_record_batch(pa.py_buffer(body), _ROWS_PRODUCER_SCHEMA if stamped else _ROWS_SCHEMA)
     shard_col = batch.column("shard").to_numpy()
     offset_col = batch.column("offset").to_numpy()
     rows = pa.RecordBatch.from_arrays([batch.column(n) for n in FRAME_SCHEMA.names], schema=FRAME_SCHEMA)
+    stamps = (
+        ProducerColumns(
+            batch.column("producer_id").to_numpy(),
+            batch.column("producer_epoch").to_numpy(),
+            batch.column("sequence").to_numpy(),
+        )
+        if stamped
+        else None
+    )
     if len(shard_col) > 1 and bool((shard_col[1:] < shard_col[:-1]).any()):
         # Rows are journaled in append order; a stable sort keeps each shard's offset order.
         order = np.argsort(shard_col, kind="stable")
         shard_col, offset_col = shard_col[order], offset_col[order]
         rows = rows.take(pa.array(order))
+        stamps = None if stamps is None else stamps.take(order)
     bounds = np.flatnonzero(np.diff(shard_col)) + 1
     starts = [0, *bounds.tolist()]
     stops = [*bounds.tolist(), len(shard_col)]
@@ -798,11 +827,14 @@ def _replay_rows(
             )
             continue
         part = rows.slice(lo + skip, hi - lo - skip)
-        offset = end
-        frames = []
-        for piece in split_stream_runs(part, frame_bytes=s.log.segment_bytes // 2):
-            frames.append(encode_frame(piece, offset, compression=compression, leader_epoch=epoch))
-            offset += piece.num_rows
+        frames, _ = encode_rows(
+            part,
+            end,
+            None if stamps is None else stamps.slice(lo + skip, hi),
+            compression=compression,
+            leader_epoch=epoch,
+            frame_bytes=s.log.segment_bytes // 2,
+        )
         s.log.append(frames)
         touched[shard] = s
         replayed[shard] = replayed.get(shard, 0) + part.num_rows

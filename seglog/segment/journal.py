@@ -39,6 +39,7 @@ __all__ = [
     "DEFAULT_JOURNAL_BYTES",
     "ENTRY_FRAME",
     "ENTRY_ROWS",
+    "ENTRY_ROWS_PRODUCER",
     "Journal",
     "JournalEntry",
     "journal_name",
@@ -63,12 +64,13 @@ _ENTRY: Final = struct.Struct(
     "I"  # body_bytes
     "Q"  # cycle: must equal the header's
     "I"  # shard: the shard of a frame entry; the leader epoch of a rows entry
-    "B"  # kind: ENTRY_FRAME or ENTRY_ROWS
+    "B"  # kind: ENTRY_FRAME, ENTRY_ROWS or ENTRY_ROWS_PRODUCER
     "3x"
 )
 _ENTRY_CRC_START: Final = struct.calcsize("<I")
 ENTRY_FRAME: Final = 1  # body: one frame of ``shard``, exactly as its segment stores it
 ENTRY_ROWS: Final = 2  # body: an Arrow batch of rows of several shards (with shard, offset)
+ENTRY_ROWS_PRODUCER: Final = 3  # ENTRY_ROWS of an idempotent append: also producer id, epoch, sequence
 # Zero-fill grows the file by its current size (at least _MIN_GROW_BYTES, at most _MAX_GROW_BYTES):
 # a small first allocation for small disks, few size changes once the journal is busy.
 _MIN_GROW_BYTES: Final = 1 << 20
@@ -157,7 +159,7 @@ class Journal:
         while pos + _ENTRY.size <= size:
             head = os.pread(self._fd, _ENTRY.size, pos)
             crc, body_bytes, cycle, shard, kind = _ENTRY.unpack(head)
-            if cycle != self.cycle or kind not in (ENTRY_FRAME, ENTRY_ROWS):
+            if cycle != self.cycle or kind not in (ENTRY_FRAME, ENTRY_ROWS, ENTRY_ROWS_PRODUCER):
                 break
             end = pos + _ENTRY.size + body_bytes
             if end > size:

@@ -25,9 +25,12 @@ a higher epoch starts the producer's numbering again at 0.
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict, deque
 from collections.abc import Iterable
-from typing import Final, NamedTuple
+from typing import Any, Final, NamedTuple
+
+import numpy as np
 
 from seglog.errors import InvalidArgument, OutOfOrderSequence, ProducerFenced
 from seglog.record import MAX_PRODUCER_EPOCH, MAX_SEQUENCE, FrameHeader
@@ -36,9 +39,11 @@ __all__ = [
     "MAX_PRODUCERS_PER_SHARD",
     "RUNS_KEPT",
     "Admission",
+    "ProducerColumns",
     "ProducerStamp",
     "ShardProducers",
     "check_stamp",
+    "producer_runs",
 ]
 
 RUNS_KEPT: Final = 16
@@ -58,6 +63,60 @@ class ProducerStamp(NamedTuple):
     producer_id: int
     producer_epoch: int
     sequences: dict[int, int]
+
+
+class ProducerColumns(NamedTuple):
+    """The producer fields of buffered rows, one entry per row (``-1``: no producer): rows
+    of idempotent appends wait in an I/O worker's buffer like any others and are framed by
+    producer run when written (:func:`producer_runs`)."""
+
+    pid: np.ndarray[Any, np.dtype[np.int64]]
+    epoch: np.ndarray[Any, np.dtype[np.int16]]
+    seq: np.ndarray[Any, np.dtype[np.int32]]
+
+    @classmethod
+    def none(cls, n: int) -> ProducerColumns:
+        """``n`` rows without a producer."""
+        return cls(np.full(n, -1, np.int64), np.full(n, -1, np.int16), np.full(n, -1, np.int32))
+
+    def take(self, idx: np.ndarray[Any, Any]) -> ProducerColumns:
+        """The entries at ``idx``."""
+        return ProducerColumns(self.pid[idx], self.epoch[idx], self.seq[idx])
+
+    def slice(self, lo: int, hi: int) -> ProducerColumns:
+        """Entries ``[lo, hi)``."""
+        return ProducerColumns(self.pid[lo:hi], self.epoch[lo:hi], self.seq[lo:hi])
+
+    @classmethod
+    def concat(cls, parts: list[ProducerColumns]) -> ProducerColumns:
+        """The entries of ``parts`` one after the other."""
+        return cls(
+            np.concatenate([p.pid for p in parts]),
+            np.concatenate([p.epoch for p in parts]),
+            np.concatenate([p.seq for p in parts]),
+        )
+
+
+def producer_runs(
+    stamps: ProducerColumns | None, n: int
+) -> list[tuple[int, int, tuple[int, int, int] | None]]:
+    """``(start, stop, (producer id, epoch, first sequence) or None)`` of each run of ``n``
+    rows a frame may hold: one producer's consecutive sequence numbers, or rows without one."""
+    if stamps is None or not n:
+        return [(0, n, None)]
+    pid, epoch, seq = stamps
+    breaks = (
+        np.flatnonzero(
+            (pid[1:] != pid[:-1]) | (epoch[1:] != epoch[:-1]) | ((pid[1:] >= 0) & (seq[1:] != seq[:-1] + 1))
+        )
+        + 1
+    )
+    bounds = [0, *breaks.tolist(), n]
+    out: list[tuple[int, int, tuple[int, int, int] | None]] = []
+    for lo, hi in itertools.pairwise(bounds):
+        p = int(pid[lo])
+        out.append((lo, hi, None if p < 0 else (p, int(epoch[lo]), int(seq[lo]))))
+    return out
 
 
 def check_stamp(stamp: ProducerStamp) -> None:
