@@ -33,7 +33,8 @@ class Producers:
         # Bumped whenever a shard's log changes under the state (frames from a leader, a cut).
         self._versions: dict[int, int] = {}
         self._loading: dict[int, asyncio.Lock] = {}
-        self._turns: dict[tuple[int, int], list[Any]] = {}  # (shard, producer) -> [lock, users]
+        # (shard, producer) pairs an append holds -> the appends waiting for them.
+        self._turns: dict[tuple[int, int], list[asyncio.Future[None]]] = {}
 
     def forget(self, shard: int) -> None:
         """The log of ``shard`` changed other than by an idempotent append here: rebuild later."""
@@ -62,27 +63,25 @@ class Producers:
 
     @asynccontextmanager
     async def _turn(self, keys: list[tuple[int, int]]) -> AsyncIterator[None]:
-        """Hold the (shard, producer) locks of ``keys`` (sorted: no two appends deadlock)."""
-        entries = []
-        for key in keys:
-            entry = self._turns.get(key)
-            if entry is None:
-                entry = self._turns[key] = [asyncio.Lock(), 0]
-            entry[1] += 1
-            entries.append((key, entry))
-        held: list[asyncio.Lock] = []
+        """Hold the (shard, producer) pairs of ``keys`` for one append (all or none at once,
+        so two appends never hold parts of each other's)."""
+        busy = self._turns
+        while True:
+            clash = next((k for k in keys if k in busy), None)
+            if clash is None:
+                break
+            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            busy[clash].append(waiter)
+            await waiter  # then look again: another waiter may have taken it first
+        for k in keys:
+            busy[k] = []
         try:
-            for _, entry in entries:
-                await entry[0].acquire()
-                held.append(entry[0])
             yield
         finally:
-            for lock in held:
-                lock.release()
-            for key, entry in entries:
-                entry[1] -= 1
-                if not entry[1]:
-                    del self._turns[key]
+            for k in keys:
+                for waiter in busy.pop(k):
+                    if not waiter.done():
+                        waiter.set_result(None)
 
     async def append(
         self,
@@ -153,8 +152,15 @@ class Producers:
                 offsets = written  # in the batch's row order
             else:
                 offsets[kept] = written
-            for s, t in zip(shards, tables, strict=True):
-                if s in fresh and self._tables.get(s) is t:
-                    mine = part_routes == s
-                    t.record(pid, epoch, fresh[s], int(mine.sum()), int(written[mine].min()))
+            # Grouped by shard in ``shards`` order, each shard's new rows come in offset order:
+            # its first one is where its run starts.
+            grouped = written[order] if whole else written
+            at = 0
+            for s, c, adm, t in zip(shards, counts, admissions, tables, strict=True):
+                if s not in fresh:
+                    continue
+                k = c - adm.skip
+                if self._tables.get(s) is t:
+                    t.record(pid, epoch, fresh[s], k, int(grouped[at]))
+                at += k
             return offsets

@@ -279,3 +279,32 @@ def test_buffered_producer_rows_survive_sigkill_with_their_producer(tmp_path: Pa
             assert seen == 60
 
     asyncio.run(run())
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_partial_retry_over_many_shards(tmp_path: Path, engine: str) -> None:
+    """A regrouped retry: each shard holds the first rows of its part, the rest is new."""
+
+    async def run() -> None:
+        async with seglog.open(tmp_path / "s") as store:
+            db = await store.create_db("d", shards=3, engine=engine)
+            full = _table(90)
+            shard_of = [db.shard_for(k) for k in full.column("key").to_pylist()]
+            first = full.slice(0, 40)
+            out1 = await db.append_arrow(first, producer=_stamp(5, dict.fromkeys(set(shard_of[:40]), 0)))
+            await db.append_arrow(_table(7, tag="other"))  # other writers move the ends
+            out = await db.append_arrow(full, producer=_stamp(5, dict.fromkeys(set(shard_of), 0)))
+            assert out.slice(0, 40).to_pydict() == out1.to_pydict()  # the stored rows: first offsets
+            again = await db.append_arrow(full, producer=_stamp(5, dict.fromkeys(set(shard_of), 0)))
+            assert again.to_pydict() == out.to_pydict()
+            for s in range(3):
+                mine = [f"v-{i}".encode() for i in range(90) if shard_of[i] == s]
+                assert [v for v in await _values(db, s) if v.startswith(b"v-")] == mine
+            # Every row's offset holds that row.
+            for i, (s, o) in enumerate(
+                zip(out.column("shard").to_pylist(), out.column("offset").to_pylist(), strict=True)
+            ):
+                got = await db.read_arrow(s, o, 1)
+                assert got.column("value")[0].as_py() == f"v-{i}".encode()
+
+    asyncio.run(run())
