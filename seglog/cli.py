@@ -422,6 +422,16 @@ def _inspect(args: argparse.Namespace) -> int:
                         "body_bytes": header.body_len,
                         "compression": ["none", "zstd"][header.compression],
                         "crc": f"{header.crc:08x}",
+                        "format": header.version,
+                        **(
+                            {
+                                "producer_id": header.producer_id,
+                                "producer_epoch": header.producer_epoch,
+                                "base_sequence": header.base_sequence,
+                            }
+                            if header.producer_id >= 0
+                            else {}
+                        ),
                     }
                 ).encode()
                 + b"\n"
