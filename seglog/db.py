@@ -406,8 +406,17 @@ class Database:
         Raises:
             OffsetOutOfRange: ``offset`` is below the start or past the end.
         """
-        table = await self.read_arrow(shard, offset, max_records, upper=upper)
-        return await self._to_records(table, shard)
+        engine, max_records = self._read_bounds(shard, offset, max_records, upper)
+        if max_records == 0:
+            return []
+        if self._tier is not None:
+            table = await self._tier.read_arrow(shard, offset, max_records)
+            return await self._to_records(table, shard)
+        # The engine converts on the thread that read the table: one hand-off per read, not two
+        # (on a busy machine each wake-up of another thread costs up to milliseconds).
+        return await engine.read_arrow_then(
+            shard, offset, max_records, functools.partial(records_from_table, shard=shard)
+        )
 
     async def read_arrow(
         self, shard: int, offset: int, max_records: int = 100_000, *, upper: int | None = None
@@ -417,6 +426,18 @@ class Database:
         ``upper`` caps the offsets returned (below it): a server passes the high watermark so
         consumers never see what replication may still take back.
         """
+        engine, max_records = self._read_bounds(shard, offset, max_records, upper)
+        if max_records == 0:
+            return empty_read_table()
+        if self._tier is not None:
+            return await self._tier.read_arrow(shard, offset, max_records)
+        return await engine.read_arrow(shard, offset, max_records)
+
+    def _read_bounds(
+        self, shard: int, offset: int, max_records: int, upper: int | None
+    ) -> tuple[Engine, int]:
+        """Check a read's arguments; return the engine and ``max_records`` capped by ``upper``
+        (0: nothing to read below ``upper``, and ``offset`` is in range)."""
         engine = self._check()
         self._check_shard(shard)
         _check_int("offset", offset)
@@ -427,11 +448,9 @@ class Database:
                 end = engine.end_offset(shard)
                 if not self.start_offset(shard) <= offset <= end:
                     raise OffsetOutOfRange(offset, self.start_offset(shard), end, shard=shard)
-                return empty_read_table()
+                return engine, 0
             max_records = min(max_records, upper - offset)
-        if self._tier is not None:
-            return await self._tier.read_arrow(shard, offset, max_records)
-        return await engine.read_arrow(shard, offset, max_records)
+        return engine, max_records
 
     async def offset_for_time(self, shard: int, ts: int | dt.datetime) -> int:
         """First offset whose record has ``ts >=`` the given time; the end offset if none.

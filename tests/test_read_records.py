@@ -265,3 +265,46 @@ def test_bulk_conversion_does_not_collect_when_the_application_disabled_the_coll
         assert collected == ["cycle"]
     finally:
         (gc.enable if was else gc.disable)()
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_read_converts_on_the_thread_that_read_the_table(run, data_dir: Path, engine: str) -> None:
+    """``read_arrow_then`` hands ``then`` the table ``read_arrow`` would return, on the read
+    thread (not the event loop), and its errors reach the caller; ``read`` goes through it."""
+    import threading
+
+    async def main() -> None:
+        async with seglog.open(data_dir) as store:
+            db = await store.create_db("t", shards=1, engine=engine, min_ts_us=None, max_ts_us=None)
+            recs = _mixed_records(3000)
+            for i in range(0, 3000, 1000):
+                await db.append(recs[i : i + 1000], shard=0)
+            eng = db._engine
+            loop_thread = threading.get_ident()
+            seen: list[tuple[int, pa.Table]] = []
+
+            def then(table: pa.Table) -> int:
+                seen.append((threading.get_ident(), table))
+                return table.num_rows
+
+            assert await eng.read_arrow_then(0, 10, 2500, then) == 2500
+            assert await eng.read_arrow_then(0, 10, 2500, then, upper=20) == 10
+            want = await eng.read_arrow(0, 10, 2500)
+            assert seen[0][1].equals(want)
+            assert all(ident != loop_thread for ident, _ in seen)
+
+            def boom(table: pa.Table) -> None:
+                raise seglog.errors.InvalidArgument("from then")
+
+            with pytest.raises(seglog.errors.InvalidArgument, match="from then"):
+                await eng.read_arrow_then(0, 0, 10, boom)
+            with pytest.raises(seglog.errors.OffsetOutOfRange):
+                await eng.read_arrow_then(0, 3001, 10, then)
+            # ``read`` (small and large) is the same records either way.
+            got = await db.read(0, 0, 3000)
+            assert [(r.topic, r.value, r.key, r.headers, r.offset, r.shard) for r in got] == [
+                (r.topic, r.value, r.key, r.headers, i, 0) for i, r in enumerate(recs)
+            ]
+            assert await db.read(0, 5, 1, upper=5) == []
+
+    run(main())

@@ -12,7 +12,7 @@ import enum
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, Literal, NamedTuple, Protocol, runtime_checkable
+from typing import Any, Final, Literal, NamedTuple, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 import pyarrow as pa
@@ -159,6 +159,9 @@ class ShardStats:
     bytes: int
 
 
+_T = TypeVar("_T")
+
+
 class Quota(Protocol):
     """The store's space accounting, as an append sees it."""
 
@@ -230,6 +233,17 @@ class Engine(Protocol):
         self, shard: int, offset: int, max_records: int, upper: int | None = None
     ) -> pa.Table:
         """Up to ``max_records`` records from ``offset``, none at or past ``upper`` (:data:`READ_SCHEMA`)."""
+
+    async def read_arrow_then(
+        self,
+        shard: int,
+        offset: int,
+        max_records: int,
+        then: Callable[[pa.Table], _T],
+        upper: int | None = None,
+    ) -> _T:
+        """:meth:`read_arrow`, then ``then(table)`` on the thread that read the table (a read
+        that converts its table pays one thread hand-off, not two)."""
 
     async def offset_for_time(self, shard: int, ts: int) -> int:
         """First offset whose record has ``ts >=`` the given one; the end offset if none."""

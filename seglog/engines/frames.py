@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
-from typing import Any, Final, Protocol
+from typing import Any, Final, Protocol, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -61,6 +61,8 @@ from seglog.segment.epoch_cache import (
 )
 from seglog.segment.producer_state import ProducerColumns, ProducerStamp, producer_runs
 from seglog.topics.streams import StreamStamper
+
+_T = TypeVar("_T")
 
 __all__ = [
     "MAX_FRAME_RECORDS",
@@ -865,6 +867,22 @@ class FrameTableEngine(StreamLookups, abc.ABC):
         """Records ``[offset, min(end, offset + max_records, upper))`` (``upper``: e.g. the high
         watermark a server caps consumers at)."""
         return await self._run(self.read_arrow_blocking, shard, offset, max_records, upper)
+
+    async def read_arrow_then(
+        self,
+        shard: int,
+        offset: int,
+        max_records: int,
+        then: Callable[[pa.Table], _T],
+        upper: int | None = None,
+    ) -> _T:
+        """:meth:`read_arrow`, then ``then(table)`` on the same executor thread."""
+
+        def job() -> _T:
+            return then(self.read_arrow_blocking(shard, offset, max_records, upper))
+
+        result: _T = await self._run(job)
+        return result
 
     def offset_for_time_blocking(self, shard: int, ts: int) -> int:
         t = self._table(shard)

@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor
 from pathlib import Path
-from typing import Any, Final, NamedTuple
+from typing import Any, Final, NamedTuple, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -93,6 +93,8 @@ from seglog.segment.log_segment import SEGMENT_SUFFIX
 from seglog.segment.producer_state import ProducerColumns, ProducerStamp
 from seglog.topics.lts import LTS
 from seglog.topics.streams import StreamStamper
+
+_T = TypeVar("_T")
 
 __all__ = ["SegmentEngine", "SegmentRange", "shard_dir_name"]
 
@@ -1266,6 +1268,25 @@ class SegmentEngine(GenerationLookups):
         watermark a server caps consumers at)."""
         try:
             return await self._run(self.read_arrow_blocking, shard, offset, max_records, upper)
+        finally:
+            self._repair_if_needed(shard)
+
+    async def read_arrow_then(
+        self,
+        shard: int,
+        offset: int,
+        max_records: int,
+        then: Callable[[pa.Table], _T],
+        upper: int | None = None,
+    ) -> _T:
+        """:meth:`read_arrow`, then ``then(table)`` on the same read-executor thread."""
+
+        def job() -> _T:
+            return then(self.read_arrow_blocking(shard, offset, max_records, upper))
+
+        try:
+            result: _T = await self._run(job)
+            return result
         finally:
             self._repair_if_needed(shard)
 
