@@ -527,6 +527,7 @@ def _frame_starts_at(seg: LogSegment, pos: int, base_offset: int) -> bool:
 MAX_FRAME_TAGS: Final = 16
 MIXED_TAG: Final = 0xFFFFFFFF  # never a stream id (ids are dense from 0)
 _MIXED: Final = np.array([MIXED_TAG], np.uint32)
+_STREAM_ZERO: Final = np.array([0], np.uint32)
 
 
 def _frame_tags(batch: pa.RecordBatch) -> np.ndarray[Any, np.dtype[np.uint32]]:
@@ -535,6 +536,8 @@ def _frame_tags(batch: pa.RecordBatch) -> np.ndarray[Any, np.dtype[np.uint32]]:
     if streams.null_count == 0:
         # numpy on the zero-copy buffer: pyarrow.compute's per-call cost dominates small frames
         values = streams.to_numpy(zero_copy_only=True)
+        if not values.any():
+            return _STREAM_ZERO  # no streams (the database's default): one reduction, not two
         lo, hi = int(values.min()), int(values.max())
         if lo == hi:
             return np.array([lo], np.uint32)
