@@ -160,6 +160,9 @@ class _Shard:
         self.streams: StreamStamper | None = None
         self.snapshots: SnapshotFiles | None = None
         self.snap_end = 0
+        # Where the last read of frames ended: (offset, segment, position) of the frame a
+        # tailing reader asks for next (any thread; checked against the segment when used).
+        self.read_end: tuple[int, LogSegment, int] | None = None
 
     def save_snapshot(self, upto: int | None = None) -> None:
         """(Worker) Write the shard's LTS snapshot covering the records below ``upto``
@@ -509,6 +512,47 @@ def _frames_holding(s: _Shard, offsets: Sequence[int], end: int) -> Iterator[Fra
             while fp is not None and fp.header.next_offset <= offset:
                 fp = next(it, None)
         yield fp
+
+
+def _read_tail(s: _Shard, offset: int, end: int, max_bytes: int) -> bytes | None:
+    """The frames from ``offset`` to ``end`` when a tailing reader asks where its last read
+    ended and all of them fit in ``max_bytes``; ``None``: read the general way.
+
+    A caught-up reader's every poll: one ``pread`` from the position the last read ended
+    at, instead of an index lookup, a header scan from the entry it finds and a new
+    mapping of the grown segment. Each header read must continue the one before from
+    ``offset`` on (a position left by a cut log, or another segment, falls back).
+    """
+    hint = s.read_end
+    if hint is None or hint[0] != offset:
+        return None
+    _, seg, pos = hint
+    if seg is not s.log.active:
+        return None  # rolled since: the index finds the next segment
+    size = seg.size
+    if not pos < size <= pos + max_bytes:
+        return None
+    try:
+        data = seg.read(pos, size)
+    except OSError:
+        return None  # the general path reports it
+    cut = 0
+    at = offset
+    while cut < len(data):
+        try:
+            header = parse_header(data, cut)
+        except CorruptFrame:
+            return None
+        if header.base_offset != at:
+            return None
+        if at >= end:
+            break  # written, not acknowledged yet
+        cut += header.size
+        at = header.next_offset
+    if not cut:
+        return None
+    s.read_end = (at, seg, pos + cut)
+    return data if cut == len(data) else data[:cut]
 
 
 def _frame_starts_at(seg: LogSegment, pos: int, base_offset: int) -> bool:
@@ -1019,12 +1063,19 @@ class SegmentEngine(GenerationLookups):
         total = 0
         if offset >= end:
             return b""
+        tail = _read_tail(s, offset, end, max_bytes)
+        if tail is not None:
+            return tail
+        last: FramePosition | None = None
         for fp in s.frames(offset, end):
             size = fp.header.size
             if out and total + size > max_bytes:
                 break
             out.append(fp.segment.view(fp.pos, fp.pos + size))
             total += size
+            last = fp
+        if last is not None:
+            s.read_end = (last.header.next_offset, last.segment, last.pos + last.header.size)
         return b"".join(out)
 
     async def read_frames(self, shard: int, offset: int, max_bytes: int) -> bytes:
