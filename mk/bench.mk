@@ -87,6 +87,13 @@ BENCH_NET_ARGS ?=
 bench-net: venv peer-kafka
 	$(BIN)/python -m bench.net --cache $(CACHE) $(BENCH_NET_ARGS)
 
+# CPU per tick of the node's store work in bench-net's 16-shard end-to-end shape (no network,
+# no Kafka; bench/net_tick.py): `make bench-net-tick BEFORE=/path/to/a/worktree` also runs
+# that checkout's seglog in alternating runs and prints the ratio.
+.PHONY: bench-net-tick
+bench-net-tick: venv
+	$(BIN)/python -m bench.net_tick $(if $(BEFORE),--before $(BEFORE)) $(BENCH_NET_TICK_ARGS)
+
 # Streams: a selective wildcard read through streams vs a filtered full scan, and the append
 # cost of stamping streams against a same-run baseline without (bench/streams.py).
 # `make bench-streams QUICK=1` runs the small version and only prints.

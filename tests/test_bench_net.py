@@ -56,3 +56,17 @@ def test_net_bench_tiny_run(tmp_path: Path) -> None:
         for sender in ("network Arrow", "Producer.send_arrow")
     ]
     assert all(r["records"] == 2500 for r in e2e)  # 5000 records/s for 0.5 s, all received
+
+
+def test_net_tick_bench_runs_both_paths_and_a_before_side() -> None:
+    tiny = ["--shards", "4", "--ticks", "5", "--runs", "1", "--before", str(ROOT)]
+    for mode in ("rows", "producer"):
+        out = subprocess.run(
+            [sys.executable, "-m", "bench.net_tick", "--mode", mode, *tiny],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=True,
+        ).stdout
+        assert "before: CPU per tick" in out and "after: CPU per tick" in out and "after / before" in out

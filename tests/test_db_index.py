@@ -5,10 +5,12 @@ from __future__ import annotations
 import logging
 import os
 import resource
+import struct
 from collections.abc import Iterator
 from pathlib import Path
 
 import lmdb
+import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -341,3 +343,29 @@ def test_a_key_column_arrow_cannot_index_is_an_index_failure(db_index: DbIndex) 
     with pytest.raises(StorageError):
         view.add([bad])
     assert view.indexed_end == 0
+
+
+@pytest.mark.parametrize("tags_per_frame", [1, 3, 16])
+def test_tag_entries_are_keyed_by_tag_then_frame_whichever_way_they_are_built(
+    db_index: DbIndex, tags_per_frame: int
+) -> None:
+    """A few tag entries are packed in Python, many with NumPy: both give the same entries."""
+    view = db_index.shard(7)
+    frames = []
+    for f in range(8):  # 8, 24 and 128 entries: both sides of the Python/NumPy cut-over
+        base = f * FRAME_RECORDS
+        tags = sorted({(f * 5 + t * 3) % 11 for t in range(tags_per_frame)} | {f % 2})
+        frames.append(_frame(base, [b"k"] * FRAME_RECORDS)._replace(tags=np.array(tags, np.uint32)))
+    db_index.add_many([(view, frames[:3]), (db_index.shard(8), frames[:1]), (view, frames[3:])])
+    want = sorted(
+        (struct.pack(">IIQ", 7, tag, fr.base_offset), struct.pack(">QQ", fr.segment_base, fr.pos))
+        for fr in frames
+        for tag in fr.tags.tolist()
+    )
+    t = db_index._tables
+    with t.env.begin() as txn:
+        got = [(bytes(k), bytes(v)) for k, v in txn.cursor(t.tag) if k[:4] == struct.pack(">I", 7)]
+    assert got == want
+    for tag in range(11):
+        holding = [fr for fr in frames if tag in fr.tags.tolist()]
+        assert view.tag_frames(tag) == [(fr.base_offset, (fr.segment_base, fr.pos)) for fr in holding]

@@ -464,3 +464,59 @@ def test_buffered_rows_keep_the_epoch_they_were_appended_with(run, tmp_path: Pat
                 assert [e for e, _ in db.leader_epochs(shard)] == [1, 2, 3]
 
     run(main())
+
+
+def test_a_tailing_reader_of_frames_reads_what_the_log_holds_after_rolls_cuts_and_seeks(
+    run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read from where the last one ended is one pread from the position it ended at (not
+    an index lookup and header scan): its answer must stay the log's after the segment rolls,
+    the log is cut back to that offset and written again, or another offset is asked."""
+    import seglog.engines.segment as segment_engine
+
+    tail_reads = 0
+    real_read_tail = segment_engine._read_tail
+
+    def counting(*args: Any) -> bytes | None:
+        nonlocal tail_reads
+        got = real_read_tail(*args)
+        tail_reads += got is not None
+        return got
+
+    monkeypatch.setattr(segment_engine, "_read_tail", counting)
+
+    async def main() -> None:
+        async with seglog.open(tmp_path / "a") as store:
+            db = await store.create_db("r", shards=1, segment_bytes=8192)
+            s = db._engine._shards[0]  # white box: the read-end hint
+
+            async def read(offset: int, max_bytes: int = 1 << 20) -> bytes:
+                got = await db.read_frames(0, offset, max_bytes)
+                hint, s.read_end = s.read_end, None
+                try:  # the general path's answer
+                    assert got == await db.read_frames(0, offset, max_bytes)
+                finally:
+                    s.read_end = hint
+                return got
+
+            pos = 0
+            for k in range(30):  # frames of 50 records; segments roll every few
+                await db.append(_records(50, k * 50), shard=0)
+                pos = _frame_bounds(await read(pos))[-1][1]
+            assert pos == 1500 and tail_reads >= 10  # not right after a roll
+            before = tail_reads
+            await db.append(_records(100, 1500, prefix=b"old"), shard=0)
+            assert await db.truncate_to(0, pos, force=True) == pos  # cut back to the reader
+            await db.append(_records(20, 1500, prefix=b"new"), shard=0)
+            data = await read(pos)
+            assert _frame_bounds(data) == [(1500, 1520)]
+            assert seglog.record.decode_frames(data).column("value")[0].as_py() == b"new-1500"
+            await db.append(_records(20, 1520), shard=0)
+            assert _frame_bounds(await read(1510)) == [(1500, 1520), (1520, 1540)]  # mid-frame
+            for k in range(3):
+                await db.append(_records(20, 1540 + k * 20), shard=0)
+            assert _frame_bounds(await read(1540, max_bytes=1)) == [(1540, 1560)]  # one frame
+            assert _frame_bounds(await read(1560)) == [(1560, 1580), (1580, 1600)]
+            assert tail_reads > before
+
+    run(main())

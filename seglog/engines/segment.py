@@ -162,6 +162,9 @@ class _Shard:
         self.streams: StreamStamper | None = None
         self.snapshots: SnapshotFiles | None = None
         self.snap_end = 0
+        # Where the last read of frames ended: (offset, segment, position) of the frame a
+        # tailing reader asks for next (any thread; checked against the segment when used).
+        self.read_end: tuple[int, LogSegment, int] | None = None
 
     def save_snapshot(self, upto: int | None = None) -> None:
         """(Worker) Write the shard's LTS snapshot covering the records below ``upto``
@@ -513,6 +516,47 @@ def _frames_holding(s: _Shard, offsets: Sequence[int], end: int) -> Iterator[Fra
         yield fp
 
 
+def _read_tail(s: _Shard, offset: int, end: int, max_bytes: int) -> bytes | None:
+    """The frames from ``offset`` to ``end`` when a tailing reader asks where its last read
+    ended and all of them fit in ``max_bytes``; ``None``: read the general way.
+
+    A caught-up reader's every poll: one ``pread`` from the position the last read ended
+    at, instead of an index lookup, a header scan from the entry it finds and a new
+    mapping of the grown segment. Each header read must continue the one before from
+    ``offset`` on (a position left by a cut log, or another segment, falls back).
+    """
+    hint = s.read_end
+    if hint is None or hint[0] != offset:
+        return None
+    _, seg, pos = hint
+    if seg is not s.log.active:
+        return None  # rolled since: the index finds the next segment
+    size = seg.size
+    if not pos < size <= pos + max_bytes:
+        return None
+    try:
+        data = seg.read(pos, size)
+    except OSError:
+        return None  # the general path reports it
+    cut = 0
+    at = offset
+    while cut < len(data):
+        try:
+            header = parse_header(data, cut)
+        except CorruptFrame:
+            return None
+        if header.base_offset != at:
+            return None
+        if at >= end:
+            break  # written, not acknowledged yet
+        cut += header.size
+        at = header.next_offset
+    if not cut:
+        return None
+    s.read_end = (at, seg, pos + cut)
+    return data if cut == len(data) else data[:cut]
+
+
 def _frame_starts_at(seg: LogSegment, pos: int, base_offset: int) -> bool:
     """Whether a valid frame header with ``base_offset`` starts at ``pos`` of ``seg``."""
     if pos < 0 or pos + FRAME_HEADER_BYTES > seg.size:
@@ -529,6 +573,7 @@ def _frame_starts_at(seg: LogSegment, pos: int, base_offset: int) -> bool:
 MAX_FRAME_TAGS: Final = 16
 MIXED_TAG: Final = 0xFFFFFFFF  # never a stream id (ids are dense from 0)
 _MIXED: Final = np.array([MIXED_TAG], np.uint32)
+_STREAM_ZERO: Final = np.array([0], np.uint32)
 
 
 def _frame_tags(batch: pa.RecordBatch) -> np.ndarray[Any, np.dtype[np.uint32]]:
@@ -537,6 +582,8 @@ def _frame_tags(batch: pa.RecordBatch) -> np.ndarray[Any, np.dtype[np.uint32]]:
     if streams.null_count == 0:
         # numpy on the zero-copy buffer: pyarrow.compute's per-call cost dominates small frames
         values = streams.to_numpy(zero_copy_only=True)
+        if not values.any():
+            return _STREAM_ZERO  # no streams (the database's default): one reduction, not two
         lo, hi = int(values.min()), int(values.max())
         if lo == hi:
             return np.array([lo], np.uint32)
@@ -1018,12 +1065,19 @@ class SegmentEngine(GenerationLookups):
         total = 0
         if offset >= end:
             return b""
+        tail = _read_tail(s, offset, end, max_bytes)
+        if tail is not None:
+            return tail
+        last: FramePosition | None = None
         for fp in s.frames(offset, end):
             size = fp.header.size
             if out and total + size > max_bytes:
                 break
             out.append(fp.segment.view(fp.pos, fp.pos + size))
             total += size
+            last = fp
+        if last is not None:
+            s.read_end = (last.header.next_offset, last.segment, last.pos + last.header.size)
         return b"".join(out)
 
     async def read_frames(self, shard: int, offset: int, max_bytes: int) -> bytes:

@@ -77,6 +77,10 @@ _U32: Final = struct.Struct(">I")
 _U64: Final = struct.Struct(">Q")
 _U64_PAIR: Final = struct.Struct(">QQ")
 _U32_U64: Final = struct.Struct(">IQ")
+# A tag entry's key: shard | tag | frame base offset.
+_TAG_KEY: Final = struct.Struct(">IIQ")
+# Up to this many tag entries in one plan are built in Python, not NumPy (see _tag_items).
+_FEW_TAG_ITEMS: Final = 64
 _TS_BIAS: Final = 1 << 63
 INDEXED_END_KEY: Final = b"indexed_end"
 
@@ -335,10 +339,18 @@ class ShardIndex:
     def _tag_items(self, parts: list[tuple[np.ndarray[Any, Any], int, bytes]]) -> list[tuple[bytes, bytes]]:
         """``(shard | tag | frame base, position)`` of every frame's tags, sorted by key.
 
-        Built with NumPy: a frame of interleaved streams has one entry per stream.
+        Built with NumPy: a frame of interleaved streams has one entry per stream. A few
+        entries (a drain's one small frame of a shard, often of a single stream) are packed
+        one by one instead: NumPy's fixed cost per call is most of a small batch's cost.
         """
         counts = [len(t) for t, _, _ in parts]
         total = sum(counts)
+        if total <= _FEW_TAG_ITEMS:
+            pack, shard = _TAG_KEY.pack, self.number
+            items = [(pack(shard, tag, base), pos) for tags, base, pos in parts for tag in tags.tolist()]
+            if len(parts) > 1:
+                items.sort()  # big-endian keys: by (tag, base) as below; keys are distinct
+            return items
         rec = np.empty(total, dtype=[("shard", ">u4"), ("tag", ">u4"), ("base", ">u8")])
         rec["shard"] = self.number
         rec["tag"] = np.concatenate([t for t, _, _ in parts]) if len(parts) > 1 else parts[0][0]

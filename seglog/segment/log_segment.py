@@ -223,6 +223,21 @@ class LogSegment:
             mapped = self._remap(end)
         return memoryview(mapped)[start:end]
 
+    def read(self, start: int, end: int) -> bytes:
+        """A copy of bytes ``[start, end)`` read with ``pread``, not through the mapping.
+
+        For the newest bytes of a growing file: a view past the mapping would map the file
+        again (an mmap and, once the old mapping is dropped, an munmap per read).
+
+        Raises:
+            OSError: The read failed or came back short.
+        """
+        with self._file.fd() as fd:
+            data = os.pread(fd, end - start, start)
+        if len(data) != end - start:
+            raise OSError(f"{self.path.name}: short read at {start} ({len(data)} of {end - start} bytes)")
+        return data
+
     def _remap(self, end: int) -> mmap.mmap:
         length = max(end, self.size)
         with self._file.fd() as fd:
