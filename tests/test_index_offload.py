@@ -9,6 +9,7 @@ from the segments, also across merges and a truncation.
 from __future__ import annotations
 
 import asyncio
+import logging
 import shutil
 import threading
 from collections.abc import Iterator
@@ -93,3 +94,27 @@ def test_index_written_by_the_indexer_matches_a_rebuild(run: Any, data_dir: Path
     assert run(reopen()) == before
     shutil.rmtree(data_dir / "dbs" / "t" / "index")
     assert run(reopen()) == before
+
+
+def test_clean_close_leaves_no_index_to_catch_up(run: Any, data_dir: Path, caplog: Any) -> None:
+    """Close stops the indexer after it wrote every entry, those of rows pending at close too."""
+
+    async def write() -> None:
+        async with seglog.open(data_dir) as store:
+            db = await store.create_db("t", shards=4)
+            for i in range(0, 3000, 300):  # keyed rows over 4 shards: buffered until close
+                await db.append(make_records(300, start=i))
+
+    before = set(threading.enumerate())
+    run(write())
+    # Every indexer this store started was stopped by close, after its last entries.
+    assert not [t.name for t in set(threading.enumerate()) - before if t.name.startswith("seglog-index-")]
+    caplog.set_level(logging.INFO, logger="seglog.engines.segment")
+
+    async def reopen() -> int:
+        async with seglog.open(data_dir) as store:
+            db = await store.open_db("t")
+            return len(await db.read_key(b"dev7"))
+
+    assert run(reopen()) == 60
+    assert not [r for r in caplog.records if "from the segments" in r.getMessage()]

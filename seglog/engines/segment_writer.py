@@ -16,7 +16,9 @@ An append is cut on the event loop into one request per worker:
 A drain writes every request's segment frames (page cache), then all journal entries with
 one ``pwritev`` and one ``fdatasync`` (``fsync="always"``), and only then acknowledges. A
 drain that touched a single shard with frames only syncs that segment instead and skips the
-journal (the same bytes and one sync, as before there was a journal).
+journal (the same bytes and one sync, as before there was a journal). The drain's index
+entries are written after that, by the worker's indexer thread (:class:`_Indexer`): the index
+is derived, readers scan past it, and its key-index merges must not delay acknowledgements.
 
 A failed drain fails every request in it: segment writes are rolled back, the journal entries
 are discarded, and the worker's write generation moves on so requests queued behind it (their
@@ -757,14 +759,14 @@ class WorkerLog:
         if self.closed:
             return
         self.closed = True
-        if self._indexer is not None:
-            self._indexer.close()  # every entry written before the index is closed
-            self._indexer = None
         try:
             self.flush_high_watermarks(force=True)
             if self.failed is None:
-                self.checkpoint()
+                self.checkpoint()  # may hand the indexer the frames of the last pending rows
         finally:
+            if self._indexer is not None:
+                self._indexer.close()  # every entry written before the index is closed
+                self._indexer = None
             self.journal.close()
 
 
