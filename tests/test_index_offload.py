@@ -118,3 +118,32 @@ def test_clean_close_leaves_no_index_to_catch_up(run: Any, data_dir: Path, caplo
 
     assert run(reopen()) == 60
     assert not [r for r in caplog.records if "from the segments" in r.getMessage()]
+
+
+def test_a_failed_index_write_is_caught_up_not_skipped(run: Any, data_dir: Path, monkeypatch: Any) -> None:
+    """Whatever the indexer's write raises, the shard catches up: no hole below indexed_end."""
+    from seglog.index.shard_index import ShardIndex
+
+    real_add = ShardIndex.add
+    failures = [RuntimeError("injected index failure")]
+
+    def add(self: ShardIndex, frames: Any) -> None:
+        if failures:
+            raise failures.pop()
+        real_add(self, frames)
+
+    async def go() -> None:
+        async with seglog.open(data_dir) as store:
+            db = await store.create_db("t")
+            await db.append(make_records(100))
+            await db._engine.drain()  # type: ignore[attr-defined]
+            monkeypatch.setattr(ShardIndex, "add", add)
+            await db.append(make_records(100, start=100))  # its index write fails
+            await db._engine.drain()  # type: ignore[attr-defined]
+            await db.append(make_records(100, start=200))
+            await db._engine.drain()  # type: ignore[attr-defined]
+            assert not failures
+            assert db._engine._shards[0].index.indexed_end == 300  # type: ignore[attr-defined]
+            assert [len(o) for o in await _keyed_offsets(db)] == [6] * 50
+
+    run(go())

@@ -446,8 +446,10 @@ class WorkerLog:
                 else:
                     assert self.index is not None
                     self.index.add_many([(s.index, s.frame_entries(frames)) for s, frames in group])
-            except (StorageError, CorruptFrame, OSError) as exc:
+            except Exception as exc:
                 # Durable and acknowledged; the index is derived and caught up on the next write.
+                # Any failure, not only a storage one: a skipped group must not leave a gap
+                # below a later indexed_end (readers would not scan it).
                 for s, _ in group:
                     s.index_lagging = True
                 log.error(
@@ -456,6 +458,7 @@ class WorkerLog:
                     type(exc).__name__,
                     exc,
                     [s.number for s, _ in group],
+                    exc_info=not isinstance(exc, StorageError | CorruptFrame | OSError),
                 )
 
     def index_barrier(self) -> None:
