@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import seglog
-from tests.helpers import make_records
+from seglog.index.shard_index import DEFAULT_MERGE_FRAMES
+from tests.helpers import make_records, read_all
 
 # A hang guard, not a timing assertion: an append that waits for the held index lock never ends.
 _GUARD_S = 60.0
@@ -46,6 +47,12 @@ def _index_write_lock(db: seglog.Database) -> Iterator[None]:
         thread.join()
 
 
+async def _scanned_keys(db: seglog.Database) -> list[list[int]]:
+    """Per key ``dev0``..``dev49``, the offsets holding it, from a scan of every record."""
+    records = await read_all(db, 0)
+    return [[r.offset for r in records if r.key == f"dev{k}".encode()] for k in range(50)]  # type: ignore[misc]
+
+
 async def _keyed_offsets(db: seglog.Database) -> list[list[int]]:
     return [[r.offset for r in await db.read_key(0, f"dev{k}".encode())] for k in range(50)]  # type: ignore[misc]
 
@@ -54,20 +61,26 @@ def test_append_is_acknowledged_while_the_index_write_waits(run: Any, data_dir: 
     async def go() -> None:
         async with seglog.open(data_dir) as store:
             db = await store.create_db("t", index_interval_bytes=256)
-            await db.append(make_records(100))
+            # 255 keyed frames: the next one makes the key index merge its summaries.
+            for i in range(0, 2 * (DEFAULT_MERGE_FRAMES - 1), 2):
+                await db.append(make_records(2, start=i))
             await db._engine.drain()  # type: ignore[attr-defined]
+            end = db.end_offset(0)
             with _index_write_lock(db):
-                # Before the indexer, the worker wrote the index before acknowledging: these
-                # appends would wait for the lock and never finish.
-                for i in range(100, 600, 100):
+                # Before the indexer, the worker wrote the index (and merged) before
+                # acknowledging: these appends would wait for the lock and never finish.
+                for i in range(end, end + 500, 100):
                     await asyncio.wait_for(db.append(make_records(100, start=i)), _GUARD_S)
-                assert db.end_offset(0) == 600
+                assert db.end_offset(0) == end + 500
                 # The index lags; reads by key and by offset scan the frames past it.
-                assert [len(o) for o in await _keyed_offsets(db)] == [12] * 50
-                assert [r.offset for r in await db.read(0, 550, 10)] == list(range(550, 560))
+                want = await _scanned_keys(db)
+                assert await _keyed_offsets(db) == want
+                assert [r.offset for r in await db.read(0, end + 450, 10)] == list(
+                    range(end + 450, end + 460)
+                )
             await db._engine.drain()  # type: ignore[attr-defined]
-            assert db._engine._shards[0].index.indexed_end == 600  # type: ignore[attr-defined]
-            assert [len(o) for o in await _keyed_offsets(db)] == [12] * 50
+            assert db._engine._shards[0].index.indexed_end == end + 500  # type: ignore[attr-defined]
+            assert await _keyed_offsets(db) == want
 
     run(go())
 

@@ -143,6 +143,11 @@ class _Indexer:
         """Queue ``fn(written)`` (blocks while ``INDEX_QUEUE_MAX`` items wait)."""
         self._queue.put((fn, written))
 
+    @property
+    def idle(self) -> bool:
+        """Whether everything submitted is done (only the submitting thread adds work)."""
+        return self._queue.unfinished_tasks == 0
+
     def barrier(self) -> None:
         """Wait until everything submitted so far is done."""
         self._queue.join()
@@ -413,11 +418,13 @@ class WorkerLog:
         self._known_epoch_floor = min((s.known_epoch for s in self.shards), default=0)
 
     def _index(self, written: _Written) -> None:
-        """Index frames just written: on the indexer thread, after the drain is acknowledged.
+        """Index frames just written: here, or on the indexer thread when a key-index merge
+        is likely (or the indexer still has work: entries are written in drain order), so
+        the drain is acknowledged without waiting for the merge.
 
         A shard whose index is lagging or suspect catches up from its segments here on the
         worker (after the indexer finished, so the two never write one shard's entries at
-        once); the others go to the indexer in drain order.
+        once).
         """
         if not written:
             return
@@ -429,9 +436,18 @@ class WorkerLog:
         ready = [(s, frames) for s, frames in written if s.number not in behind]
         if not ready:
             return
-        if self._indexer is None:
-            self._indexer = _Indexer(f"seglog-index-{self.worker}")
-        self._indexer.submit(self._index_now, ready)
+        indexer = self._indexer
+        if (indexer is None or indexer.idle) and not any(
+            frames and s.index.merge_likely(len(frames), frames[0][0].segment.base_offset)
+            for s, frames in ready
+        ):
+            # Most drains: a few entries, cheaper here than a hand-off to another thread
+            # (which then competes with this one and the event loop for the GIL).
+            self._index_now(ready)
+            return
+        if indexer is None:
+            indexer = self._indexer = _Indexer(f"seglog-index-{self.worker}")
+        indexer.submit(self._index_now, ready)
 
     def _index_now(self, written: _Written) -> None:
         """(Indexer) Index frames of shards whose index was ready, in one LMDB transaction
