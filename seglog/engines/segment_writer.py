@@ -16,9 +16,10 @@ An append is cut on the event loop into one request per worker:
 A drain writes every request's segment frames (page cache), then all journal entries with
 one ``pwritev`` and one ``fdatasync`` (``fsync="always"``), and only then acknowledges. A
 drain that touched a single shard with frames only syncs that segment instead and skips the
-journal (the same bytes and one sync, as before there was a journal). The drain's index
-entries are written after that, by the worker's indexer thread (:class:`_Indexer`): the index
-is derived, readers scan past it, and its key-index merges must not delay acknowledgements.
+journal (the same bytes and one sync, as before there was a journal). The drain then writes
+its index entries, or, when they may make the key index merge (tens of ms), hands them to the
+worker's indexer thread (:class:`_Indexer`) and acknowledges at once: the index is derived
+and readers scan past it.
 
 A failed drain fails every request in it: segment writes are rolled back, the journal entries
 are discarded, and the worker's write generation moves on so requests queued behind it (their
