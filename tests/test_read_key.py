@@ -206,14 +206,17 @@ def test_lagging_key_index_scans_its_tail_and_catches_up(run, data_dir: Path, mo
         async with seglog.open(data_dir) as store:
             db = await store.create_db("t")
             await db.append(make_records(500))
+            await db._engine.drain()  # type: ignore[attr-defined]  # indexed before the failures
             failing["on"] = True
             await db.append(make_records(500, start=500))  # acknowledged; the index lags
+            await db._engine.drain()  # type: ignore[attr-defined]  # the indexer wrote (and failed)
             s = db._engine._shards[0]  # type: ignore[attr-defined]
             assert s.index_lagging and s.index.indexed_end == 500
             want = [r.offset for r in await read_all(db, 0) if r.key == b"dev3"]
             assert [r.offset for r in await db.read_key(0, b"dev3")] == want
             failing["on"] = False
             await db.append(make_records(10, start=1000))
+            await db._engine.drain()  # type: ignore[attr-defined]
             assert not s.index_lagging and s.index.indexed_end == 1010
             assert [r.offset for r in await db.read_key(0, b"dev3")] == [*want, 1003]
 

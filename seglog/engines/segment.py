@@ -982,6 +982,7 @@ class SegmentEngine(GenerationLookups):
 
         def cut() -> int:
             writer.checkpoint()
+            writer.index_barrier()  # no entry past the cut is written after it
             try:
                 new_end = s.log.truncate_to(offset)
             except OSError as exc:
@@ -1500,6 +1501,7 @@ class SegmentEngine(GenerationLookups):
 
         def run() -> Any:
             writer.flush_shard(s)
+            writer.index_barrier()  # maintenance may write the index or read it as complete
             return fn()
 
         return await self._io_pool.submit(s.number, s.maintenance, run)

@@ -16,7 +16,10 @@ An append is cut on the event loop into one request per worker:
 A drain writes every request's segment frames (page cache), then all journal entries with
 one ``pwritev`` and one ``fdatasync`` (``fsync="always"``), and only then acknowledges. A
 drain that touched a single shard with frames only syncs that segment instead and skips the
-journal (the same bytes and one sync, as before there was a journal).
+journal (the same bytes and one sync, as before there was a journal). The drain then writes
+its index entries, or, when they may make the key index merge (tens of ms), hands them to the
+worker's indexer thread (:class:`_Indexer`) and acknowledges at once: the index is derived
+and readers scan past it.
 
 A failed drain fails every request in it: segment writes are rolled back, the journal entries
 are discarded, and the worker's write generation moves on so requests queued behind it (their
@@ -32,8 +35,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import queue
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
@@ -81,6 +86,9 @@ DEFAULT_BUFFER_BYTES: Final = 64 << 20
 # Moved high watermarks are written at most this often while the store runs (and at close).
 HW_FLUSH_INTERVAL_S: Final = DEFAULT_HW_FLUSH_INTERVAL_S
 _JOURNAL_DIR: Final = "journal"
+# Index work a worker may hand its indexer ahead of it (drains): past it the worker waits,
+# so a starved indexer slows appends down instead of holding unbounded frames in memory.
+INDEX_QUEUE_MAX: Final = 64
 _ROWS_SCHEMA: Final = pa.schema(
     [*FRAME_SCHEMA, pa.field("shard", pa.int32()), pa.field("offset", pa.int64())]
 )
@@ -126,6 +134,60 @@ def rows_body(req: RowsRequest) -> pa.Buffer:
 def rows_kind(req: RowsRequest) -> int:
     """The journal entry kind of a rows request."""
     return ENTRY_ROWS if req.part.stamps is None else ENTRY_ROWS_PRODUCER
+
+
+_Written = Sequence[tuple["_Shard", Sequence[tuple[FramePosition, pa.RecordBatch]]]]
+
+
+class _Indexer:
+    """A thread that writes one worker's index entries after the drain that wrote their frames.
+
+    The index is derived data and readers scan past ``indexed_end``, so an acknowledgement
+    need not wait for it. It used to: every few hundred frames of a keyed shard the key
+    index merges its summaries into postings (10-60 ms of CPU, :meth:`ShardIndex._merge_due
+    <seglog.index.shard_index.ShardIndex._merge_due>`), and every append of that drain and
+    of the drains queued behind it waited, on every replica at once (the p99 stalls of
+    ``acks="all"``). Work is taken in order; :meth:`barrier` waits until it is all done.
+    """
+
+    def __init__(self, name: str) -> None:
+        self._queue: queue.Queue[tuple[Callable[[_Written], None], _Written] | None] = queue.Queue(
+            INDEX_QUEUE_MAX
+        )
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, fn: Callable[[_Written], None], written: _Written) -> None:
+        """Queue ``fn(written)`` (blocks while ``INDEX_QUEUE_MAX`` items wait)."""
+        self._queue.put((fn, written))
+
+    @property
+    def idle(self) -> bool:
+        """Whether everything submitted is done (only the submitting thread adds work)."""
+        return self._queue.unfinished_tasks == 0
+
+    def barrier(self) -> None:
+        """Wait until everything submitted so far is done."""
+        self._queue.join()
+
+    def close(self) -> None:
+        """Finish the queued work and stop the thread."""
+        self._queue.put(None)
+        self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                if item is None:
+                    return
+                fn, written = item
+                try:
+                    fn(written)
+                except Exception:  # derived data: the shards are marked lagging by fn itself
+                    log.exception("index write failed")
+            finally:
+                self._queue.task_done()
 
 
 class WorkerLog:
@@ -180,6 +242,7 @@ class WorkerLog:
         # finding the tailed ones costs nothing per idle shard.
         self._tailed: dict[int, _Shard] = {}
         self._hw_flushed_at = time.monotonic()  # the last flush_high_watermarks pass (worker)
+        self._indexer: _Indexer | None = None  # started by the first drain with index work
         self.closed = False
 
     # --- state -------------------------------------------------------------------------
@@ -372,30 +435,71 @@ class WorkerLog:
         """(Worker) Recompute the epoch floor after a change that can lower a shard's latest epoch."""
         self._known_epoch_floor = min((s.known_epoch for s in self.shards), default=0)
 
-    def _index(
-        self, written: Sequence[tuple[_Shard, Sequence[tuple[FramePosition, pa.RecordBatch]]]]
-    ) -> None:
-        """Index frames just written, of every shard in one LMDB transaction where it can."""
-        ready = [(s, frames) for s, frames in written if s.index_ready]
-        for s, frames in written:
-            if not s.index_ready:
-                s.index_frames(frames)  # catches up from the segments
-        if self.index is None or len(ready) <= 1:
-            for s, frames in ready:
-                s.index_frames(frames)
+    def _index(self, written: _Written) -> None:
+        """Index frames just written: here, or on the indexer thread when a key-index merge
+        is likely (or the indexer still has work: entries are written in drain order), so
+        the drain is acknowledged without waiting for the merge.
+
+        A shard whose index is lagging or suspect catches up from its segments here on the
+        worker (after the indexer finished, so the two never write one shard's entries at
+        once).
+        """
+        if not written:
             return
-        try:
-            self.index.add_many([(s.index, s.frame_entries(frames)) for s, frames in ready])
-        except (StorageError, CorruptFrame, OSError) as exc:
-            # Durable and acknowledged; the index is derived and caught up on the next write.
-            for s, _ in ready:
-                s.index_lagging = True
-            log.error(
-                "I/O worker %d: index write failed (%s: %s); its shards catch up on the next write",
-                self.worker,
-                type(exc).__name__,
-                exc,
-            )
+        behind = {s.number: s for s, _ in written if not s.index_ready}
+        if behind:
+            self.index_barrier()
+            for s in behind.values():
+                s.index_frames([])  # catches up from the segments (these frames too)
+        ready = [(s, frames) for s, frames in written if s.number not in behind]
+        if not ready:
+            return
+        indexer = self._indexer
+        if (indexer is None or indexer.idle) and not any(
+            frames and s.index.merge_likely(len(frames), frames[0][0].segment.base_offset)
+            for s, frames in ready
+        ):
+            # Most drains: a few entries, cheaper here than a hand-off to another thread
+            # (which then competes with this one and the event loop for the GIL).
+            self._index_now(ready)
+            return
+        if indexer is None:
+            indexer = self._indexer = _Indexer(f"seglog-index-{self.worker}")
+        indexer.submit(self._index_now, ready)
+
+    def _index_now(self, written: _Written) -> None:
+        """(Indexer) Index frames of shards whose index was ready, in one LMDB transaction
+        where it can; a failure leaves the shards lagging (the worker catches them up)."""
+        ready = [(s, frames) for s, frames in written if s.index_ready]
+        groups = [ready] if self.index is not None and len(ready) > 1 else [[r] for r in ready]
+        for group in groups:
+            try:
+                if len(group) == 1:
+                    s, frames = group[0]
+                    s.index.add(s.frame_entries(frames))
+                else:
+                    assert self.index is not None
+                    self.index.add_many([(s.index, s.frame_entries(frames)) for s, frames in group])
+            except Exception as exc:
+                # Durable and acknowledged; the index is derived and caught up on the next write.
+                # Any failure, not only a storage one: a skipped group must not leave a gap
+                # below a later indexed_end (readers would not scan it).
+                for s, _ in group:
+                    s.index_lagging = True
+                log.error(
+                    "I/O worker %d: index write failed (%s: %s); shards %s catch up on the next write",
+                    self.worker,
+                    type(exc).__name__,
+                    exc,
+                    [s.number for s, _ in group],
+                    exc_info=not isinstance(exc, StorageError | CorruptFrame | OSError),
+                )
+
+    def index_barrier(self) -> None:
+        """(Worker) Wait until the indexer wrote every entry handed to it: before anything
+        else writes the index (a cut, a rebuild, retention) or reads ``indexed_end`` as final."""
+        if self._indexer is not None:
+            self._indexer.barrier()
 
     def _undo(
         self,
@@ -659,8 +763,10 @@ class WorkerLog:
         if due:
             with contextlib.suppress(OSError):  # logged; retried at the next deadline or checkpoint
                 self.flush()
-        for s in self.shards:
-            s.rebuild_index()
+        if any(not s.index_ready for s in self.shards):
+            self.index_barrier()
+            for s in self.shards:
+                s.rebuild_index()
         self.flush_high_watermarks()
 
     def flush_high_watermarks(self, *, force: bool = False) -> None:
@@ -693,8 +799,11 @@ class WorkerLog:
         try:
             self.flush_high_watermarks(force=True)
             if self.failed is None:
-                self.checkpoint()
+                self.checkpoint()  # may hand the indexer the frames of the last pending rows
         finally:
+            if self._indexer is not None:
+                self._indexer.close()  # every entry written before the index is closed
+                self._indexer = None
             self.journal.close()
 
 

@@ -283,6 +283,17 @@ class ShardIndex:
         """
         add_many(self._t, [(self, frames)])
 
+    def merge_likely(self, frames: int, segment_base: int) -> bool:
+        """Whether indexing ``frames`` more frames of segment ``segment_base`` may merge
+        summaries into postings (tens of ms): a cheap guess, erring towards yes, from the
+        pending summaries (a writer takes such work off its acknowledgement path)."""
+        pending = self._pending
+        if pending is None:
+            return True  # not loaded since open
+        if pending and pending[0].segment_base != segment_base:
+            return True  # the segment rolled: its summaries are merged whatever their number
+        return len(pending) + frames >= self._merge_frames or 2 * self._pending_pairs >= self._merge_pairs
+
     def _plan(self, frames: Sequence[FrameEntry]) -> _Plan | None:
         """The entries of ``frames`` and the sparse state after them (no I/O)."""
         offset_items: list[tuple[bytes, bytes]] = []
