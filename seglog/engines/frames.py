@@ -263,6 +263,32 @@ def split_stream_runs(batch: pa.RecordBatch, *, frame_bytes: int | None = None) 
     return out
 
 
+def encode_batch(
+    batch: pa.RecordBatch,
+    base: int,
+    *,
+    compression: int,
+    leader_epoch: int,
+    producer: tuple[int, int, int] | None = None,
+) -> list[tuple[EncodedFrame, pa.RecordBatch]]:
+    """An append's batch as frames from ``base`` (:func:`split_batch`), each with its rows;
+    ``producer`` ``(id, epoch, sequence of the first row)`` is stamped per frame."""
+    out: list[tuple[EncodedFrame, pa.RecordBatch]] = []
+    offset = base
+    for part in split_batch(batch):
+        stamp = None if producer is None else (producer[0], producer[1], producer[2] + offset - base)
+        out.append(
+            (
+                encode_frame(
+                    part, offset, compression=compression, leader_epoch=leader_epoch, producer=stamp
+                ),
+                part,
+            )
+        )
+        offset += part.num_rows
+    return out
+
+
 def encode_rows(
     rows: pa.RecordBatch,
     offset: int,

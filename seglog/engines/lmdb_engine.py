@@ -27,6 +27,7 @@ from seglog.engines.frames import (
     check_leader_epoch,
     check_writable,
     decode_frame,
+    encode_batch,
     epochs_after_start,
     epochs_with_frames,
     frame_bytes,
@@ -34,7 +35,6 @@ from seglog.engines.frames import (
     frame_producer,
     parse_frames,
     queue_appends,
-    split_batch,
 )
 from seglog.engines.streams import (
     CLOSE_SNAPSHOT_RECORDS,
@@ -46,7 +46,7 @@ from seglog.engines.streams import (
 )
 from seglog.errors import ClosedResourceError, CorruptFrame, OffsetOutOfRange, StorageError
 from seglog.io_pool import IoPool
-from seglog.record import FrameHeader, encode_frame, parse_header
+from seglog.record import FrameHeader, parse_header
 from seglog.segment.epoch_cache import EpochEntry, entries_truncated_from_end
 from seglog.segment.producer_state import ProducerStamp
 
@@ -456,18 +456,12 @@ class LmdbEngine(FrameTableEngine):
         producer: tuple[ProducerStamp, int] | None = None,
     ) -> tuple[_Pending, int]:
         frames = []
-        offset = base
-        for part in split_batch(batch):
-            frame = encode_frame(
-                part,
-                offset,
-                compression=self.config.compression,
-                leader_epoch=leader_epoch,
-                producer=None if producer is None else frame_producer(*producer, offset - base),
-            )
-            frames.append((frame.header, frame_bytes(frame), frame_keys(part, offset)))
-            offset += part.num_rows
-        return _Pending(gen, base, frames), offset
+        stamp = None if producer is None else frame_producer(*producer, 0)
+        for frame, part in encode_batch(
+            batch, base, compression=self.config.compression, leader_epoch=leader_epoch, producer=stamp
+        ):
+            frames.append((frame.header, frame_bytes(frame), frame_keys(part, frame.header.base_offset)))
+        return _Pending(gen, base, frames), base + batch.num_rows
 
     async def append_many(
         self,

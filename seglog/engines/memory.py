@@ -17,18 +17,18 @@ from seglog.engines.frames import (
     FrameTable,
     FrameTableEngine,
     check_leader_epoch,
+    encode_batch,
     epochs_after_start,
     epochs_with_frames,
     frame_bytes,
     frame_keys,
     frame_producer,
     parse_frames,
-    split_batch,
 )
 from seglog.engines.streams import learn_frames, stamp_batch
 from seglog.errors import OffsetOutOfRange
 from seglog.io_pool import IoPool
-from seglog.record import EncodedFrame, FrameHeader, encode_frame
+from seglog.record import EncodedFrame, FrameHeader
 from seglog.segment.epoch_cache import entries_truncated_from_end
 from seglog.segment.producer_state import ProducerStamp
 
@@ -96,17 +96,11 @@ class MemoryEngine(FrameTableEngine):
         self, base: int, batch: pa.RecordBatch, leader_epoch: int, producer: tuple[ProducerStamp, int] | None
     ) -> list[tuple[EncodedFrame, list[tuple[bytes, int]], frozenset[int]]]:
         out = []
-        offset = base
-        for part in split_batch(batch):
-            frame = encode_frame(
-                part,
-                offset,
-                compression=self.config.compression,
-                leader_epoch=leader_epoch,
-                producer=None if producer is None else frame_producer(*producer, offset - base),
-            )
-            out.append((frame, frame_keys(part, offset), _frame_streams(part)))
-            offset += part.num_rows
+        stamp = None if producer is None else frame_producer(*producer, 0)
+        for frame, part in encode_batch(
+            batch, base, compression=self.config.compression, leader_epoch=leader_epoch, producer=stamp
+        ):
+            out.append((frame, frame_keys(part, frame.header.base_offset), _frame_streams(part)))
         return out
 
     def _store(

@@ -40,10 +40,10 @@ from seglog.engines.frames import (
     Maintenance,
     await_outcomes,
     check_frames_continue,
+    encode_batch,
     frame_producer,
     parse_frames,
     raise_if_failed,
-    split_batch,
 )
 from seglog.engines.frames import with_offsets as _with_offsets
 from seglog.engines.generations import GenerationLog, GenerationLookups
@@ -81,7 +81,6 @@ from seglog.record import (
     EncodedFrame,
     FrameHeader,
     decode_body,
-    encode_frame,
     parse_header,
     verify_frame,
 )
@@ -1134,22 +1133,10 @@ class SegmentEngine(GenerationLookups):
         leader_epoch: int = 0,
         producer: tuple[int, int, int] | None = None,
     ) -> tuple[list[EncodedFrame], list[pa.RecordBatch]]:
-        frames: list[EncodedFrame] = []
-        batches = split_batch(batch)
-        offset = base
-        for part in batches:
-            stamp = None if producer is None else (producer[0], producer[1], producer[2] + offset - base)
-            frames.append(
-                encode_frame(
-                    part,
-                    offset,
-                    compression=self.config.compression,
-                    leader_epoch=leader_epoch,
-                    producer=stamp,
-                )
-            )
-            offset += part.num_rows
-        return frames, batches
+        encoded = encode_batch(
+            batch, base, compression=self.config.compression, leader_epoch=leader_epoch, producer=producer
+        )
+        return [f for f, _ in encoded], [b for _, b in encoded]
 
     async def producer_headers(self, shard: int) -> list[FrameHeader]:
         """Headers of the durable frames of ``shard`` an idempotent producer wrote, oldest first
