@@ -172,6 +172,9 @@ _EOS: Final = b"\xff\xff\xff\xff\x00\x00\x00\x00"
 # A buffer item: magic, version, shard, record count, then one Arrow record-batch message.
 _ITEM = struct.Struct("<2sBxII")
 _ITEM_MAGIC: Final = b"SP"
+# A request names each item's shard (and sequence) in its query string, which the node reads
+# up to 8190 bytes: a backlog of tiny items (a replayed buffer) goes in several requests.
+_MAX_ITEMS_PER_REQUEST: Final = 256
 _ITEM_VERSION: Final = 1
 # Per-record overhead counted against the buffer besides the payload bytes (ts, offsets).
 _RECORD_OVERHEAD: Final = 24
@@ -1058,8 +1061,9 @@ class Producer:
             groups: list[tuple[int, list[_Item]]] = []
             size = 0
             pid: int | None = None  # a request carries one producer id (items sent before keep theirs)
+            n_items = 0
             for shard in self._same_node(free):
-                if groups and size >= self._max_batch_bytes:
+                if groups and (size >= self._max_batch_bytes or n_items >= _MAX_ITEMS_PER_REQUEST):
                     break
                 queue = self._unsent[shard]
                 if pid is None:
@@ -1069,9 +1073,15 @@ class Producer:
                 self._ready_shards.remove(shard)
                 items = [queue.popleft()]
                 size += len(items[0].payload)
-                while queue and size + len(queue[0].payload) <= self._max_batch_bytes and queue[0].pid == pid:
+                while (
+                    queue
+                    and size + len(queue[0].payload) <= self._max_batch_bytes
+                    and queue[0].pid == pid
+                    and n_items + len(items) < _MAX_ITEMS_PER_REQUEST
+                ):
                     items.append(queue.popleft())
                     size += len(items[-1].payload)
+                n_items += len(items)
                 if queue:
                     self._ready_shards.append(shard)
                 self._busy_shards.add(shard)
