@@ -580,6 +580,48 @@ def test_producer_follows_leaders_through_a_failover(
     run(main())
 
 
+def test_a_node_without_the_database_answers_not_leader_and_the_producer_moves_on(
+    server_factory: ServerFactory, etcd: EtcdProcess, run: Run[None]
+) -> None:
+    """A node that holds no replica of a cluster database (or has not applied its creation
+    yet, the window a controller's election opens) answers the retriable ``NotLeader``, not
+    ``DatabaseNotFound``: a producer routed there asks the metadata again and succeeds."""
+    from seglog.client import Producer
+
+    nodes = start_cluster(server_factory, etcd)
+
+    async def main() -> None:
+        admin = NodeSession(nodes[1].url)
+        try:
+            await create_replicated(admin, 1, 2, 1)
+
+            async def placed() -> dict[str, Any] | None:
+                view = await cluster_view(admin)
+                if DB not in view["dbs"] or view["dbs"][DB]["state"][0]["leader"] <= 0:
+                    return None
+                state: dict[str, Any] = view["dbs"][DB]["state"][0]
+                return state
+
+            state = await until(placed, "a leader")
+            outsider = next(i for i in nodes if i not in state["replicas"])
+            session = NodeSession(nodes[outsider].url)
+            try:
+                with pytest.raises(NotLeader):
+                    await produce(session, 0, ["x"])
+                with pytest.raises(DatabaseNotFound):  # a database the cluster lacks is still absent
+                    await session.request("GET", "/v1/dbs/nosuch")
+            finally:
+                await session.close()
+            others = [nodes[i].url for i in nodes if i != outsider]
+            async with Producer(nodes[outsider].url, DB, bootstrap=others, acks="all") as producer:
+                meta = await producer.send_and_wait("t", b"v", key=b"k")
+            assert (meta.shard, meta.offset) == (0, 0)
+        finally:
+            await admin.close()
+
+    run(main())
+
+
 def test_consumer_follows_leaders_through_a_failover(
     server_factory: ServerFactory, etcd: EtcdProcess, run: Run[None]
 ) -> None:

@@ -13,7 +13,7 @@ from aiohttp import web
 from seglog.cluster.metrics import NodeMetrics
 from seglog.db import Database
 from seglog.db_config import validate_db_name
-from seglog.errors import ClosedResourceError
+from seglog.errors import ClosedResourceError, DatabaseNotFound
 from seglog.store import Store
 
 if TYPE_CHECKING:
@@ -136,7 +136,14 @@ class NodeContext:
         if db is not None:
             return db
         validate_db_name(name)
-        db = await self.store.open_db(name)
+        try:
+            db = await self.store.open_db(name)
+        except DatabaseNotFound:
+            if self.cluster is not None:
+                # Created in the metadata but not yet applied here (the watch lags the
+                # controller that already named this node a leader): retriable, not absent.
+                await self.cluster.raise_if_pending(name)
+            raise
         if name not in self._open:
             # Whatever the store held before this node served it is durable: committed.
             self.publish(db, list(range(db.shards)))

@@ -317,6 +317,21 @@ class ClusterNode:
         """Whether ``db`` is a cluster database (its offsets become visible through the ISR)."""
         return db in self.dbs
 
+    async def raise_if_pending(self, db: str) -> None:
+        """Raise :class:`NotLeader` if ``db`` exists in the cluster but this node holds no copy.
+
+        A client routed here by the metadata (or one that picked this node at random) should
+        ask the metadata again and retry, not conclude that the database does not exist.
+        """
+        if db not in self.dbs:
+            try:
+                await self.meta.get_db(db)
+            except DatabaseNotFound:
+                return
+        raise NotLeader(
+            f"node {self.node_id} holds no replica of database {db!r} (yet): ask the metadata for its leaders"
+        )
+
     def describe_db(self, db: str) -> list[dict[str, Any]]:
         """Per shard of ``db``: its metadata state and, where this node leads it, the high
         watermark and each replica's log end and lag as the leader sees them."""
