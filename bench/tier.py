@@ -73,8 +73,10 @@ class S3Server:
 
 
 def _healthy(endpoint: str) -> bool:
+    # /cluster answers 503 until the object layer, bucket metadata and IAM are up;
+    # /live answers 200 before that, and a first request then fails "not initialized".
     try:
-        with urllib.request.urlopen(f"{endpoint}/minio/health/live", timeout=2) as resp:
+        with urllib.request.urlopen(f"{endpoint}/minio/health/cluster", timeout=2) as resp:
             return bool(resp.status == 200)
     except (urllib.error.URLError, OSError):
         return False
