@@ -380,9 +380,13 @@ def test_sigkill_of_the_server_loses_no_accepted_record(server: ServerProcess, t
     asyncio.run(main())
 
 
+@pytest.mark.parametrize("one_by_one", [False, True], ids=["one-batch", "2000-items"])
 def test_records_in_the_disk_buffer_are_resent_by_the_next_producer(
-    server: ServerProcess, tmp_path: Path
+    server: ServerProcess, tmp_path: Path, one_by_one: bool
 ) -> None:
+    """The next producer on the buffer sends every record once. ``2000-items``: each record is
+    its own buffered item, a backlog whose shard and sequence lists must not overrun the
+    node's request line (8190 bytes) in one request."""
     buffer_dir = tmp_path / "buf"
     n = 2000
 
@@ -395,7 +399,16 @@ def test_records_in_the_disk_buffer_are_resent_by_the_next_producer(
     server.stop()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     child = subprocess.Popen(
-        [sys.executable, "-m", "tests.producer_child", server.url, DB, str(buffer_dir), str(n)],
+        [
+            sys.executable,
+            "-m",
+            "tests.producer_child",
+            server.url,
+            DB,
+            str(buffer_dir),
+            str(n),
+            *(["one-by-one"] if one_by_one else []),
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         cwd=ROOT,
