@@ -1,12 +1,14 @@
 """Subscriptions: many subscribers on a few streams, one read per stream and append.
 
     python -m bench.subscriptions [--quick] [--subscribers N] [--streams S] [--rate R]
-        [--seconds D] [--batch B] [--sites-per-batch K] [--out FILE.md] [--dir DIR]
+        [--seconds D] [--batch B] [--sites-per-batch K] [--per-task T ...] [--out FILE.md] [--dir DIR]
 
 One shard, LTS thresholds ``[100, 0, 100]``: topics ``siteNNN/devNNNN/temp`` make one stream
 per site (``siteNNN/+/temp``). ``S`` sites (100), ``N`` subscribers (10,000) spread evenly
-over them, each at the head of its stream (``max_unacked=1000``, a suback per batch, one
-task each). A producer appends ``R`` records/s (50,000) in batches of ``B`` (500) for ``D``
+over them, each at the head of its stream (``max_unacked=1000``, a suback per batch). Each
+``--per-task`` value is one run: ``1`` is a task per subscriber (``async for batch in sub``),
+``T > 1`` gives each consumer task a ``SubscriptionSelector`` of ``T`` subscribers (one
+``poll()`` returns every batch queued for them; default runs: 1 and 1000). A producer appends ``R`` records/s (50,000) in batches of ``B`` (500) for ``D``
 seconds (10), each batch holding the records of ``K`` random sites (5): every append touches
 ``K`` streams. ``fsync="never"``: the figure is the subscriptions' cost, not the disk's.
 
@@ -54,7 +56,7 @@ async def head(db: seglog.Database, site: int) -> seglog.Iterator:
             return it
 
 
-async def run(args: argparse.Namespace, base: Path) -> dict[str, Any]:
+async def run(args: argparse.Namespace, base: Path, per_task: int) -> dict[str, Any]:
     rng = random.Random(42)
     async with seglog.open(base / "data", fsync="never") as store:
         db = await store.create_db("subs", lts_thresholds=[100, 0, 100])
@@ -75,8 +77,27 @@ async def run(args: argparse.Namespace, base: Path) -> dict[str, Any]:
                 got[i] += len(batch)
                 sub.suback(batch.seqno)
 
+        async def consume_many(first: int, selector: seglog.SubscriptionSelector) -> None:
+            index = {sub: first + k for k, sub in enumerate(subs[first : first + per_task])}
+            while batches := await selector.poll():
+                for sub, batch in batches:
+                    if batch is None:
+                        continue
+                    now = time.perf_counter()
+                    latencies.append(now - issued[int(batch.table.column("key")[0].as_py())])
+                    weights.append(len(batch))
+                    got[index[sub]] += len(batch)
+                    sub.suback(batch.seqno)
+
         subs = [db.subscribe(heads[i % args.streams], max_unacked=1000) for i in range(args.subscribers)]
-        tasks = [asyncio.create_task(consume(i, s)) for i, s in enumerate(subs)]
+        selectors = []
+        if per_task == 1:
+            tasks = [asyncio.create_task(consume(i, s)) for i, s in enumerate(subs)]
+        else:
+            selectors = [
+                seglog.SubscriptionSelector(subs[k : k + per_task]) for k in range(0, len(subs), per_task)
+            ]
+            tasks = [asyncio.create_task(consume_many(k * per_task, sel)) for k, sel in enumerate(selectors)]
         per_site = [0] * args.streams
         touched = 0
         appends = int(args.rate * args.seconds / args.batch)
@@ -111,6 +132,8 @@ async def run(args: argparse.Namespace, base: Path) -> dict[str, Any]:
         after = db.subscription_stats()
         for sub in subs:
             await sub.close()
+        for sel in selectors:
+            sel.close()
         await asyncio.gather(*tasks)
         if got != want:
             missing = sum(w - g for g, w in zip(got, want, strict=True))
@@ -126,6 +149,7 @@ async def run(args: argparse.Namespace, base: Path) -> dict[str, Any]:
         catchup = after.catchup_reads - before.catchup_reads
         return {
             "subscribers": args.subscribers,
+            "per_task": per_task,
             "streams": args.streams,
             "rate": args.rate,
             "batch": args.batch,
@@ -145,9 +169,10 @@ async def run(args: argparse.Namespace, base: Path) -> dict[str, Any]:
         }
 
 
-def report(row: dict[str, Any]) -> str:
+def report(rows: list[dict[str, Any]]) -> str:
     cols = [
         ("subscribers", "subscribers"),
+        ("subscribers per consumer task", "per_task"),
         ("streams", "streams"),
         ("records/s asked", "rate"),
         ("appends (late)", None),
@@ -160,15 +185,17 @@ def report(row: dict[str, Any]) -> str:
         ("max ms", "max_ms"),
         ("produce / drain s", None),
     ]
-    cells = []
-    for _title, key in cols:
-        if key is not None:
-            cells.append(f"{row[key]:,}" if isinstance(row[key], int) else str(row[key]))
-    cells.insert(3, f"{row['appends']:,} ({row['late_appends']:,})")
-    cells.insert(7, f"{row['shared_reads']:,} / {row['catchup_reads']:,}")
-    cells.append(f"{row['produce_s']} / {row['drain_s']}")
-    head_line = "| " + " | ".join(t for t, _ in cols) + " |"
-    return "\n".join([head_line, "|" + "---|" * len(cols), "| " + " | ".join(cells) + " |"])
+    lines = ["| " + " | ".join(t for t, _ in cols) + " |", "|" + "---|" * len(cols)]
+    for row in rows:
+        cells = []
+        for _title, key in cols:
+            if key is not None:
+                cells.append(f"{row[key]:,}" if isinstance(row[key], int) else str(row[key]))
+        cells.insert(4, f"{row['appends']:,} ({row['late_appends']:,})")
+        cells.insert(8, f"{row['shared_reads']:,} / {row['catchup_reads']:,}")
+        cells.append(f"{row['produce_s']} / {row['drain_s']}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -180,6 +207,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=None, help="how long the producer runs (10)")
     p.add_argument("--batch", type=int, default=500, help="records per append (500)")
     p.add_argument("--sites-per-batch", type=int, default=5, help="streams each append touches (5)")
+    p.add_argument(
+        "--per-task",
+        type=int,
+        nargs="+",
+        default=None,
+        help="subscribers per consumer task, one run each (1: a task per subscriber; default 1 1000)",
+    )
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--dir", default=None, help="where to put temporary data (default: system temp)")
     args = p.parse_args(argv)
@@ -189,14 +223,18 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, name) is None:
             setattr(args, name, value)
     args.sites_per_batch = min(args.sites_per_batch, args.streams)
-    base = Path(tempfile.mkdtemp(prefix="bench-subs-", dir=args.dir))
-    try:
-        log(
-            f"{args.subscribers} subscribers on {args.streams} streams, {args.rate} records/s for {args.seconds} s"
-        )
-        row = asyncio.run(run(args, base))
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
+    per_task = args.per_task or ([1, 100] if args.quick else [1, 1000])
+    rows = []
+    for t in per_task:
+        base = Path(tempfile.mkdtemp(prefix="bench-subs-", dir=args.dir))
+        try:
+            log(
+                f"{args.subscribers} subscribers on {args.streams} streams, {args.rate} records/s "
+                f"for {args.seconds} s, {t} subscriber(s) per consumer task"
+            )
+            rows.append(asyncio.run(run(args, base, t)))
+        finally:
+            shutil.rmtree(base, ignore_errors=True)
     machine = ", ".join(f"{k} {v}" for k, v in _machine().items())
     text = "\n".join(
         [
@@ -204,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
             "",
             f"Machine: {machine}; filesystem: {_filesystem(Path(args.dir or tempfile.gettempdir()))}.",
             "",
-            report(row),
+            report(rows),
             "",
         ]
     )
@@ -215,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text)
-        out.with_suffix(".json").write_text(json.dumps({"machine": machine, "row": row}, indent=2) + "\n")
+        out.with_suffix(".json").write_text(json.dumps({"machine": machine, "rows": rows}, indent=2) + "\n")
     return 0
 
 

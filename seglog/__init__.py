@@ -23,7 +23,7 @@ from seglog.iterators import Iterator, Slab, Stream
 from seglog.record import Record, RecordMeta, now_us, timestamp_us
 from seglog.segment.producer_state import ProducerStamp
 from seglog.store import Store, open
-from seglog.subscriptions import Subscription, SubscriptionBatch, SubscriptionStats
+from seglog.subscriptions import Subscription, SubscriptionBatch, SubscriptionSelector, SubscriptionStats
 
 __version__ = "0.1.0"
 
@@ -53,6 +53,7 @@ __all__ = [
     "SubackOutOfRange",
     "Subscription",
     "SubscriptionBatch",
+    "SubscriptionSelector",
     "SubscriptionStats",
     "__version__",
     "errors",
