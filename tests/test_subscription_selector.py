@@ -12,7 +12,7 @@ import seglog
 from seglog import Record, Subscription, SubscriptionBatch, SubscriptionSelector
 from seglog.errors import BusyResourceError, ClosedResourceError, InvalidArgument, UnknownStream
 from seglog.topics import topic_matches
-from tests.test_subscriptions import head_iterator
+from tests.test_subscriptions import cut_doomed_stream, db_with_doomed_stream, head_iterator
 
 WAIT_S = 10.0
 
@@ -158,17 +158,14 @@ def test_max_batches_leaves_the_rest_for_the_next_poll(run, data_dir: Path) -> N
 def test_ended_subscriptions_come_once_as_none_and_leave(run, data_dir: Path) -> None:
     async def go() -> None:
         async with seglog.open(data_dir) as store:
-            db = await store.create_db("end", lts_thresholds=[100, 1])
-            await db.append([Record("a/x", b"1"), Record("b/x", b"2")])
-            await db.append([Record("c/x", b"3"), Record("a/y", b"4")])
+            db = await db_with_doomed_stream(store, "end")
             failing = db.subscribe(await head_iterator(db, "c/x"), max_unacked=10)
             closing = db.subscribe(await head_iterator(db, "b/x"), max_unacked=10)
             selector = SubscriptionSelector([failing, closing])
             await closing.close()
             assert await poll(selector) == [(closing, None)]
             assert closing.done and closing.error is None and len(selector) == 1
-            await db.truncate_to(0, 2, force=True)  # the trie forgets c/x: its stream id goes
-            await db.append([Record("d/x", b"5"), Record("a/x", b"6"), Record("e/x", b"7")])
+            await cut_doomed_stream(db)
             assert await poll(selector) == [(failing, None)]
             assert isinstance(failing.error, UnknownStream)
             assert len(selector) == 0

@@ -437,15 +437,26 @@ def test_closing_the_database_ends_iteration_cleanly(run, data_dir: Path) -> Non
     run(go())
 
 
+async def db_with_doomed_stream(store: seglog.Store, name: str) -> seglog.Database:
+    """A database whose stream of ``c/x`` :func:`cut_doomed_stream` makes unknown (``b/x`` stays)."""
+    db = await store.create_db(name, lts_thresholds=[100, 1])
+    await db.append([Record("a/x", b"1"), Record("b/x", b"2")])
+    await db.append([Record("c/x", b"3"), Record("a/y", b"4")])
+    return db
+
+
+async def cut_doomed_stream(db: seglog.Database) -> None:
+    """Truncate below ``c/x``'s first record, so the trie forgets it, then append past it."""
+    await db.truncate_to(0, 2, force=True)
+    await db.append([Record("d/x", b"5"), Record("a/x", b"6"), Record("e/x", b"7")])
+
+
 def test_a_failed_read_reaches_the_subscriber(run, data_dir: Path) -> None:
     async def go() -> None:
         async with seglog.open(data_dir) as store:
-            db = await store.create_db("err", lts_thresholds=[100, 1])
-            await db.append([Record("a/x", b"1"), Record("b/x", b"2")])
-            await db.append([Record("c/x", b"3"), Record("a/y", b"4")])
+            db = await db_with_doomed_stream(store, "err")
             sub = db.subscribe(await head_iterator(db, "c/x"), max_unacked=10)
-            await db.truncate_to(0, 2, force=True)  # the trie forgets c/x: its stream id goes
-            await db.append([Record("d/x", b"5"), Record("a/x", b"6"), Record("e/x", b"7")])
+            await cut_doomed_stream(db)
             with pytest.raises(UnknownStream):
                 await take(sub)
             with pytest.raises(StopAsyncIteration):
