@@ -15,9 +15,11 @@ append listener, as ``db.tail`` is; never a timer). Its subscribers are on the s
   reads the stream from there **once**, without a filter, and hands every member the rows
   its own filter and start time select (filters are grouped, so equal filters cost one
   regex pass). ``SubscriptionStats.shared_reads`` counts these reads. The engine notes
-  where subscribed streams are stamped (``watch_stream``), so a beam whose stream the
-  appends since its last read missed moves to the end without reading (``skipped_reads``):
-  reads per append follow the streams it touched, not the subscribers nor the streams.
+  where subscribed streams are stamped (``watch_stream``), so an append wakes only the
+  beams whose stream it stamped; the others are not woken at all, and one woken for
+  another reason whose stream the appends missed moves to the end without reading (both
+  count as ``skipped_reads``): reads, and task switches, per append follow the streams it
+  touched, not the subscribers nor the streams.
 * A subscriber whose position is behind the beam (it started behind, or its window filled
   so it got only part of a batch) catches up with its own ``next_arrow`` reads
   (``catchup_reads``; lagging subscribers at the same iterator share one), and rejoins the
@@ -259,7 +261,11 @@ class Subscription:
             )
         if seqno > self._acked:
             self._acked = seqno
-            self._manager._wake_for(self)  # a parked subscriber may have room again
+            if self._lagging:
+                # A parked subscriber may have room again. One on the shared path gets its
+                # rows from the next shared read whatever its acks (a full window makes it
+                # leave the path): nothing to wake.
+                self._manager._wake_for(self)
 
     # --- iteration --------------------------------------------------------------------
 
@@ -469,9 +475,10 @@ class _FilterGroup:
     # with thousands of members, building one each was a third of the fan-out).
     next_iterator: Iterator | None = None
 
-    def select(self, table: pa.Table) -> pa.Table:
+    def select(self, table: pa.Table, oldest_ts: int) -> pa.Table:
+        """The rows of ``table`` (whose oldest ``ts`` is ``oldest_ts``) the group wants."""
         mask: np.ndarray[Any, np.dtype[np.bool_]] | None = None
-        if self.min_ts != _MIN_TS:
+        if self.min_ts > oldest_ts:
             ts_mask = table.column("ts").to_numpy() >= self.min_ts
             if not ts_mask.all():  # live data is rarely older than a start time
                 mask = ts_mask
@@ -635,13 +642,25 @@ class _Beam:
                 )
                 self._retire(sub)
             return True
+        # Live rows are rarely older than a start time: one min over the read spares every
+        # group its own pass over the timestamps.
+        oldest_ts = int(pc.min(table.column("ts")).as_py()) if table.num_rows else 0
         for group in list(self.groups.values()):
             group.next_iterator = None
-            rows = group.select(table) if table.num_rows else table
-            if not rows.num_rows:
+            rows = group.select(table, oldest_ts) if table.num_rows else table
+            n = rows.num_rows
+            if not n:
                 continue  # its members follow the path's position (Subscription.iterator)
+            after: Iterator | None = None
             for sub in list(group.members):
-                self._hand_out(group, sub, rows, it.position, read_from)
+                if sub._it.position <= read_from and sub.max_unacked - (sub._sent - sub._acked) >= n:
+                    # The common case, inline (thousands of members): at the read's start,
+                    # with room for every row.
+                    if after is None:
+                        after = group.next_iterator = sub._it.advanced(it.position)
+                    sub._deliver(rows, after, lagging=False)
+                else:
+                    self._hand_out(group, sub, rows, it.position, read_from)
         return bool(table.num_rows) or it.position != read_from
 
     def _hand_out(
@@ -749,11 +768,23 @@ class SubscriptionManager:
         return sub
 
     def notify(self, shard: int) -> None:
-        """An append to ``shard`` completed: wake its beams (called on the event loop)."""
+        """An append to ``shard`` completed: wake its beams that have news (called on the
+        event loop).
+
+        A beam with members only wakes when the append stamped its stream: with a hundred
+        subscribed streams an append touching five would otherwise switch to a hundred
+        tasks to find nothing (the beam's position then stays put; its next read starts
+        there and the stream index skips the frames without the stream). A beam with
+        lagging subscribers always wakes: they may be waiting at the head.
+        """
         beams = self._beams.get(shard)
         if beams:
+            stamped_since = self.db._stream_stamped_since
             for beam in beams.values():
-                beam.wake.set()
+                if beam.lagging or stamped_since(shard, beam.stream, beam.position, beam.generation):
+                    beam.wake.set()
+                elif beam.members:
+                    self._counters.skipped_reads += 1
 
     def truncated(self, shard: int, end: int) -> None:
         """``shard`` was cut back to ``end``: positions past it move back to it, so the
