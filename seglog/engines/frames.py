@@ -231,7 +231,9 @@ def split_batch(batch: pa.RecordBatch, *, frame_bytes: int | None = None) -> lis
     per_frame = MAX_FRAME_RECORDS
     if total > MAX_FRAME_VALUE_BYTES:
         per_frame = max(1, min(per_frame, n * MAX_FRAME_VALUE_BYTES // total))
-    if frame_bytes is not None and n > 1:
+    # The buffers' total size bounds the rows' bytes from above and costs nothing; the exact
+    # figure (``nbytes``, ~12 µs: it walks every column's offsets) only when the bound is over.
+    if frame_bytes is not None and n > 1 and batch.get_total_buffer_size() > frame_bytes:
         nbytes = batch.nbytes
         if nbytes > frame_bytes:
             per_frame = max(1, min(per_frame, n * frame_bytes // nbytes))
