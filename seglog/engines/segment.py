@@ -87,7 +87,7 @@ from seglog.record import (
 from seglog.segment import FramePosition, LogSegment, ShardLog, open_shard_log
 from seglog.segment.epoch_cache import MAX_EPOCH, UNDEFINED_EPOCH, UNDEFINED_OFFSET, LeaderEpochCache
 from seglog.segment.high_watermark import HighWatermarkCheckpoint
-from seglog.segment.journal import Journal
+from seglog.segment.journal import Journal, JournalGrower
 from seglog.segment.log_segment import SEGMENT_SUFFIX
 from seglog.segment.producer_state import ProducerColumns, ProducerStamp
 from seglog.topics.lts import LTS
@@ -622,6 +622,8 @@ class SegmentEngine(GenerationLookups):
         self._io_pool = io_pool
         self._executor = executor
         self._closed = False
+        #: Zero-fills the journals ahead of their drains (set by :meth:`open_blocking`).
+        self.journal_grower: JournalGrower | None = None
         self._repairs: dict[int, asyncio.Future[Any]] = {}
         self._truncating: set[int] = set()  # shards whose truncate_to runs (appends refused)
         # Called on the event loop with the shard number when an append to it completed.
@@ -688,8 +690,11 @@ class SegmentEngine(GenerationLookups):
             raise
         workers = io_pool.io_workers
         writers = []
+        grower = JournalGrower(f"seglog-journal-grow-{config.directory.name}")
         for w in range(workers):
-            journal = Journal(journal_path(config.directory, w), journal_bytes=config.journal_bytes)
+            journal = Journal(
+                journal_path(config.directory, w), journal_bytes=config.journal_bytes, grower=grower
+            )
             journal.recycle()  # everything it held was replayed and synced above
             writer = WorkerLog(
                 w,
@@ -710,6 +715,7 @@ class SegmentEngine(GenerationLookups):
             stale.unlink()  # an earlier open had more I/O workers; replayed above
         engine = cls(config, shards, writers, io_pool, executor, db_index, arrays, streams)
         engine.generations = generations
+        engine.journal_grower = grower
         return engine
 
     def _shard(self, shard: int) -> _Shard:
@@ -1672,6 +1678,8 @@ class SegmentEngine(GenerationLookups):
                 writer.close()
             except (OSError, StorageError) as exc:
                 errors.append(exc)
+        if self.journal_grower is not None:
+            self.journal_grower.close()  # the journals are closed: its thread is gone after this
         for s in self._shards:
             if s.writer is not None and s.writer.failed is None:
                 s.maybe_snapshot(CLOSE_SNAPSHOT_RECORDS)

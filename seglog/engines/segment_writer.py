@@ -365,6 +365,8 @@ class WorkerLog:
                 journal_start = self.journal.append(bodies)
                 stage = "sync"
                 self._sync_journal()
+                # After the sync, so the grower's zeros rarely ride on this drain's fdatasync.
+                self.journal.grow_ahead()
         except (OSError, StorageError) as exc:
             self._undo(items, marks, journal_start, exc, stage)
             if isinstance(exc, StorageError):

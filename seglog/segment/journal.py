@@ -16,9 +16,16 @@ The ``crc`` of an entry covers the rest of its header and its body. Recycling st
 ``cycle`` by rewriting the header: entries of older cycles left beyond the write position no
 longer match and end the replay, so the file is reused without truncating or zeroing it.
 
-The file is zero-filled ahead of the write position in growing steps, so an
-ordinary entry is an overwrite of allocated blocks and its ``fdatasync`` journals no size or
-extent change; after the first cycle the whole file is allocated and writes never grow it.
+The file is zero-filled ahead of the write position, so an ordinary entry is an overwrite of
+allocated blocks and its ``fdatasync`` journals no size or extent change; after the first cycle
+the whole file is allocated and writes never grow it. The zero-fill runs off the drain: after
+a drain, :meth:`Journal.grow_ahead` hands the journal to its :class:`JournalGrower` when the
+room ahead falls below half of what it should be (the bytes written this cycle, 1-16 MiB: the
+doubling of the old in-drain steps); the grower's thread writes zeros in 1 MiB chunks, each
+followed by an fdatasync, on a descriptor of its own (a sync error it consumes must not hide
+one from the drain's descriptor), and publishes :attr:`Journal.allocated` under the journal's
+lock. A drain that outruns it (or a journal without a grower) zero-fills synchronously, as
+before: counted in :attr:`Journal.sync_grow_count`.
 """
 
 from __future__ import annotations
@@ -27,6 +34,8 @@ import contextlib
 import logging
 import os
 import struct
+import threading
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Final, NamedTuple
@@ -42,6 +51,7 @@ __all__ = [
     "ENTRY_ROWS_PRODUCER",
     "Journal",
     "JournalEntry",
+    "JournalGrower",
     "journal_name",
 ]
 
@@ -75,7 +85,13 @@ ENTRY_ROWS_PRODUCER: Final = 3  # ENTRY_ROWS of an idempotent append: also produ
 # a small first allocation for small disks, few size changes once the journal is busy.
 _MIN_GROW_BYTES: Final = 1 << 20
 _MAX_GROW_BYTES: Final = 16 << 20
-_ZEROS: Final = bytes(1 << 20)
+# Background growth writes and syncs this much at a time: a drain's fdatasync that runs
+# meanwhile carries at most one chunk of dirty zeros, and close waits for at most one chunk.
+_GROW_CHUNK_BYTES: Final = 1 << 20
+# After a failed background growth (ENOSPC, EIO) the next is not tried for this long; drains
+# that outrun the grower meanwhile grow synchronously and report their own errors.
+_GROW_RETRY_S: Final = 1.0
+_ZEROS: Final = memoryview(bytes(_GROW_CHUNK_BYTES))
 _PAD: Final = tuple(bytes(n) for n in range(8))
 
 
@@ -99,11 +115,34 @@ class Journal:
         path: The file; created (with its directory) if missing.
         journal_bytes: Recycle when an entry would end past this; an entry larger than the
             whole journal is still written (the file grows for it).
+        grower: Zero-fills ahead of the write position off the drain (``None``: every growth
+            is synchronous, in the append that needs it).
+
+    Attributes:
+        allocated: Bytes zero-filled (or written) and synced from the start of the file.
+        sync_grow_count: Growths done synchronously by :meth:`append` (inside a drain).
+        sync_grow_bytes: Bytes those growths zero-filled.
     """
 
-    def __init__(self, path: Path, *, journal_bytes: int = DEFAULT_JOURNAL_BYTES) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        journal_bytes: int = DEFAULT_JOURNAL_BYTES,
+        grower: JournalGrower | None = None,
+    ) -> None:
         self.path = path
         self.journal_bytes = journal_bytes
+        self.sync_grow_count = 0
+        self.sync_grow_bytes = 0
+        self._grower = grower
+        # Held while ``allocated`` moves and zeros are written past it (grower or drain).
+        self._grow_lock = threading.Lock()
+        self._grow_fd = -1  # the grower's own descriptor, open while it grows this journal
+        self._grow_target = 0  # how far the grower should zero-fill (set by the worker)
+        self._grow_failed_at: float | None = None
+        # The whole journal, rounded to blocks: background growth stops there.
+        self._cap = journal_bytes + (-journal_bytes & 4095)
         created = not path.exists()
         if created and not path.parent.is_dir():
             path.parent.mkdir(parents=True)
@@ -141,7 +180,9 @@ class Journal:
     def _write_header(self, cycle: int) -> None:
         body = struct.pack("<4sIQ", _MAGIC, _VERSION, cycle)
         block = body + struct.pack("<I", crc32c.crc32c(body))
-        self._ensure_allocated(_HEADER_BLOCK_BYTES)
+        if self.allocated < _HEADER_BLOCK_BYTES:  # a new file: its first allocation (no drain)
+            with self._grow_lock:
+                self._ensure_allocated(_HEADER_BLOCK_BYTES)
         if os.pwrite(self._fd, block, 0) != len(block):
             raise OSError("short write of the journal header")
         os.fdatasync(self._fd)
@@ -208,7 +249,8 @@ class Journal:
             if -n & 7:
                 buffers.append(_PAD[-n & 7])
             pos += n + (-n & 7)
-        self._ensure_allocated(pos)
+        if pos > self.allocated:  # the grower is behind (or absent): zero-fill here
+            self._grow_sync(pos)
         pwritev_all(self._fd, buffers, start)
         self.write_pos = pos
         return start
@@ -242,13 +284,95 @@ class Journal:
         """Whether the current cycle has no entries."""
         return self.write_pos == _HEADER_BLOCK_BYTES
 
+    def grow_ahead(self) -> None:
+        """(Worker, after a drain) Have the grower zero-fill ahead if the room is running out.
+
+        The room wanted ahead is the bytes written this cycle (at least 1 MiB, at most
+        16 MiB, the old doubling steps); the grower is asked when less than half of it is
+        left, so it stays ahead of drains that write up to that much in its time.
+        """
+        grower = self._grower
+        if grower is None or self.allocated >= self._cap:
+            return
+        want = min(max(self.write_pos, _MIN_GROW_BYTES), _MAX_GROW_BYTES)
+        if self.allocated - self.write_pos >= want // 2:
+            return
+        failed = self._grow_failed_at
+        if failed is not None and time.monotonic() < failed + _GROW_RETRY_S:
+            return
+        target = self.write_pos + want
+        target = min(self._cap, target + (-target & (_GROW_CHUNK_BYTES - 1)))
+        if target > self._grow_target:
+            self._grow_target = target
+            grower.request(self)
+
+    def _grow_step(self) -> bool:
+        """(Grower) Zero-fill and sync the next chunk towards the target.
+
+        Returns:
+            Whether more is left to grow.
+        """
+        with self._grow_lock:
+            start = self.allocated
+            end = min(self._grow_target, start + _GROW_CHUNK_BYTES)
+            if self._fd < 0 or end <= start:
+                self._close_grow_fd()
+                return False
+            try:
+                if self._grow_fd < 0:
+                    # Not a dup: a writeback error is reported once per open file, and the
+                    # drain's fdatasync must still see the errors of its own pages.
+                    self._grow_fd = os.open(self.path, os.O_WRONLY)
+                pos = start
+                while pos < end:
+                    pos += os.pwrite(self._grow_fd, _ZEROS[: end - pos], pos)
+                os.fdatasync(self._grow_fd)
+            except OSError as exc:
+                self._close_grow_fd()
+                self._grow_target = self.allocated
+                if self._grow_failed_at is None:
+                    log.warning(
+                        "%s: growing the journal ahead failed (%s); drains grow it themselves", self.path, exc
+                    )
+                self._grow_failed_at = time.monotonic()
+                return False
+            self._grow_failed_at = None
+            self.allocated = end
+            if end < self._grow_target:
+                return True
+            self._close_grow_fd()
+            return False
+
+    def _close_grow_fd(self) -> None:
+        if self._grow_fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._grow_fd)
+            self._grow_fd = -1
+
+    def _grow_sync(self, end: int) -> None:
+        """(Worker) Zero-fill up to ``end`` now, in the append that needs it (counted)."""
+        with self._grow_lock:  # waits for a chunk the grower is writing: at most 1 MiB
+            before = self.allocated
+            if end <= before:
+                return
+            if self._grower is None:
+                self._ensure_allocated(end)
+            else:
+                # Only what this drain needs, to the next chunk: the grower does the rest.
+                target = end + (-end & (_GROW_CHUNK_BYTES - 1))
+                self._zero_fill(max(end + (-end & 4095), min(target, self._cap)))
+            self.sync_grow_count += 1
+            self.sync_grow_bytes += self.allocated - before
+
     def _ensure_allocated(self, end: int) -> None:
         # Zeros written (not fallocate's unwritten extents): an overwrite then changes no metadata.
         if end <= self.allocated:
             return
         step = min(max(self.allocated, _MIN_GROW_BYTES), _MAX_GROW_BYTES)
         target = max(end, min(self.allocated + step, max(self.journal_bytes, end)))
-        target += -target & 4095
+        self._zero_fill(target + (-target & 4095))
+
+    def _zero_fill(self, target: int) -> None:
         pos = self.allocated
         while pos < target:
             n = os.pwrite(self._fd, _ZEROS[: min(len(_ZEROS), target - pos)], pos)
@@ -257,8 +381,78 @@ class Journal:
         self.allocated = target
 
     def close(self) -> None:
-        """Close the file; idempotent."""
-        if self._fd >= 0:
-            with contextlib.suppress(OSError):
-                os.close(self._fd)
-            self._fd = -1
+        """Close the file (after a chunk the grower is writing); idempotent."""
+        with self._grow_lock:
+            self._close_grow_fd()
+            if self._fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(self._fd)
+                self._fd = -1
+
+
+class JournalGrower:
+    """Zero-fills journals ahead of their write positions, on a thread of its own.
+
+    One per engine: the thread runs only while some journal has growth to do (started by
+    :meth:`request`, gone when none is left), so idle journals cost no thread. Journals take
+    turns a chunk at a time.
+
+    Args:
+        name: The thread's name.
+    """
+
+    def __init__(self, name: str = "seglog-journal-grow") -> None:
+        self._name = name
+        self._cond = threading.Condition()
+        self._queue: dict[Journal, None] = {}  # insertion-ordered set: the turn order
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def request(self, journal: Journal) -> None:
+        """Grow ``journal`` to its target in the background (no-op once closed)."""
+        with self._cond:
+            if self._closed:
+                return
+            self._queue[journal] = None
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                self._thread.start()
+
+    @property
+    def busy(self) -> bool:
+        """Whether the thread is running (growth requested and not finished)."""
+        with self._cond:
+            return self._thread is not None
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Wait until no growth is left; return whether it came within ``timeout``."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._thread is None, timeout)
+
+    def close(self) -> None:
+        """Abandon growth not yet started and wait for the chunk in flight; idempotent."""
+        with self._cond:
+            self._closed = True
+            self._queue.clear()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                if self._closed or not self._queue:
+                    self._thread = None
+                    self._cond.notify_all()
+                    return
+                journal = next(iter(self._queue))
+                del self._queue[journal]
+            try:
+                more = journal._grow_step()
+            except Exception:  # never let the thread die with the flag saying it runs
+                log.exception("%s: growing the journal failed", journal.path)
+                more = False
+            if more:
+                with self._cond:
+                    if not self._closed:
+                        self._queue.setdefault(journal, None)
