@@ -23,6 +23,13 @@
 #define MIN_SLOTS 1024
 #define MIN_ARENA 4096
 #define MIX 0x9E3779B97F4A7C15ULL
+#define AHEAD 16 /* rows between a prefetch of cached bytes and their compare */
+
+#if defined(__GNUC__) || defined(__clang__)
+#define PREFETCH(addr) __builtin_prefetch(addr)
+#else
+#define PREFETCH(addr) ((void)(addr))
+#endif
 
 typedef struct {
     uint64_t key; /* 0: free */
@@ -297,13 +304,37 @@ static PyObject *TopicCache_lookup(TopicCache *self, PyObject *args) {
     int64_t *miss_rows = rows.buf, *miss_keys = keys.buf;
     const Slot *slots = self->slots;
     const size_t mask = self->mask;
-    Py_ssize_t m = 0;
+    /* Two passes, so that the table's cache misses overlap instead of queueing: the first
+     * hashes every row and prefetches its home slot, the second prefetches the cached bytes
+     * of the row AHEAD rows on and compares row i. In the append path the table and arena
+     * are cold (evicted by encoding): one miss after another cost 4-5x the lookup itself. */
+    uint64_t *row_keys = PyMem_Malloc(sizeof(uint64_t) * (size_t)(length ? length : 1));
+    if (!row_keys) {
+        PyErr_NoMemory();
+        goto done;
+    }
     for (Py_ssize_t i = 0; i < length; i++) {
         const unsigned char *p;
         size_t n;
-        if (column_row(&col, i, &p, &n) < 0) goto done;
+        if (column_row(&col, i, &p, &n) < 0) {
+            PyMem_Free(row_keys);
+            goto done;
+        }
+        uint64_t key = key_of(self, p, n, per_row ? int_at(&shards, i) : one_shard);
+        row_keys[i] = key;
+        PREFETCH(&slots[(size_t)key & mask]);
+    }
+    Py_ssize_t m = 0;
+    for (Py_ssize_t i = 0; i < length; i++) {
+        if (i + AHEAD < length) {
+            const Slot *ahead = &slots[(size_t)row_keys[i + AHEAD] & mask];
+            if (ahead->key == row_keys[i + AHEAD]) PREFETCH(self->arena + ahead->at);
+        }
+        const unsigned char *p = NULL;
+        size_t n = 0;
+        column_row(&col, i, &p, &n); /* checked in the first pass */
         int64_t shard = per_row ? int_at(&shards, i) : one_shard;
-        uint64_t key = key_of(self, p, n, shard);
+        uint64_t key = row_keys[i];
         size_t at = (size_t)key & mask;
         int hit = 0;
         for (;;) {
@@ -323,6 +354,7 @@ static PyObject *TopicCache_lookup(TopicCache *self, PyObject *args) {
             m++;
         }
     }
+    PyMem_Free(row_keys);
     misses = m;
 done:
     column_close(&col);
