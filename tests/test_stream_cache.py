@@ -302,3 +302,23 @@ def test_native_without_the_extension_is_refused(monkeypatch: pytest.MonkeyPatch
     with pytest.raises(InvalidArgument, match="not built"):
         StreamStamper(1, [100], native=True)
     assert not StreamStamper(1, [100]).native
+
+
+def test_compiled_cache_tells_apart_topics_one_byte_apart() -> None:
+    """Every length to 40 bytes, every byte position: with one key for all topics, a topic
+    differing from the cached one in a single byte misses; the cached one hits."""
+    from seglog.topics._topic_cache import TopicCache
+
+    for length in range(1, 41):
+        base = bytes(range(65, 65 + length))
+        variants = [base[:j] + b"~" + base[j + 1 :] for j in range(length)]
+        column = pa.array([x.decode() for x in [base, *variants]], pa.string())
+        _, offsets, data = column.buffers()
+        n = len(column)
+        cache = TopicCache(key_bits=1)
+        zero = np.zeros(1, np.int64)
+        assert cache.insert(offsets, data, 0, n, 4, zero, zero, np.array([5])) == 1
+        out = np.empty(n, np.uint32)
+        miss_rows = np.empty(n, np.int64)
+        assert cache.lookup(offsets, data, 0, n, 4, 0, out, miss_rows, np.empty(n, np.int64)) == length
+        assert out[0] == 5 and miss_rows[:length].tolist() == list(range(1, n))
