@@ -7,7 +7,8 @@ DEMO_DATA ?= $(CURDIR)/demo-data
 
 .PHONY: venv demo test lint typecheck unit clean
 
-$(BIN)/.installed: pyproject.toml
+# setup.py builds the C topic cache (seglog/topics/_topic_cache.c): an edit rebuilds it.
+$(BIN)/.installed: pyproject.toml setup.py seglog/topics/_topic_cache.c
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]'

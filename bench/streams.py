@@ -37,7 +37,9 @@ of keyed 1000-record batches (key = device id, routed by key) of ``--fleet-topic
 stamping), 1 and 16 shards, default thresholds. Each run learns the topics (one untimed
 pass), then times a pass of ``--fleet-records`` records (300,000) whose topics are all
 known; with and without streams alternate in one process, the median of ``R`` runs.
-``--fleet-only`` runs just this part.
+``--fleet-only`` runs just this part. It also times :meth:`StreamStamper.stamp` alone on the
+same batches of known topics (µs per 1000-row call, median of ``R`` passes), with the
+compiled cache (``seglog.topics._topic_cache``, when built) and the NumPy one.
 
 The report goes to ``bench/results/streams-<date>.md`` (and ``.json``); ``--quick`` only
 prints unless ``--out`` is given.
@@ -65,7 +67,9 @@ import pyarrow.compute as pc
 
 import seglog
 from bench.compare import _filesystem, _machine
-from seglog.topics import filter_to_regex
+from seglog._routing import route_rows
+from seglog.topics import DEFAULT_LTS_THRESHOLDS, filter_to_regex
+from seglog.topics.streams import StreamStamper
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO / "bench" / "results"
@@ -329,11 +333,64 @@ async def fleet_rows(base: Path, args: argparse.Namespace) -> list[dict[str, Any
     return out
 
 
+def _stamp_pass(stamper: StreamStamper, batches: list[tuple[pa.Array, Any, Any]], ends: Any) -> list[float]:
+    """One stamp of every batch, offsets numbered on from ``ends``: µs per 1000 rows each."""
+    times = []
+    for topics, routes, rank in batches:
+        if isinstance(routes, int):
+            offsets: Any = int(ends[0])
+            ends[0] += len(topics)
+        else:
+            offsets = ends[routes] + rank
+            ends[:] += np.bincount(routes, minlength=len(ends))
+        t0 = time.perf_counter()
+        stamper.stamp(topics, routes, offsets)
+        times.append((time.perf_counter() - t0) * 1e6 * BATCH / len(topics))
+    return times
+
+
+def stamp_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """µs per 1000-row :meth:`StreamStamper.stamp` of known fleet topics, outside the append path."""
+    plan = fleet_plan(args.fleet_records, args.fleet_topics)
+    caches = [True, False] if StreamStamper(1, DEFAULT_LTS_THRESHOLDS).native else [False]
+    out = []
+    for shards in (1, 16):
+        for native in caches:
+            stamper = StreamStamper(shards, DEFAULT_LTS_THRESHOLDS, native=native)
+            ends = np.zeros(shards, np.int64)
+            batches: list[tuple[pa.Array, Any, Any]] = []
+            for table in plan:
+                topics = table.column("topic").combine_chunks()
+                if shards == 1:
+                    batches.append((topics, 0, 0))
+                    continue
+                # Routed by key as the database routes, each shard's rows numbered on.
+                routes = route_rows(topics, table.column("key").combine_chunks(), shards)
+                counts = np.bincount(routes, minlength=shards)
+                order = np.argsort(routes, kind="stable")
+                rank = np.empty(len(routes), np.int64)
+                rank[order] = np.arange(len(routes)) - np.repeat(np.cumsum(counts) - counts, counts)
+                batches.append((topics, routes, rank))
+
+            _stamp_pass(stamper, batches, ends)  # learns every topic
+            passes = [statistics.median(_stamp_pass(stamper, batches, ends)) for _ in range(args.repeats)]
+            row = {
+                "shards": shards,
+                "cache": "compiled" if native else "numpy",
+                "us_per_1000": statistics.median(passes),
+                "passes": passes,
+            }
+            _log(f"  {row}")
+            out.append(row)
+    return out
+
+
 def render_fleet(meta: dict[str, Any], fleet: list[dict[str, Any]]) -> list[str]:
     lines = [
         "",
         f"Fleet append: `append_arrow` of keyed 1000-record batches (routed by key) of {meta['fleet_topics']:,} "
-        'device topics, all known (after an untimed learning pass), fsync="never", default thresholds. '
+        'device topics, all known (after an untimed learning pass), fsync="never", default thresholds, '
+        f"{meta['stamp_cache']} topic cache. "
         f"Median of {meta['repeats']} alternating runs each; records per second of wall time and per "
         "CPU second of the process (all threads; steadier on a shared machine).",
         "",
@@ -356,6 +413,7 @@ def render(
     reads: list[dict[str, Any]],
     appends: list[dict[str, Any]],
     fleet: list[dict[str, Any]],
+    stamps: list[dict[str, Any]],
 ) -> str:
     lines = [
         f"# seglog streams benchmark, {meta['date']}{' (quick)' if meta['quick'] else ''}",
@@ -400,6 +458,15 @@ def render(
             )
     if fleet:
         lines += render_fleet(meta, fleet)
+    if stamps:
+        lines += [
+            "`StreamStamper.stamp` alone on the same batches (topics known), µs per 1000-row call, "
+            f"median of {meta['repeats']} passes (the compiled cache when built, and the NumPy one):",
+            "",
+            "| shards | cache | µs per 1000 rows |",
+            "|---:|---|---:|",
+        ]
+        lines += [f"| {r['shards']} | {r['cache']} | {r['us_per_1000']:.1f} |" for r in stamps]
     lines.append("")
     return "\n".join(lines)
 
@@ -411,6 +478,7 @@ async def run(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
         reads = [] if args.fleet_only else await read_rows(base, args)
         appends = [] if args.fleet_only else await append_rows(base, args)
         fleet = await fleet_rows(base, args)
+        stamps = stamp_rows(args)
     finally:
         shutil.rmtree(base, ignore_errors=True)
     meta = {
@@ -423,10 +491,11 @@ async def run(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
         "filter": read_filter(args.records),
         "repeats": args.repeats,
         "fleet_topics": args.fleet_topics,
+        "stamp_cache": "compiled" if StreamStamper(1, DEFAULT_LTS_THRESHOLDS).native else "numpy",
         "args": {k: v for k, v in vars(args).items() if k != "out"},
     }
-    report = render(meta, reads, appends, fleet)
-    return report, {"meta": meta, "reads": reads, "appends": appends, "fleet": fleet}
+    report = render(meta, reads, appends, fleet, stamps)
+    return report, {"meta": meta, "reads": reads, "appends": appends, "fleet": fleet, "stamps": stamps}
 
 
 def main(argv: list[str] | None = None) -> int:

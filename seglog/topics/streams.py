@@ -24,6 +24,13 @@ holds, in offset order, starting from an empty trie with the database's threshol
   cached topic (a hash collision is a miss, never a wrong stream). Only misses walk a
   trie, one by one in offset order, exactly as without the cache.
 
+* **Compiled code.** When the C extension ``seglog.topics._topic_cache`` is built (``pip
+  install`` builds it; it is optional), the cache is a hash table in C instead: one call per
+  batch reads the topic column's Arrow buffers in place, hashes, probes and compares each
+  row's bytes, and returns the stream ids and the rows that missed. It answers exactly as
+  the NumPy cache does (same one-entry-per-key rule); :attr:`StreamStamper.native` says
+  which one a stamper uses.
+
 * **Watches.** Subscriptions ask whether a stream got records since a position, to skip
   the read of a stream an append missed (:meth:`StreamStamper.watch`). Only watched
   streams are noted, per stamp call, so a database without subscriptions pays nothing.
@@ -50,6 +57,11 @@ import pyarrow.compute as pc
 
 from seglog.errors import CorruptLTS, InvalidArgument
 from seglog.topics.lts import LTS
+
+try:
+    from seglog.topics import _topic_cache
+except ImportError:  # built without a compiler: the NumPy cache answers the same, slower
+    _topic_cache = None  # type: ignore[assignment]
 
 SNAPSHOT_MAGIC: Final = b"SLSN"
 _SNAPSHOT_VERSION: Final = 1
@@ -113,11 +125,24 @@ class StreamStamper:
         thresholds: The database's LTS thresholds (see :class:`~seglog.topics.LTS`).
         key_bits: Bits of the cache keys (64). Fewer force hash collisions, for tests: a
             collision costs a trie walk, never a wrong stream.
+        native: Use the compiled cache (``None``: when it is built; ``False``: the NumPy one).
+
+    Raises:
+        InvalidArgument: ``key_bits`` out of range, or ``native=True`` without the extension.
     """
 
-    def __init__(self, shards: int, thresholds: Sequence[int], *, key_bits: int = 64) -> None:
+    def __init__(
+        self, shards: int, thresholds: Sequence[int], *, key_bits: int = 64, native: bool | None = None
+    ) -> None:
         if not 1 <= key_bits <= 64:
             raise InvalidArgument(f"key_bits must be in 1..64, not {key_bits!r}")
+        if native and _topic_cache is None:
+            raise InvalidArgument("the compiled topic cache (seglog.topics._topic_cache) is not built")
+        self._native = (
+            _topic_cache.TopicCache(key_bits=key_bits)
+            if _topic_cache is not None and native is not False
+            else None
+        )
         self.thresholds = tuple(LTS(thresholds, cache_size=0).thresholds)  # validated
         self._key_mask = np.int64(-1) if key_bits == 64 else np.int64((1 << key_bits) - 1)
         self._tries: list[_ShardTrie | None] = [None] * shards
@@ -131,6 +156,9 @@ class StreamStamper:
     # --- the cache ----------------------------------------------------------------------
 
     def _reset_cache(self) -> None:
+        if self._native is not None:
+            self._native.clear()
+            return
         # Entries (appended; a cut marks some dead and rebuilds): key, shard, stream, the
         # topic's length and where its words (see topic_hashes) start in ``_store``, whose
         # word 0 is a zero word that verification reads for words past a topic's end.
@@ -155,8 +183,15 @@ class StreamStamper:
         self._slots = np.zeros((slots, 4), np.int64)
 
     @property
+    def native(self) -> bool:
+        """Whether the compiled cache (``seglog.topics._topic_cache``) serves the lookups."""
+        return self._native is not None
+
+    @property
     def cached_topics(self) -> int:
         """Entries in the cache (for tests and stats)."""
+        if self._native is not None:
+            return len(self._native)
         return self._n - self._dead
 
     @property
@@ -254,6 +289,9 @@ class StreamStamper:
 
     def _drop_cached(self, shard: int, first_stream: int) -> None:
         """Make entries of ``shard`` with a stream ``>= first_stream`` unfindable."""
+        if self._native is not None:
+            self._native.drop(shard, first_stream)
+            return
         n = self._n
         doomed = (self._shard[:n] == shard) & (self._stream[:n] >= first_stream)
         count = int(doomed.sum())
@@ -303,6 +341,8 @@ class StreamStamper:
         n = len(topics)
         if n == 0:
             return np.empty(0, np.uint32)
+        if self._native is not None:
+            return self._stamp_native(topics, shards, offsets)
         column = _Column(topics)
         out: np.ndarray[Any, np.dtype[np.uint32]]
         with self._lock:
@@ -325,7 +365,51 @@ class StreamStamper:
             if not bool(found.all()):
                 misses = np.flatnonzero(~found)
                 self._trie_rows += len(misses)
-                self._learn_rows(out, misses, topics, column, keys, shards, offsets)
+                rows, row_shards, learned = self._learn_rows(
+                    out, misses, keys[misses], topics, shards, offsets
+                )
+                self._insert_many(keys[rows], row_shards, learned, column, rows)
+            if self._watched:
+                self._note_watched(out, shards, offsets)
+            return out
+
+    def _stamp_native(
+        self,
+        topics: pa.Array,
+        shards: np.ndarray[Any, Any] | int,
+        offsets: np.ndarray[Any, Any] | int,
+    ) -> np.ndarray[Any, np.dtype[np.uint32]]:
+        """:meth:`stamp` with the compiled cache: one call looks up the batch in place."""
+        cache = self._native
+        assert cache is not None
+        kind = topics.type
+        if kind == pa.string():
+            width = 4
+        elif kind == pa.large_string():
+            width = 8
+        else:
+            topics = topics.cast(pa.string())
+            width = 4
+        if isinstance(shards, np.ndarray):
+            if not shards.flags.c_contiguous:
+                shards = np.ascontiguousarray(shards)
+        else:
+            shards = int(shards)  # a NumPy integer too: the extension takes an int or a buffer
+        _, offsets_buf, data_buf = topics.buffers()
+        data = b"" if data_buf is None else data_buf
+        n = len(topics)
+        start = topics.offset
+        out = np.empty(n, np.uint32)
+        miss_rows = np.empty(n, np.int64)
+        miss_keys = np.empty(n, np.int64)
+        with self._lock:
+            m = cache.lookup(offsets_buf, data, start, n, width, shards, out, miss_rows, miss_keys)
+            if m:
+                self._trie_rows += m
+                rows, row_shards, learned = self._learn_rows(
+                    out, miss_rows[:m], miss_keys[:m], topics, shards, offsets
+                )
+                cache.insert(offsets_buf, data, start, n, width, rows, row_shards, learned)
             if self._watched:
                 self._note_watched(out, shards, offsets)
             return out
@@ -397,18 +481,22 @@ class StreamStamper:
         self,
         out: np.ndarray[Any, Any],
         misses: np.ndarray[Any, Any],
+        miss_keys: np.ndarray[Any, Any],
         topics: pa.Array,
-        column: _Column,
-        keys: np.ndarray[Any, Any],
         shards: np.ndarray[Any, Any] | int,
         offsets: np.ndarray[Any, Any] | int,
-    ) -> None:
-        """Learn the rows the cache missed, in row order per shard, and cache them.
+    ) -> tuple[
+        np.ndarray[Any, Any], np.ndarray[Any, np.dtype[np.int64]], np.ndarray[Any, np.dtype[np.int64]]
+    ]:
+        """Learn the rows the cache missed (with their cache keys), in row order per shard.
 
         Repeats among the misses are found with NumPy (by key, then checked exactly), so
         the tries only walk each new ``(shard, topic)`` once.
+
+        Returns:
+            ``(rows, shards, streams)`` of the first row of each ``(shard, topic)`` learned,
+            to cache.
         """
-        miss_keys = keys[misses]
         miss_shards = shards[misses] if isinstance(shards, np.ndarray) else None
         _, first, inverse = np.unique(miss_keys, return_index=True, return_inverse=True)
         firsts = misses[first]
@@ -448,7 +536,7 @@ class StreamStamper:
         stream_of_unique = np.empty(len(rows), np.int64)
         stream_of_unique[order] = learned
         out[misses] = stream_of_unique[inverse]
-        self._insert_many(keys[rows], row_shards.astype(np.int64), learned, column, rows)
+        return rows, row_shards.astype(np.int64), learned
 
     def _insert_many(
         self,
