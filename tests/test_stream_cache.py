@@ -29,6 +29,16 @@ LONG = "x" * 70  # over 64 bytes: read by length class
 LEVELS = ["a", "b", "dev1", "dev22", "sensor", "é", "", LONG, "t" * 9, "0123456"]
 
 
+def routed_offsets(rng: random.Random, n: int, shards: int, ends: list[int]) -> tuple[list[int], list[int]]:
+    """``n`` random shards and each row's offset in its shard (``ends`` moves on)."""
+    routes = [rng.randrange(shards) for _ in range(n)]
+    offsets = []
+    for r in routes:
+        offsets.append(ends[r])
+        ends[r] += 1
+    return routes, offsets
+
+
 def _topic(rng: random.Random) -> str:
     levels = [rng.choice(LEVELS) for _ in range(rng.randint(1, 5))]
     topic = "/".join(levels) or "z"
@@ -87,11 +97,7 @@ def test_cache_gives_the_tries_streams(
             ends[shard] += n
             want = ref.stamp(topics, [shard] * n)
         else:
-            routes = [rng.randrange(shards) for _ in range(n)]
-            offsets = []
-            for r in routes:
-                offsets.append(ends[r])
-                ends[r] += 1
+            routes, offsets = routed_offsets(rng, n, shards, ends)
             array = pa.array(["pad", *topics], pa.string()).slice(1)  # a sliced column too
             got = stamper.stamp(array, np.array(routes, np.int32), np.array(offsets, np.int64))
             want = ref.stamp(topics, routes)
@@ -240,11 +246,7 @@ def test_compiled_and_numpy_caches_agree(
             want = ref.stamp(topics, [shard] * n)
             ends[shard] += n
         else:
-            routes = [rng.randrange(shards) for _ in range(n)]
-            offsets = []
-            for r in routes:
-                offsets.append(ends[r])
-                ends[r] += 1
+            routes, offsets = routed_offsets(rng, n, shards, ends)
             dtype = rng.choice([np.int32, np.int64, np.int16])
             shard_array = np.array(routes, dtype)
             if rng.random() < 0.3:  # a strided view
