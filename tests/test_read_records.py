@@ -237,7 +237,11 @@ def test_bulk_conversion_keeps_an_application_freeze() -> None:
         frozen = gc.get_freeze_count()
         assert frozen > 0
         records = records_from_table(table, 0)
-        assert gc.get_freeze_count() == frozen
+        after = gc.get_freeze_count()
+        # Not one of the 2,000 records (or their lists) was frozen, and the application's
+        # objects were not unfrozen (that would empty the permanent generation). Frozen
+        # objects that other threads of the suite free meanwhile leave it: a few, not all.
+        assert frozen - 1000 <= after <= frozen, (frozen, after)
         assert len(records) == 2000 and gc.isenabled()
     finally:
         gc.unfreeze()
