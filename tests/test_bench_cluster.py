@@ -3,46 +3,36 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.bench_runner import run_bench
 
 
 def test_cluster_bench_tiny_run(tmp_path: Path) -> None:
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bench.cluster",
-            "--quick",
-            "--no-kafka",
-            "--sizes",
-            "100",
-            "--records",
-            "2000",
-            "--batch",
-            "500",
-            "--steady-shards",
-            "4",
-            "--steady-seconds",
-            "0.5",
-            "--steady-rate",
-            "1000",
-            "--kills",
-            "1",
-            "--out",
-            str(tmp_path),
-            "--dir",
-            str(tmp_path),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=True,
-    ).stdout
+    out = run_bench(
+        "bench.cluster",
+        "--quick",
+        "--no-kafka",
+        "--sizes",
+        "100",
+        "--records",
+        "2000",
+        "--batch",
+        "500",
+        "--steady-shards",
+        "4",
+        "--steady-seconds",
+        "0.5",
+        "--steady-rate",
+        "1000",
+        "--kills",
+        "1",
+        "--out",
+        str(tmp_path),
+        "--dir",
+        str(tmp_path),
+        timeout_s=300,
+    )
     for system in (
         "embedded append_arrow",
         "single node Producer",

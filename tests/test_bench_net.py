@@ -3,42 +3,32 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.bench_runner import ROOT, run_bench
 
 
 def test_net_bench_tiny_run(tmp_path: Path) -> None:
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bench.net",
-            "--quick",
-            "--no-kafka",
-            "--sizes",
-            "100",
-            "--records",
-            "3000",
-            "--batch",
-            "500",
-            "--e2e-seconds",
-            "0.5",
-            "--e2e-rate",
-            "5000",
-            "--out",
-            str(tmp_path),
-            "--dir",
-            str(tmp_path),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=True,
-    ).stdout
+    out = run_bench(
+        "bench.net",
+        "--quick",
+        "--no-kafka",
+        "--sizes",
+        "100",
+        "--records",
+        "3000",
+        "--batch",
+        "500",
+        "--e2e-seconds",
+        "0.5",
+        "--e2e-rate",
+        "5000",
+        "--out",
+        str(tmp_path),
+        "--dir",
+        str(tmp_path),
+        timeout_s=300,
+    )
     assert "| produce | 100 B | 4 senders/16 shards | network Arrow (bench sender) |" in out
     assert "network Consumer.getmany_arrow" in out and "e2e p99 ms" in out
     data = json.loads(next(tmp_path.glob("quick-net-*.json")).read_text())
@@ -61,12 +51,5 @@ def test_net_bench_tiny_run(tmp_path: Path) -> None:
 def test_net_tick_bench_runs_both_paths_and_a_before_side() -> None:
     tiny = ["--shards", "4", "--ticks", "5", "--runs", "1", "--before", str(ROOT)]
     for mode in ("rows", "producer"):
-        out = subprocess.run(
-            [sys.executable, "-m", "bench.net_tick", "--mode", mode, *tiny],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=True,
-        ).stdout
+        out = run_bench("bench.net_tick", "--mode", mode, *tiny, timeout_s=300)
         assert "before: CPU per tick" in out and "after: CPU per tick" in out and "after / before" in out

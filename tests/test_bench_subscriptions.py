@@ -2,22 +2,13 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.bench_runner import run_bench
 
 
 def test_subscriptions_bench_quick_runs(tmp_path: Path) -> None:
-    out = subprocess.run(
-        [sys.executable, "-m", "bench.subscriptions", "--quick", "--seconds", "0.5", "--dir", str(tmp_path)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=True,
-    ).stdout
+    out = run_bench("bench.subscriptions", "--quick", "--seconds", "0.5", "--dir", str(tmp_path))
     rows = [line for line in out.splitlines() if line.startswith("| 200 |")]
     assert [r.split("|")[2].strip() for r in rows] == ["1", "100"]  # a task each, then selectors
     for row in rows:
