@@ -793,10 +793,14 @@ class Database:
         ``True`` for a generation that is not the current one: a read then finds its end
         (``end_of_stream``) or that it was dropped.
         """
-        gens = self._generations()
-        if gens is not None and generation != gens.list_generations()[-1].id:
+        if generation != self._current_generation():
             return True
         return self._streams().stream_stamped_since(shard, stream, offset)
+
+    def _current_generation(self) -> int:
+        """The current generation's id (1 for an engine without generations)."""
+        gens = self._generations()
+        return 1 if gens is None else gens.list_generations()[-1].id
 
     def subscribe(self, iterator: StreamIterator, *, max_unacked: int) -> Subscription:
         """Deliver an iterator's records as they become durable: EMQX's ``subscribe``.

@@ -779,9 +779,16 @@ class SubscriptionManager:
         """
         beams = self._beams.get(shard)
         if beams:
-            stamped_since = self.db._stream_stamped_since
+            # Once per append, not once per beam: the current generation (a beam of an older
+            # one always wakes, to find its end) and the stamper's watch lookup.
+            current = self.db._current_generation()
+            stamped_since = self.db._streams().stream_stamped_since
             for beam in beams.values():
-                if beam.lagging or stamped_since(shard, beam.stream, beam.position, beam.generation):
+                if (
+                    beam.lagging
+                    or beam.generation != current
+                    or stamped_since(shard, beam.stream, beam.position)
+                ):
                     beam.wake.set()
                 elif beam.members:
                     self._counters.skipped_reads += 1
