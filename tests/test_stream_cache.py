@@ -324,3 +324,27 @@ def test_compiled_cache_tells_apart_topics_one_byte_apart() -> None:
         miss_rows = np.empty(n, np.int64)
         assert cache.lookup(offsets, data, 0, n, 4, 0, out, miss_rows, np.empty(n, np.int64)) == length
         assert out[0] == 5 and miss_rows[:length].tolist() == list(range(1, n))
+
+
+def test_compiled_cache_keeps_other_entries_whole_through_a_drop() -> None:
+    """A drop rebuilds the arena (each entry's shard and length, then its bytes): the entries
+    kept still hit with their streams, the dropped ones miss, and a shard number that only
+    agrees in its low 32 bits is another shard."""
+    from seglog.topics._topic_cache import TopicCache
+
+    topics = [f"site/{i}/{'x' * (i % 37)}" for i in range(200)]
+    column = pa.array(topics, pa.string())
+    _, offsets, data = column.buffers()
+    n = len(column)
+    shards = np.arange(n, dtype=np.int64) % 3
+    streams = np.arange(n, dtype=np.int64) + 1
+    cache = TopicCache()
+    assert cache.insert(offsets, data, 0, n, 4, np.arange(n, dtype=np.int64), shards, streams) == n
+    assert cache.drop(1, 50) == int(((shards == 1) & (streams >= 50)).sum())
+    out = np.empty(n, np.uint32)
+    miss_rows = np.empty(n, np.int64)
+    misses = cache.lookup(offsets, data, 0, n, 4, shards, out, miss_rows, np.empty(n, np.int64))
+    dropped = (shards == 1) & (streams >= 50)
+    assert miss_rows[:misses].tolist() == np.flatnonzero(dropped).tolist()
+    assert out[~dropped].tolist() == streams[~dropped].tolist()
+    assert cache.lookup(offsets, data, 0, n, 4, 2**32, out, miss_rows, np.empty(n, np.int64)) == n

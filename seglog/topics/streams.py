@@ -41,7 +41,7 @@ worker snapshots or cuts.
 
 from __future__ import annotations
 
-__all__ = ["SNAPSHOT_MAGIC", "StreamStamper"]
+__all__ = ["SNAPSHOT_MAGIC", "StreamStamper", "distinct_streams"]
 
 import bisect
 import itertools
@@ -115,6 +115,32 @@ class _ShardTrie:
         self.lts = lts
         self.node_origin = node_origin  # roots: -1
         self.stream_origin = stream_origin
+
+
+# distinct_streams counts stream ids (a bin each) when their span is below this.
+_BINCOUNT_SPAN: Final = 4096
+
+
+def distinct_streams(values: np.ndarray[Any, Any], limit: int) -> np.ndarray[Any, np.dtype[np.uint32]] | None:
+    """The distinct stream ids of a frame's ``stream`` column (uint32), ascending, or ``None``
+    when there are more than ``limit``.
+
+    The compiled module stops at the first id past ``limit`` (a frame of interleaved streams
+    after a few dozen rows); NumPy counts the ids (a bin each) or sorts them.
+    """
+    if _topic_cache is not None:
+        out = np.empty(limit, np.uint32)
+        count = _topic_cache.distinct_small(np.ascontiguousarray(values, np.uint32), out)
+        return None if count < 0 else out[:count]
+    lo, hi = int(values.min()), int(values.max())
+    if lo == hi:
+        tags = np.array([lo], np.uint32)
+    elif hi - lo < _BINCOUNT_SPAN:
+        counts = np.bincount(values - lo if lo else values)
+        tags = (np.flatnonzero(counts) + lo).astype(np.uint32)
+    else:
+        tags = np.unique(values).astype(np.uint32, copy=False)
+    return None if len(tags) > limit else tags
 
 
 class StreamStamper:
