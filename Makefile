@@ -60,6 +60,11 @@ bench-core: venv
 bench-subs: venv
 	$(BIN)/python -m bench.subscriptions
 
+# Transparent huge pages kept vs turned off, in alternating child processes.
+.PHONY: bench-thp
+bench-thp: venv
+	$(BIN)/python -m bench.thp
+
 # Keyed appends and read_key; `make bench-keys BEFORE=<git ref>` also runs that commit's seglog.
 .PHONY: bench-keys
 bench-keys: venv

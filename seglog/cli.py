@@ -1384,6 +1384,12 @@ def _add_other_commands(sub: Any, common: argparse.ArgumentParser) -> None:
         "--listen", default=f"127.0.0.1:{DEFAULT_PORT}", help=f"HOST:PORT (default 127.0.0.1:{DEFAULT_PORT})"
     )
     sv.add_argument("--fsync", choices=("always", "interval", "never"), default="always")
+    sv.add_argument(
+        "--thp",
+        choices=("disable", "keep"),
+        default="disable",
+        help="transparent huge pages for the node process (default: off, see seglog.open's thp)",
+    )
     sv.add_argument("--tls-cert", help="PEM certificate chain: serve HTTPS (needs --tls-key)")
     sv.add_argument("--tls-key", help="PEM private key of --tls-cert")
     sv.add_argument(
@@ -1463,6 +1469,7 @@ def _serve(args: argparse.Namespace) -> int:
         limits=ServerLimits(**limits),
         fsync=args.fsync,
         quota_bytes=args.quota_bytes,
+        thp=args.thp,
         cluster=cluster,
     )
     return run(server)

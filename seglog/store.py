@@ -19,6 +19,7 @@ from types import TracebackType
 from typing import Any, Final
 
 from seglog._fs import atomic_write, boot_id, fsync_dir
+from seglog._memory import ThpPolicy, apply_thp_policy
 from seglog.db import Database
 from seglog.db_config import DbConfig, validate_db_name
 from seglog.engines.base import Engine, EngineConfig, FsyncPolicy
@@ -176,6 +177,8 @@ class Store:
         # The options stay readable as attributes, as they always were.
         self.buffer_ms = config.buffer_ms
         self.journal_bytes = config.journal_bytes
+        self.thp: ThpPolicy = config.thp
+        self.thp_disabled = False  # whether THP is off for the process once open (see open(thp=))
         self.path = Path(path).absolute()
         self.fsync: FsyncPolicy = config.fsync
         self.fsync_interval_ms = config.fsync_interval_ms
@@ -230,6 +233,7 @@ class Store:
                 self._state = "closed"
                 raise
         await asyncio.to_thread(self._open_blocking)
+        self.thp_disabled = await asyncio.to_thread(apply_thp_policy, self.thp)
         self._io_pool = IoPool(
             self.io_workers, max_items=self._max_items, flush_interval_ms=self._flush_interval_ms
         )
@@ -645,6 +649,7 @@ def open(
     tier_interval_ms: int | None = None,
     buffer_ms: int = DEFAULT_BUFFER_MS,
     journal_bytes: int = DEFAULT_JOURNAL_BYTES,
+    thp: ThpPolicy = "disable",
 ) -> Store:
     """Open (creating if needed) the store at ``path``; use with ``async with`` or ``await``.
 
@@ -683,6 +688,12 @@ def open(
             followers in other processes see them. An idle worker writes them at once.
         journal_bytes: ``segment`` engine: size of each I/O worker's journal per database;
             when full, every segment is synced and the journal is reused (a checkpoint).
+        thp: Transparent huge pages for this process (Linux): ``"disable"`` (default) turns
+            them off when the kernel has them, ``"keep"`` leaves them as they are. Off means 4
+            KiB pages for new faults of the whole process (``prctl(PR_SET_THP_DISABLE)``, as
+            Redis's ``disable-thp``): with huge pages, every buffer PyArrow's allocator takes
+            again costs the kernel a 2 MiB zero-fill (see the README's Performance notes). It
+            is never turned back on.
     """
     return Store(
         path,
@@ -703,5 +714,6 @@ def open(
             tier_interval_ms=tier_interval_ms,
             buffer_ms=buffer_ms,
             journal_bytes=journal_bytes,
+            thp=thp,
         ),
     )

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
+from seglog._memory import ThpPolicy
 from seglog.engines.base import FsyncPolicy
 from seglog.engines.segment_writer import DEFAULT_BUFFER_MS
 from seglog.errors import InvalidArgument
@@ -47,6 +48,7 @@ class StoreConfig:
     tier_interval_ms: int | None = None
     buffer_ms: int = DEFAULT_BUFFER_MS
     journal_bytes: int = DEFAULT_JOURNAL_BYTES
+    thp: ThpPolicy = "disable"
 
     def __post_init__(self) -> None:
         # ``type(x) is not int`` rather than isinstance: a bool is not a duration or a size.
@@ -74,3 +76,5 @@ class StoreConfig:
             raise InvalidArgument("fsync_interval_ms must be an int >= 1")
         if type(self.io_workers) is not int or self.io_workers < 1:
             raise InvalidArgument("io_workers must be an int >= 1")
+        if self.thp not in ("disable", "keep"):
+            raise InvalidArgument("thp must be 'disable' or 'keep'")
