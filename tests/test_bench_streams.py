@@ -26,6 +26,7 @@ def test_streams_bench_quick_runs(tmp_path: Path) -> None:
     )
     assert "| per-site | 20,000 |" in out and "| interleaved | 20,000 |" in out
     assert "second pass: topics known" in out
-    assert "| 1 | 3,000 |" in out and "| 16 | 3,000 |" in out  # the fleet append A/B
+    for shape in ("| 1 | 1 | never | 3,000 |", "| 16 | 1 | never | 3,000 |", "| 16 | 4 | always | 3,000 |"):
+        assert shape in out  # the fleet append A/B, each shape
     assert "compiled topic cache" in out  # the database stamped with the extension
     assert "| 16 | compiled |" in out and "| 16 | numpy |" in out  # stamp() alone, both caches
