@@ -46,7 +46,7 @@ import numpy as np
 import pyarrow as pa
 
 from seglog.engines.base import Fsync, ReadOnlyReason
-from seglog.engines.frames import IntervalSync, encode_rows
+from seglog.engines.frames import IntervalSync, encode_rows, encode_shard_rows
 from seglog.engines.pending_rows import PendingPart, PendingRows, ShardArrays
 from seglog.errors import CorruptFrame, StorageError
 from seglog.io_pool import ItemError
@@ -645,20 +645,25 @@ class WorkerLog:
                     f"shard {s.number}: pending rows at {s.pending_start} do not continue the log at {end}"
                 )
         try:
-            rows_of = self._pending.collect(np.array([s.number for s in shards], np.int64), log_ends)
+            rows, starts, counts, stamps = self._pending.collect_sorted(
+                np.array([s.number for s in shards], np.int64), log_ends
+            )
         except StorageError as exc:
             raise StorageError(f"I/O worker {self.worker}: {exc}") from None
+        # Every shard's frames at once: a tailed flush is many shards' few rows each.
+        encoded = encode_shard_rows(
+            rows,
+            starts,
+            counts,
+            log_ends.tolist(),
+            stamps,
+            compression=self.compression,
+            leader_epoch=self._pending_epoch,
+            frame_bytes=[s.log.segment_bytes // 2 for s in shards],
+        )
         first: OSError | None = None
         written: list[tuple[_Shard, list[tuple[FramePosition, pa.RecordBatch]]]] = []
-        for s, (rows, stamps), offset in zip(shards, rows_of, log_ends.tolist(), strict=True):
-            frames, batches = encode_rows(
-                rows,
-                offset,
-                stamps,
-                compression=self.compression,
-                leader_epoch=self._pending_epoch,
-                frame_bytes=s.log.segment_bytes // 2,
-            )
+        for s, (frames, batches) in zip(shards, encoded, strict=True):
             mark = s.log.mark()
             try:
                 positions = s.log.append(frames)
