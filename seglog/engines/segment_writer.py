@@ -16,10 +16,12 @@ An append is cut on the event loop into one request per worker:
 A drain writes every request's segment frames (page cache), then all journal entries with
 one ``pwritev`` and one ``fdatasync`` (``fsync="always"``), and only then acknowledges. A
 drain that touched a single shard with frames only syncs that segment instead and skips the
-journal (the same bytes and one sync, as before there was a journal). The drain then writes
-its index entries, or, when they may make the key index merge (tens of ms), hands them to the
-worker's indexer thread (:class:`_Indexer`) and acknowledges at once: the index is derived
-and readers scan past it.
+journal (the same bytes and one sync, as before there was a journal). The drain then queues
+its index entries in the worker's backlog, written with those of the next drains (at
+``INDEX_BATCH_FRAMES`` frames or ``INDEX_BATCH_S``, a barrier, the idle deadline or close) or,
+when they may make the key index merge (tens of ms), handed to the worker's indexer thread
+(:class:`_Indexer`); the drain acknowledges at once: the index is derived and readers scan
+past it.
 
 A failed drain fails every request in it: segment writes are rolled back, the journal entries
 are discarded, and the worker's write generation moves on so requests queued behind it (their
