@@ -79,6 +79,7 @@ __all__ = [
     "decode_body",
     "decode_frames",
     "encode_frame",
+    "encode_frames",
     "frame_size",
     "now_us",
     "parse_header",
@@ -751,6 +752,105 @@ def encode_frame(
     pad = _PADDING[-body_len & 7]
     buffers: tuple[Any, ...] = (header_bytes, body, pad) if pad else (header_bytes, body)
     return EncodedFrame(header, buffers)
+
+
+def encode_frames(
+    batch: pa.RecordBatch,
+    starts: Sequence[int],
+    lengths: Sequence[int],
+    bases: Sequence[int],
+    *,
+    compression: int = COMPRESSION_NONE,
+    leader_epoch: int = 0,
+    producers: Sequence[tuple[int, int, int] | None] | None = None,
+) -> list[EncodedFrame]:
+    """``encode_frame(batch.slice(start, length), base, ...)`` for each slice, byte for byte.
+
+    The per-frame work that does not need the frame's own bytes is done once for all of them:
+    the timestamps' minimum and maximum (one NumPy reduction each over the whole batch) and
+    the check of the headers column (slices share their parent's buffers). A flush of many
+    shards' small frames spent more on that than on serialising the rows.
+
+    Raises:
+        InvalidArgument: A slice is empty, or a body exceeds :data:`MAX_FRAME_BODY_BYTES`.
+    """
+    count = len(starts)
+    if not count:
+        return []
+    lo = np.asarray(starts, np.int64)
+    n = np.asarray(lengths, np.int64)
+    if bool((n <= 0).any()):
+        raise InvalidArgument("a frame holds at least one record")
+    headers = batch.column(_HEADERS_COLUMN)
+    if compression not in (COMPRESSION_NONE, COMPRESSION_ZSTD) or _carries_children(headers):
+        # Rare: let the one-frame path fix the headers column (or refuse the compression).
+        return [
+            encode_frame(
+                batch.slice(a, b),
+                base,
+                compression=compression,
+                leader_epoch=leader_epoch,
+                producer=None if producers is None else producers[i],
+            )
+            for i, (a, b, base) in enumerate(zip(lo.tolist(), n.tolist(), bases, strict=True))
+        ]
+    ts = batch.column("ts")  # never null in a frame batch
+    ts_values = np.frombuffer(ts.buffers()[1], np.int64, batch.num_rows, ts.offset * 8)
+    mins = np.minimum.reduceat(ts_values, lo).tolist()
+    maxs = np.maximum.reduceat(ts_values, lo).tolist()
+    if int(lo[-1] + n[-1]) != batch.num_rows or (count > 1 and bool((lo[1:] != lo[:-1] + n[:-1]).any())):
+        # reduceat reduces up to the next start: exact only for slices that tile the batch.
+        ends = lo + n
+        mins = [int(ts_values[a:b].min()) for a, b in zip(lo.tolist(), ends.tolist(), strict=True)]
+        maxs = [int(ts_values[a:b].max()) for a, b in zip(lo.tolist(), ends.tolist(), strict=True)]
+    pack = _HEADER.pack
+    crc32 = crc32c.crc32c
+    zstd = compression == COMPRESSION_ZSTD
+    out: list[EncodedFrame] = []
+    for i, (a, rows, base) in enumerate(zip(lo.tolist(), n.tolist(), bases, strict=True)):
+        raw = batch.slice(a, rows).serialize()
+        raw_len = raw.size
+        body: Any = _ZSTD_COMPRESSOR.compress(raw) if zstd else raw
+        body_len = len(body) if zstd else raw_len
+        if body_len > MAX_FRAME_BODY_BYTES:
+            raise InvalidArgument(f"frame body of {body_len} bytes exceeds {MAX_FRAME_BODY_BYTES}")
+        producer = None if producers is None else producers[i]
+        pid, pepoch, seq = (NO_PRODUCER, NO_PRODUCER, NO_PRODUCER) if producer is None else producer
+        min_ts, max_ts = mins[i], maxs[i]
+        fields = (
+            FORMAT_VERSION,
+            compression,
+            pepoch,
+            base,
+            rows,
+            leader_epoch,
+            min_ts,
+            max_ts,
+            body_len,
+            raw_len,
+            seq,
+            pid,
+        )
+        crc = crc32(body, crc32(memoryview(pack(FRAME_MAGIC, 0, *fields))[_CRC_START:]))
+        header = FrameHeader(
+            crc,
+            FORMAT_VERSION,
+            compression,
+            base,
+            rows,
+            leader_epoch,
+            min_ts,
+            max_ts,
+            body_len,
+            raw_len,
+            pid,
+            pepoch,
+            seq,
+        )
+        pad = _PADDING[-body_len & 7]
+        header_bytes = pack(FRAME_MAGIC, crc, *fields)
+        out.append(EncodedFrame(header, (header_bytes, body, pad) if pad else (header_bytes, body)))
+    return out
 
 
 def parse_header(buf: Any, pos: int = 0) -> FrameHeader:

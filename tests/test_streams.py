@@ -558,6 +558,7 @@ def test_frames_of_many_streams_are_read_through_the_mixed_tag(run, data_dir: Pa
                 for _ in range(5):  # every frame holds every stream: tagged mixed
                     await db.append([Record(t, b"x") for t in topics])
                 await db.append([Record("m/0", b"alone")])  # a frame of one stream
+                await db._engine.drain()  # index entries wait in the worker's backlog: write them
             shard: Any = db._engine._shards[0]
             assert len(shard.index.tag_frames(MIXED_TAG)) == 5
             stored = await all_records(db)

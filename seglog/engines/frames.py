@@ -49,7 +49,15 @@ from seglog.errors import (
     StorageError,
 )
 from seglog.io_pool import BatchWriter, IoPool, ItemError
-from seglog.record import EncodedFrame, FrameHeader, decode_body, encode_frame, parse_header, verify_frame
+from seglog.record import (
+    EncodedFrame,
+    FrameHeader,
+    decode_body,
+    encode_frame,
+    encode_frames,
+    parse_header,
+    verify_frame,
+)
 from seglog.segment.epoch_cache import (
     MAX_EPOCH,
     UNDEFINED_EPOCH,
@@ -316,6 +324,99 @@ def encode_rows(
             batches.append(part)
             offset += part.num_rows
     return frames, batches
+
+
+def encode_shard_rows(
+    rows: pa.RecordBatch,
+    starts: np.ndarray[Any, Any],
+    counts: np.ndarray[Any, Any],
+    offsets: Sequence[int],
+    stamps: ProducerColumns | None,
+    *,
+    compression: int,
+    leader_epoch: int,
+    frame_bytes: Sequence[int | None],
+) -> list[tuple[list[EncodedFrame], list[pa.RecordBatch]]]:
+    """:func:`encode_rows` of many shards' buffered rows at once, the same frames.
+
+    Shard ``i``'s rows are ``rows[starts[i] : starts[i] + counts[i]]`` (every count > 0, the
+    shards one after the other) from offset ``offsets[i]``, with ``frame_bytes[i]``. When no
+    run of rows is long enough to be cut (by stream or by size), every producer run is one
+    frame: the runs, their base offsets and producer fields are found for all shards with a
+    few NumPy steps and the frames encoded by :func:`encode_frames`; otherwise each shard
+    goes through :func:`encode_rows`.
+    """
+    k = len(starts)
+    if not k:
+        return []
+    starts = np.asarray(starts, np.int64)
+    counts = np.asarray(counts, np.int64)
+    n = rows.num_rows
+    if stamps is None:
+        piece_starts = starts
+    else:
+        pid, epoch, seq = stamps
+        # producer_runs' breaks, over every shard's rows at once (a shard's start breaks too).
+        breaks = (
+            np.flatnonzero(
+                (pid[1:] != pid[:-1])
+                | (epoch[1:] != epoch[:-1])
+                | ((pid[1:] >= 0) & (seq[1:] != seq[:-1] + 1))
+            )
+            + 1
+        )
+        piece_starts = np.union1d(starts, breaks)
+    lengths = np.diff(piece_starts, append=n)
+    values = rows.column("value")
+    value_offsets = np.frombuffer(values.buffers()[1], np.int32, count=n + 1, offset=values.offset * 4)
+    bounds = [fb for fb in frame_bytes if fb is not None]
+    fast = (
+        int(starts[0]) == 0
+        and int(starts[-1] + counts[-1]) == n
+        and bool((starts[1:] == starts[:-1] + counts[:-1]).all())
+        and int(lengths.max()) < 2 * MIN_STREAM_RUN_ROWS  # not cut at stream changes
+        and int(value_offsets[-1]) - int(value_offsets[0]) <= MAX_FRAME_VALUE_BYTES
+        and (not bounds or rows.get_total_buffer_size() <= min(bounds))  # a slice's bound is its parent's
+    )
+    if not fast:
+        return [
+            encode_rows(
+                rows.slice(a, c),
+                offset,
+                None if stamps is None else stamps.slice(a, a + c),
+                compression=compression,
+                leader_epoch=leader_epoch,
+                frame_bytes=fb,
+            )
+            for a, c, offset, fb in zip(starts.tolist(), counts.tolist(), offsets, frame_bytes, strict=True)
+        ]
+    shard_of = np.searchsorted(starts, piece_starts, side="right") - 1
+    bases = (np.asarray(offsets, np.int64)[shard_of] + (piece_starts - starts[shard_of])).tolist()
+    producers: list[tuple[int, int, int] | None] | None = None
+    if stamps is not None:
+        producers = [
+            None if p < 0 else (p, e, q)
+            for p, e, q in zip(
+                stamps.pid[piece_starts].tolist(),
+                stamps.epoch[piece_starts].tolist(),
+                stamps.seq[piece_starts].tolist(),
+                strict=True,
+            )
+        ]
+    lo, ln = piece_starts.tolist(), lengths.tolist()
+    frames = encode_frames(
+        rows, lo, ln, bases, compression=compression, leader_epoch=leader_epoch, producers=producers
+    )
+    batches = [rows.slice(a, b) for a, b in zip(lo, ln, strict=True)]
+    if len(frames) == k:  # one frame per shard (no producer run cut one)
+        return [([f], [b]) for f, b in zip(frames, batches, strict=True)]
+    per_shard = np.bincount(shard_of, minlength=k).tolist()
+    out: list[tuple[list[EncodedFrame], list[pa.RecordBatch]]] = []
+    i = 0
+    for m in per_shard:
+        out.append((frames[i : i + m], batches[i : i + m]))
+        i += m
+    return out
 
 
 def frame_keys(batch: pa.RecordBatch, base: int) -> list[tuple[bytes, int]]:

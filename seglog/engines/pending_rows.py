@@ -173,6 +173,22 @@ class PendingRows:
         Raises:
             StorageError: The buffered requests do not add up to the shards' pending rows.
         """
+        rows, starts, counts, stamps = self.collect_sorted(numbers, log_ends)
+        return [
+            (rows.slice(a, c), None if stamps is None else stamps.slice(a, a + c))
+            for a, c in zip(starts.tolist(), counts.tolist(), strict=True)
+        ]
+
+    def collect_sorted(
+        self, numbers: np.ndarray[Any, Any], log_ends: np.ndarray[Any, Any]
+    ) -> tuple[pa.RecordBatch, np.ndarray[Any, Any], np.ndarray[Any, Any], ProducerColumns | None]:
+        """(Worker) :meth:`collect` as one batch: ``(rows, starts, counts, stamps)``, the rows of
+        ``numbers[i]`` being ``rows[starts[i] : starts[i] + counts[i]]`` (shards one after the
+        other, each in offset order), so a caller can work on all shards at once.
+
+        Raises:
+            StorageError: The buffered requests do not add up to the shards' pending rows.
+        """
         ends = np.full(len(self._first), _END, np.int64)
         ends[numbers] = log_ends
         if len(numbers) == self.count:
@@ -229,10 +245,7 @@ class PendingRows:
             raise StorageError("buffered rows do not match the shards' pending rows")
         rows = batch.take(pa.array(order if idx is None else idx[order]))
         sorted_stamps = None if stamps is None else stamps.take(order)
-        return [
-            (rows.slice(a, c), None if sorted_stamps is None else sorted_stamps.slice(a, a + c))
-            for a, c in zip(starts.tolist(), counts.tolist(), strict=True)
-        ]
+        return rows, starts, counts, sorted_stamps
 
     def done(self, shard: int) -> None:
         """(Worker) ``shard``'s buffered rows are in its segment now."""

@@ -16,10 +16,12 @@ An append is cut on the event loop into one request per worker:
 A drain writes every request's segment frames (page cache), then all journal entries with
 one ``pwritev`` and one ``fdatasync`` (``fsync="always"``), and only then acknowledges. A
 drain that touched a single shard with frames only syncs that segment instead and skips the
-journal (the same bytes and one sync, as before there was a journal). The drain then writes
-its index entries, or, when they may make the key index merge (tens of ms), hands them to the
-worker's indexer thread (:class:`_Indexer`) and acknowledges at once: the index is derived
-and readers scan past it.
+journal (the same bytes and one sync, as before there was a journal). The drain then queues
+its index entries in the worker's backlog, written with those of the next drains (at
+``INDEX_BATCH_FRAMES`` frames or ``INDEX_BATCH_S``, a barrier, the idle deadline or close) or,
+when they may make the key index merge (tens of ms), handed to the worker's indexer thread
+(:class:`_Indexer`); the drain acknowledges at once: the index is derived and readers scan
+past it.
 
 A failed drain fails every request in it: segment writes are rolled back, the journal entries
 are discarded, and the worker's write generation moves on so requests queued behind it (their
@@ -46,7 +48,7 @@ import numpy as np
 import pyarrow as pa
 
 from seglog.engines.base import Fsync, ReadOnlyReason
-from seglog.engines.frames import IntervalSync, encode_rows
+from seglog.engines.frames import IntervalSync, encode_rows, encode_shard_rows
 from seglog.engines.pending_rows import PendingPart, PendingRows, ShardArrays
 from seglog.errors import CorruptFrame, StorageError
 from seglog.io_pool import ItemError
@@ -89,6 +91,10 @@ _JOURNAL_DIR: Final = "journal"
 # Index work a worker may hand its indexer ahead of it (drains): past it the worker waits,
 # so a starved indexer slows appends down instead of holding unbounded frames in memory.
 INDEX_QUEUE_MAX: Final = 64
+# A drain's index entries wait for later drains' until this many frames or this long (see
+# ``WorkerLog._index``); readers scan the frames past a shard's ``indexed_end`` meanwhile.
+INDEX_BATCH_FRAMES: Final = 64
+INDEX_BATCH_S: Final = 0.05
 _ROWS_SCHEMA: Final = pa.schema(
     [*FRAME_SCHEMA, pa.field("shard", pa.int32()), pa.field("offset", pa.int64())]
 )
@@ -243,6 +249,10 @@ class WorkerLog:
         self._tailed: dict[int, _Shard] = {}
         self._hw_flushed_at = time.monotonic()  # the last flush_high_watermarks pass (worker)
         self._indexer: _Indexer | None = None  # started by the first drain with index work
+        # Index entries of durable frames not written yet (see ``_index``; worker thread).
+        self._backlog: list[tuple[_Shard, Sequence[tuple[FramePosition, pa.RecordBatch]]]] = []
+        self._backlog_frames = 0
+        self._backlog_since: float | None = None
         self.closed = False
 
     # --- state -------------------------------------------------------------------------
@@ -456,6 +466,27 @@ class WorkerLog:
         ready = [(s, frames) for s, frames in written if s.number not in behind]
         if not ready:
             return
+        # Entries wait in a backlog for a few drains: a drain of many tailed shards has one
+        # small frame per shard, and an LMDB transaction (and a put of each shard's end) per
+        # drain cost more than the entries themselves.
+        self._backlog.extend(ready)
+        self._backlog_frames += sum(len(frames) for _, frames in ready)
+        now = time.monotonic()
+        if self._backlog_since is None:
+            self._backlog_since = now
+        if self._backlog_frames < INDEX_BATCH_FRAMES and now < self._backlog_since + INDEX_BATCH_S:
+            return
+        self._index_backlog()
+
+    def _index_backlog(self) -> None:
+        """Write (or hand the indexer) the entries waiting in the backlog, a shard's together."""
+        if not self._backlog:
+            return
+        by_shard: dict[int, tuple[_Shard, list[tuple[FramePosition, pa.RecordBatch]]]] = {}
+        for s, frames in self._backlog:
+            by_shard.setdefault(s.number, (s, []))[1].extend(frames)
+        self._backlog, self._backlog_frames, self._backlog_since = [], 0, None
+        ready = list(by_shard.values())
         indexer = self._indexer
         if (indexer is None or indexer.idle) and not any(
             frames and s.index.merge_likely(len(frames), frames[0][0].segment.base_offset)
@@ -498,8 +529,10 @@ class WorkerLog:
                 )
 
     def index_barrier(self) -> None:
-        """(Worker) Wait until the indexer wrote every entry handed to it: before anything
-        else writes the index (a cut, a rebuild, retention) or reads ``indexed_end`` as final."""
+        """(Worker) Wait until every entry of the frames written so far is in the index (the
+        backlog's too): before anything else writes the index (a cut, a rebuild, retention)
+        or reads ``indexed_end`` as final."""
+        self._index_backlog()
         if self._indexer is not None:
             self._indexer.barrier()
 
@@ -645,20 +678,25 @@ class WorkerLog:
                     f"shard {s.number}: pending rows at {s.pending_start} do not continue the log at {end}"
                 )
         try:
-            rows_of = self._pending.collect(np.array([s.number for s in shards], np.int64), log_ends)
+            rows, starts, counts, stamps = self._pending.collect_sorted(
+                np.array([s.number for s in shards], np.int64), log_ends
+            )
         except StorageError as exc:
             raise StorageError(f"I/O worker {self.worker}: {exc}") from None
+        # Every shard's frames at once: a tailed flush is many shards' few rows each.
+        encoded = encode_shard_rows(
+            rows,
+            starts,
+            counts,
+            log_ends.tolist(),
+            stamps,
+            compression=self.compression,
+            leader_epoch=self._pending_epoch,
+            frame_bytes=[s.log.segment_bytes // 2 for s in shards],
+        )
         first: OSError | None = None
         written: list[tuple[_Shard, list[tuple[FramePosition, pa.RecordBatch]]]] = []
-        for s, (rows, stamps), offset in zip(shards, rows_of, log_ends.tolist(), strict=True):
-            frames, batches = encode_rows(
-                rows,
-                offset,
-                stamps,
-                compression=self.compression,
-                leader_epoch=self._pending_epoch,
-                frame_bytes=s.log.segment_bytes // 2,
-            )
+        for s, (frames, batches) in zip(shards, encoded, strict=True):
             mark = s.log.mark()
             try:
                 positions = s.log.append(frames)
@@ -737,6 +775,9 @@ class WorkerLog:
         if self.hw_dirty:
             hw_due = self._hw_flushed_at + HW_FLUSH_INTERVAL_S
             due = hw_due if due is None else min(due, hw_due)
+        if self._backlog_since is not None:
+            index_at = self._backlog_since + INDEX_BATCH_S
+            due = index_at if due is None else min(due, index_at)
         since = self._pending.since
         if since is not None:
             flush_at = since + self.buffer_s
@@ -765,6 +806,7 @@ class WorkerLog:
         if due:
             with contextlib.suppress(OSError):  # logged; retried at the next deadline or checkpoint
                 self.flush()
+        self._index_backlog()
         if any(not s.index_ready for s in self.shards):
             self.index_barrier()
             for s in self.shards:
@@ -803,6 +845,7 @@ class WorkerLog:
             if self.failed is None:
                 self.checkpoint()  # may hand the indexer the frames of the last pending rows
         finally:
+            self._index_backlog()
             if self._indexer is not None:
                 self._indexer.close()  # every entry written before the index is closed
                 self._indexer = None

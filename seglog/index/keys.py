@@ -39,6 +39,7 @@ __all__ = [
     "decode_postings",
     "decode_summary",
     "distinct_keys",
+    "distinct_keys_many",
     "encode_postings",
     "encode_summary",
     "frames_holding",
@@ -57,6 +58,8 @@ _SUMMARY_HEAD: Final = struct.Struct(">QQI")  # segment base, frame next offset,
 _U16: Final = struct.Struct(">H")
 _U64: Final = struct.Struct(">Q")
 _BE_U64: Final = np.dtype(">u8")
+# Frames from which distinct_keys_many hashes all rows at once (fewer: one by one).
+_MANY_FRAMES: Final = 4
 
 
 class DistinctKeys(NamedTuple):
@@ -106,6 +109,43 @@ def distinct_keys(column: pa.Array) -> DistinctKeys | None:
         normalized = sorted({normalize_key(k) for k in uniq.to_pylist()})
         offsets, data = _binary_parts(pa.array(normalized, pa.binary()))
     return DistinctKeys(offsets, data)
+
+
+def distinct_keys_many(columns: Sequence[pa.Array]) -> list[DistinctKeys | None]:
+    """:func:`distinct_keys` of each of many frames' key columns: the same summaries (keys in
+    order of first appearance), with one hash of all the rows instead of one per frame.
+
+    A drain of many shards indexes a small frame per shard; ``pyarrow.compute.unique`` per
+    frame cost more than the frame's rows.
+    """
+    k = len(columns)
+    if k < _MANY_FRAMES or any(c.type != pa.binary() for c in columns):
+        return [distinct_keys(c) for c in columns]
+    encoded = pc.dictionary_encode(pa.concat_arrays(list(columns)))
+    indices = encoded.indices
+    codes = (pc.fill_null(indices, -1) if indices.null_count else indices).to_numpy().astype(np.int64)
+    frame = np.repeat(np.arange(k, dtype=np.int64), [len(c) for c in columns])
+    if indices.null_count:
+        keep = codes >= 0
+        frame, codes = frame[keep], codes[keep]
+    width = max(len(encoded.dictionary), 1)
+    pairs, first = np.unique(frame * width + codes, return_index=True)
+    pairs = pairs[np.argsort(first, kind="stable")]  # rows are frame by frame: first appearance
+    offsets, data = _binary_parts(encoded.dictionary.take(pa.array(pairs % width)))
+    if len(data) > MAX_INLINE_KEY_BYTES and int((offsets[1:] - offsets[:-1]).max()) > MAX_INLINE_KEY_BYTES:
+        return [distinct_keys(c) for c in columns]  # rare: long keys are normalized per frame
+    ends = np.cumsum(np.bincount(pairs // width, minlength=k))
+    out: list[DistinctKeys | None] = []
+    start = 0
+    for end in ends.tolist():
+        if end == start:
+            out.append(None)  # no keyed record
+            continue
+        part = offsets[start : end + 1]
+        lo, hi = int(part[0]), int(part[-1])
+        out.append(DistinctKeys(part - lo if lo else part, data[lo:hi]))
+        start = end
+    return out
 
 
 def _binary_parts(arr: pa.Array) -> tuple[np.ndarray[Any, np.dtype[np.int32]], bytes]:

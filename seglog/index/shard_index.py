@@ -45,6 +45,7 @@ from seglog.index.keys import (
     decode_postings,
     decode_summary,
     distinct_keys,
+    distinct_keys_many,
     encode_postings,
     encode_summary,
     frames_holding,
@@ -182,13 +183,22 @@ def add_many(tables: IndexTables, batches: Sequence[tuple[ShardIndex, Sequence[F
         StorageError: The transaction failed.
     """
     try:
+        groups: list[tuple[ShardIndex, Sequence[FrameEntry]]]
         if len(batches) == 1:
-            plans = [(batches[0][0], batches[0][0]._plan(batches[0][1]))]
+            groups = [batches[0]]
         else:
             grouped: dict[int, tuple[ShardIndex, list[FrameEntry]]] = {}
             for view, frames in batches:
                 grouped.setdefault(id(view), (view, []))[1].extend(frames)
-            plans = [(view, view._plan(frames)) for view, frames in grouped.values()]
+            groups = list(grouped.values())
+        # Every frame's key summary at once (a drain of many shards: a small frame each).
+        summaries = iter(
+            distinct_keys_many([f.keys for _, frames in groups for f in frames if f.keys is not None])
+        )
+        plans = [
+            (view, view._plan(frames, [None if f.keys is None else next(summaries) for f in frames]))
+            for view, frames in groups
+        ]
         todo = [(view, plan) for view, plan in plans if plan is not None]
         if not todo:
             return
@@ -294,8 +304,11 @@ class ShardIndex:
             return True  # the segment rolled: its summaries are merged whatever their number
         return len(pending) + frames >= self._merge_frames or 2 * self._pending_pairs >= self._merge_pairs
 
-    def _plan(self, frames: Sequence[FrameEntry]) -> _Plan | None:
-        """The entries of ``frames`` and the sparse state after them (no I/O)."""
+    def _plan(
+        self, frames: Sequence[FrameEntry], distinct: Sequence[DistinctKeys | None] | None = None
+    ) -> _Plan | None:
+        """The entries of ``frames`` and the sparse state after them (no I/O); ``distinct``:
+        each frame's :func:`distinct_keys` when the caller has them already."""
         offset_items: list[tuple[bytes, bytes]] = []
         time_items: list[tuple[bytes, bytes]] = []
         tag_items: list[tuple[bytes, bytes]] = []
@@ -308,7 +321,7 @@ class ShardIndex:
         last_segment = self._last_segment_base
         indexed_end = self.indexed_end
         prefix = self._prefix
-        for f in frames:
+        for i, f in enumerate(frames):
             if f.next_offset <= indexed_end:
                 continue  # already indexed (rebuild overlapping a live tail)
             position = _U64_PAIR.pack(f.segment_base, f.pos)
@@ -324,7 +337,7 @@ class ShardIndex:
                     time_items.append((prefix + _U64_PAIR.pack(f.max_ts + _TS_BIAS, f.next_offset), b""))
                     since_time = 0
             if f.keys is not None:
-                keys = distinct_keys(f.keys)
+                keys = distinct_keys(f.keys) if distinct is None else distinct[i]
                 if keys is not None:
                     summaries.append((f.base_offset, f.segment_base, f.next_offset, keys))
             tags = f.tags if isinstance(f.tags, np.ndarray) else np.fromiter(f.tags, np.uint32)
