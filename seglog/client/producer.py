@@ -1004,15 +1004,16 @@ class Producer:
             schema=PRODUCE_SCHEMA,
         )
         items = []
-        for shard, rows, part in self._split(batch):
+        parts = self._split(batch)
+        for shard, rows, part in parts:
             if rows is None:
                 futs, ts = group.futs, group.ts
             else:
                 idx = rows.tolist()
                 futs = [group.futs[i] for i in idx]
                 ts = [group.ts[i] for i in idx]
-            body = _stream(part)
-            items.append(_Item(shard, part.num_rows, _message(body), futs=futs, ts=ts, body=body))
+            message, body = _encode(part, whole=len(parts) == 1)
+            items.append(_Item(shard, part.num_rows, message, futs=futs, ts=ts, body=body))
         return items
 
     def _arrow_items(self, work: _ArrowSend) -> list[_Item]:
@@ -1021,17 +1022,18 @@ class Producer:
         per_row = max(1, batch.nbytes // max(n, 1))
         chunk_rows = max(1, self._max_batch_bytes // per_row)
         items = []
-        for shard, rows, part in self._split(batch):
+        parts = self._split(batch)
+        for shard, rows, part in parts:
             all_rows = None if rows is None else work.row_base + rows
             for start in range(0, part.num_rows, chunk_rows):
                 piece = part.slice(start, chunk_rows)
                 stop = start + piece.num_rows
-                body = _stream(piece)
+                message, body = _encode(piece, whole=len(parts) == 1)
                 items.append(
                     _Item(
                         shard,
                         piece.num_rows,
-                        _message(body),
+                        message,
                         body=body,
                         arrow=work.result,
                         # All rows to one shard: a range of the result's rows (no index array).
@@ -1350,6 +1352,17 @@ class Producer:
     async def _run_io(self, fn: Callable[..., T], *args: Any) -> T:
         assert self._loop is not None
         return await self._loop.run_in_executor(self._io, fn, *args)
+
+
+def _encode(batch: pa.RecordBatch, *, whole: bool) -> tuple[memoryview, memoryview | None]:
+    """An item's record-batch message, and the one-batch stream it is a view of when the
+    item is likely to go alone in a request (``whole``: its batch was not split by shard);
+    an item of a split goes with other shards' items, in a body joined from their messages
+    (the stream's schema and end marker would only cost its writer's setup per item)."""
+    if whole:
+        body = _stream(batch)
+        return _message(body), body
+    return memoryview(batch.serialize()), None
 
 
 def _stream(batch: pa.RecordBatch) -> memoryview:
