@@ -603,3 +603,50 @@ def test_send_arrow_larger_than_the_buffer_goes_in_slices(server: ServerProcess)
             assert (rec.shard, rec.offset) == (shard, offset)
 
     asyncio.run(main())
+
+
+def test_a_sealed_batch_is_one_ipc_stream_whose_message_is_the_buffer_item() -> None:
+    # A request of one item sends the stream the item was sealed in, as is; the buffer item
+    # and requests of several items use the message inside it: both must be what the
+    # schema message, the batch's own serialisation and the end-of-stream marker make.
+    from seglog.client import producer as producer_module
+
+    batch = records_to_batch(
+        [Record(f"t/{i % 3}", b"v" * i, key=None if i % 2 else b"k", headers={"h": b"x"} if i == 4 else None)
+         for i in range(9)]
+    ).select(producer_module.PRODUCE_SCHEMA.names)  # fmt: skip
+    tagged = batch.replace_schema_metadata({"from": "caller"})
+    for part in (batch, batch.slice(2, 5), tagged):
+        body = producer_module._stream(part)
+        message = producer_module._message(body)
+        expected = part.replace_schema_metadata(None).serialize().to_pybytes()
+        assert bytes(message) == expected
+        assert bytes(body) == producer_module._SCHEMA_MESSAGE + expected + producer_module._EOS
+        assert (
+            pa.ipc.open_stream(bytes(body))
+            .read_all()
+            .to_batches()[0]
+            .equals(part.replace_schema_metadata(None))
+        )
+
+
+def test_send_arrow_to_one_shard_in_slices_and_chunks_gets_every_row_its_offset(
+    server: ServerProcess,
+) -> None:
+    # One shard: each item's rows are a range of the caller's table (slices of the table
+    # through a small buffer, chunks of a slice by max_batch_bytes); every row must get the
+    # offset it was stored at.
+    n = 3000
+    table = pa.table({"topic": ["one/shard"] * n, "value": [b"%05d" % i + b"y" * 100 for i in range(n)]})
+
+    async def main() -> None:
+        await _create(server.url, shards=1)
+        async with Producer(server.url, DB, buffer_max_bytes=64 << 10, max_batch_bytes=4 << 10) as p:
+            result = await (await p.send_arrow(table))
+            assert p.sent_requests > 8
+        stored = {r.value[:5]: r for r in await _read_all(server.url)}
+        assert len(stored) == n
+        assert result["shard"].to_pylist() == [0] * n
+        assert result["offset"].to_pylist() == [stored[b"%05d" % i].offset for i in range(n)]
+
+    asyncio.run(main())

@@ -308,3 +308,26 @@ def test_partial_retry_over_many_shards(tmp_path: Path, engine: str) -> None:
                 assert got.column("value")[0].as_py() == f"v-{i}".encode()
 
     asyncio.run(run())
+
+
+def test_reply_runs_per_shard_in_first_appearance_order_break_at_gaps_and_unplaceable_rows() -> None:
+    # The idempotent produce reply: per shard (in the order the request's rows first name
+    # them), runs of consecutive offsets in row order; a row too old to place (-1) starts a run.
+    import numpy as np
+
+    from seglog.cluster.produce import reply_runs
+
+    shards = np.array([3, 3, 1, 3, 1, 1, 3, 0, 3, 3], np.int32)
+    offsets = np.array([10, 11, 5, 12, -1, 7, -1, 0, 20, 21], np.int64)
+    assert reply_runs(shards, offsets) == [
+        {"shard": 3, "base_offset": 10, "count": 3},
+        {"shard": 3, "base_offset": -1, "count": 1},
+        {"shard": 3, "base_offset": 20, "count": 2},
+        {"shard": 1, "base_offset": 5, "count": 1},
+        {"shard": 1, "base_offset": -1, "count": 1},
+        {"shard": 1, "base_offset": 7, "count": 1},
+        {"shard": 0, "base_offset": 0, "count": 1},
+    ]
+    one = np.zeros(5, np.int32)
+    assert reply_runs(one, np.arange(40, 45)) == [{"shard": 0, "base_offset": 40, "count": 5}]
+    assert reply_runs(np.empty(0, np.int32), np.empty(0, np.int64)) == []

@@ -227,3 +227,25 @@ def _flip(path: Path, pos: int) -> None:
         f.write(bytes([byte[0] ^ 0x5A]))
         f.flush()
         os.fsync(f.fileno())
+
+
+def test_an_item_given_in_parts_is_stored_as_the_whole_item(tmp_path: Path) -> None:
+    # The producer appends (header, Arrow message) without joining them: the segment must
+    # hold exactly what appending the joined item writes (one frame, the CRC of the whole),
+    # and a reopened buffer must return the item whole.
+    whole = [b"header-1" + b"message-one" * 7, b"h2" + b"m" * 1000]
+    parts = [(b"header-1", memoryview(b"message-one" * 7)), (b"h2", b"m" * 500, memoryview(b"m" * 500))]
+    joined = DiskBuffer(tmp_path / "joined", max_bytes=MAX)
+    split = DiskBuffer(tmp_path / "split", max_bytes=MAX)
+    assert joined.append_many(whole) == split.append_many(parts) == [0, 1]
+    assert joined.bytes == split.bytes == sum(len(w) for w in whole)
+    joined.close()
+    split.close()
+    assert [p.read_bytes() for p in _segments(tmp_path / "split")] == [
+        p.read_bytes() for p in _segments(tmp_path / "joined")
+    ]
+    assert DiskBuffer(tmp_path / "split", max_bytes=MAX).pending() == list(enumerate(whole))
+    memory = MemoryBuffer(MAX)
+    memory.append_many(parts)
+    memory.ack(0)
+    assert memory.bytes == len(whole[1])

@@ -2,8 +2,11 @@
 
 One small interface, :class:`Buffer`: ``append(item) -> id`` (ids increase by one per item),
 ``pending()`` (every item not yet acknowledged, oldest first), ``ack(id)``, ``bytes``
-(payload bytes not yet acknowledged). Items are opaque ``bytes``; the producer stores one
-shard's batch per item.
+(payload bytes not yet acknowledged). Items are opaque bytes, given whole or as a tuple of
+parts (bytes-like) that the item is the concatenation of: the producer stores one shard's
+batch per item as its 12-byte header and the Arrow IPC message, which are never copied into
+one buffer (the disk buffer writes the parts with one ``pwritev`` and frames them as one
+item; ``pending()`` of the disk buffer returns each item whole, as ``bytes``).
 
 :class:`DiskBuffer` is EMQX's replayq (seed 004) with seglog's checks:
 
@@ -70,6 +73,8 @@ __all__ = [
     "DiskBuffer",
     "FsyncPolicy",
     "MemoryBuffer",
+    "Payload",
+    "payload_size",
 ]
 
 log = logging.getLogger("seglog.client")
@@ -86,7 +91,9 @@ _COMMIT = struct.Struct("<4sHQ")  # magic, version, first id not acknowledged; t
 _CRC = struct.Struct("<I")
 COMMIT_NAME: Final = "COMMIT"
 LOCK_NAME: Final = "LOCK"
-Payload = bytes  # (the name ``bytes`` is a property of the buffers)
+# An item: whole, or the parts it is the concatenation of (the name ``bytes`` is a property
+# of the buffers).
+Payload = bytes | tuple[bytes | memoryview, ...]
 SEGMENT_SUFFIX: Final = ".seg"
 DEFAULT_SEGMENT_BYTES: Final = 8 << 20
 DEFAULT_FSYNC_INTERVAL_S: Final = 1.0
@@ -152,7 +159,7 @@ class MemoryBuffer:
         ids = list(range(self._next_id, self._next_id + len(items)))
         for item_id, item in zip(ids, items, strict=True):
             self._items[item_id] = item
-            self._bytes += len(item)
+            self._bytes += payload_size(item)
         self._next_id += len(items)
         return ids
 
@@ -162,7 +169,7 @@ class MemoryBuffer:
     def ack(self, item_id: int) -> None:
         item = self._items.pop(item_id, None)
         if item is not None:
-            self._bytes -= len(item)
+            self._bytes -= payload_size(item)
 
     def commit(self) -> None:
         pass
@@ -332,16 +339,21 @@ class DiskBuffer:
             if not self._segments or self._segments[-1].size >= self.segment_bytes:
                 self._roll()
             seg = self._segments[-1]
-            parts: list[Payload] = []
+            parts: list[bytes | memoryview] = []
             positions: list[tuple[int, int]] = []
             pos = seg.size
             for item in items:
-                if not item:
+                pieces = (item,) if isinstance(item, bytes) else item
+                size = payload_size(item)
+                if not size:
                     raise InvalidArgument("a buffer item must not be empty")
-                parts.append(_ITEM.pack(ITEM_MAGIC, len(item), crc32c.crc32c(item)))
-                parts.append(item)
-                positions.append((pos + ITEM_HEADER_BYTES, len(item)))
-                pos += ITEM_HEADER_BYTES + len(item)
+                crc = 0
+                for piece in pieces:  # the CRC of the concatenation, without making it
+                    crc = crc32c.crc32c(piece, crc)
+                parts.append(_ITEM.pack(ITEM_MAGIC, size, crc))
+                parts.extend(pieces)
+                positions.append((pos + ITEM_HEADER_BYTES, size))
+                pos += ITEM_HEADER_BYTES + size
             try:
                 _fs.pwritev_all(self._fd, parts, seg.size)
             except OSError:
@@ -380,7 +392,7 @@ class DiskBuffer:
         with self._lock:
             self._check_open()
             out: list[tuple[int, Payload]] = []
-            cache: dict[Path, Payload] = {}
+            cache: dict[Path, bytes] = {}
             for item_id in sorted(self._index):
                 seg, pos, length = self._index[item_id]
                 data = cache.get(seg.path)
@@ -451,6 +463,13 @@ class DiskBuffer:
     def _check_open(self) -> None:
         if self._closed:
             raise ClosedResourceError(f"buffer {self.dir} is closed")
+
+
+def payload_size(item: Payload) -> int:
+    """The bytes of an item, whole or in parts."""
+    if isinstance(item, bytes):
+        return len(item)
+    return sum(memoryview(p).nbytes for p in item)
 
 
 def _item_at(data: bytes, pos: int) -> int | None:

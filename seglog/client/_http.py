@@ -79,7 +79,7 @@ class NodeSession:
         *,
         params: Mapping[str, str | int] | None = None,
         json_body: Any = None,
-        data: bytes | None = None,
+        data: bytes | memoryview | None = None,
         content_type: str | None = None,
         timeout_s: float | None = None,
     ) -> Reply:
@@ -96,7 +96,11 @@ class NodeSession:
             content_type = protocol.JSON
         if content_type is not None:
             headers["Content-Type"] = content_type
-        timeout = self._timeout if timeout_s is None else aiohttp.ClientTimeout(total=timeout_s)
+        timeout = (  # the session's own (a producer passes it on every request): not built again
+            self._timeout
+            if timeout_s is None or timeout_s == self._timeout.total
+            else aiohttp.ClientTimeout(total=timeout_s)
+        )
         try:
             async with session.request(
                 method,

@@ -169,6 +169,8 @@ Overflow = Literal["block", "error", "drop_oldest"]
 PRODUCE_SCHEMA: Final = pa.schema([f for f in FRAME_SCHEMA if f.name != "stream"])
 _SCHEMA_MESSAGE: Final = PRODUCE_SCHEMA.serialize().to_pybytes()
 _EOS: Final = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+# Given explicitly: without options, every stream writer reads the environment for a legacy flag.
+_IPC_OPTIONS: Final = pa.ipc.IpcWriteOptions()
 # A buffer item: magic, version, shard, record count, then one Arrow record-batch message.
 _ITEM = struct.Struct("<2sBxII")
 _ITEM_MAGIC: Final = b"SP"
@@ -184,24 +186,45 @@ MiB: Final = 1 << 20
 
 
 class _Item:
-    """One shard's sealed batch in the buffer."""
+    """One shard's sealed batch in the buffer: its header and its Arrow IPC message, kept
+    apart (the buffer stores them without joining them). An item sealed by this producer
+    also keeps the whole one-batch IPC stream its message was written in (``body``): a
+    request of that one item sends it as is."""
 
-    __slots__ = ("arrow", "count", "futs", "id", "payload", "pid", "rows", "seq", "shard", "ts")
+    __slots__ = (
+        "arrow",
+        "body",
+        "count",
+        "futs",
+        "header",
+        "id",
+        "message",
+        "pid",
+        "rows",
+        "seq",
+        "shard",
+        "size",
+        "ts",
+    )
 
     def __init__(
         self,
         shard: int,
         count: int,
-        payload: bytes,
+        message: memoryview,
         futs: list[asyncio.Future[RecordMeta]] | None = None,
         ts: list[int] | None = None,
         arrow: _ArrowResult | None = None,
-        rows: np.ndarray[Any, Any] | None = None,
+        rows: np.ndarray[Any, Any] | slice | None = None,
+        body: memoryview | None = None,
     ) -> None:
         self.id = -1
         self.shard = shard
         self.count = count
-        self.payload = payload
+        self.header = _ITEM.pack(_ITEM_MAGIC, _ITEM_VERSION, shard, count)
+        self.message = message
+        self.body = body
+        self.size = _ITEM.size + message.nbytes  # the buffer item's bytes
         self.futs = futs
         self.ts = ts
         self.arrow = arrow
@@ -212,8 +235,9 @@ class _Item:
         self.seq = -1
 
     @property
-    def message(self) -> memoryview:
-        return memoryview(self.payload)[_ITEM.size :]
+    def parts(self) -> tuple[bytes, memoryview]:
+        """The buffer item, as the parts it is the concatenation of."""
+        return (self.header, self.message)
 
     @staticmethod
     def parse(payload: bytes, where: str) -> _Item:
@@ -224,7 +248,7 @@ class _Item:
             raise CorruptBuffer(
                 f"{where}: not a producer item (magic {magic!r}, version {version})", path=where
             )
-        return _Item(shard, count, payload)
+        return _Item(shard, count, memoryview(payload)[_ITEM.size :])
 
 
 class _Group:
@@ -260,7 +284,9 @@ class _ArrowResult:
     def table(self) -> pa.Table:
         return pa.table({"shard": self.shards, "offset": self.offsets})
 
-    def part_done(self, rows: np.ndarray[Any, Any], shard: int, offsets: np.ndarray[Any, Any]) -> None:
+    def part_done(
+        self, rows: np.ndarray[Any, Any] | slice, shard: int, offsets: np.ndarray[Any, Any]
+    ) -> None:
         self.shards[rows] = shard
         self.offsets[rows] = offsets
         self.pending -= 1
@@ -509,7 +535,8 @@ class Producer:
             )
             pending = await self._run_io(self._buffer.pending)
             replayed = 0
-            for item_id, payload in pending:
+            for item_id, stored in pending:
+                payload = stored if isinstance(stored, bytes) else b"".join(stored)
                 item = _Item.parse(payload, str(directory))
                 item.id = item_id
                 if not 0 <= item.shard < self.shards:
@@ -867,7 +894,7 @@ class Producer:
             if not queue:
                 with contextlib.suppress(ValueError):
                     self._ready_shards.remove(shard)
-            self._unsent_bytes -= len(item.payload)
+            self._unsent_bytes -= item.size
             self.dropped_batches += 1
             self.dropped_records += item.count
             log.debug("producer: dropped a batch of %d records of shard %d (buffer full)", item.count, shard)
@@ -917,7 +944,7 @@ class Producer:
             if not items:
                 continue
             assert self._buffer is not None
-            payloads = [it.payload for it in items]
+            payloads = [it.parts for it in items]
             try:
                 if self._io is None:
                     ids = self._buffer.append_many(payloads)
@@ -936,7 +963,7 @@ class Producer:
             self._last_id = ids[-1]
             for work, mine in built:
                 # The estimate counted at send() becomes the stored size.
-                self._buffered += sum(len(it.payload) for it in mine) - work.bytes
+                self._buffered += sum(it.size for it in mine) - work.bytes
                 if not work.durable.done():
                     work.durable.set_result(None)
             if self._fsync == "interval" and self._io is not None and self._sync_timer is None:
@@ -977,14 +1004,16 @@ class Producer:
             schema=PRODUCE_SCHEMA,
         )
         items = []
-        for shard, rows, part in self._split(batch):
+        parts = self._split(batch)
+        for shard, rows, part in parts:
             if rows is None:
                 futs, ts = group.futs, group.ts
             else:
                 idx = rows.tolist()
                 futs = [group.futs[i] for i in idx]
                 ts = [group.ts[i] for i in idx]
-            items.append(_Item(shard, part.num_rows, _payload(shard, part), futs=futs, ts=ts))
+            message, body = _encode(part, whole=len(parts) == 1)
+            items.append(_Item(shard, part.num_rows, message, futs=futs, ts=ts, body=body))
         return items
 
     def _arrow_items(self, work: _ArrowSend) -> list[_Item]:
@@ -993,17 +1022,26 @@ class Producer:
         per_row = max(1, batch.nbytes // max(n, 1))
         chunk_rows = max(1, self._max_batch_bytes // per_row)
         items = []
-        for shard, rows, part in self._split(batch):
-            all_rows = work.row_base + (np.arange(n) if rows is None else rows)
+        parts = self._split(batch)
+        for shard, rows, part in parts:
+            all_rows = None if rows is None else work.row_base + rows
             for start in range(0, part.num_rows, chunk_rows):
                 piece = part.slice(start, chunk_rows)
+                stop = start + piece.num_rows
+                message, body = _encode(piece, whole=len(parts) == 1)
                 items.append(
                     _Item(
                         shard,
                         piece.num_rows,
-                        _payload(shard, piece),
+                        message,
+                        body=body,
                         arrow=work.result,
-                        rows=all_rows[start : start + piece.num_rows],
+                        # All rows to one shard: a range of the result's rows (no index array).
+                        rows=(
+                            slice(work.row_base + start, work.row_base + stop)
+                            if all_rows is None
+                            else all_rows[start:stop]
+                        ),
                     )
                 )
         work.result.pending += len(items) - 1  # this slice is built: its items are what is left
@@ -1030,7 +1068,7 @@ class Producer:
         if not queue:
             self._ready_shards.append(item.shard)
         queue.append(item)
-        self._unsent_bytes += len(item.payload)
+        self._unsent_bytes += item.size
         if self._unsent_bytes >= self._max_batch_bytes:
             self._batch_full.set()
         self._wake_sender.set()
@@ -1072,15 +1110,15 @@ class Producer:
                     continue
                 self._ready_shards.remove(shard)
                 items = [queue.popleft()]
-                size += len(items[0].payload)
+                size += items[0].size
                 while (
                     queue
-                    and size + len(queue[0].payload) <= self._max_batch_bytes
+                    and size + queue[0].size <= self._max_batch_bytes
                     and queue[0].pid == pid
                     and n_items + len(items) < _MAX_ITEMS_PER_REQUEST
                 ):
                     items.append(queue.popleft())
-                    size += len(items[-1].payload)
+                    size += items[-1].size
                 n_items += len(items)
                 if queue:
                     self._ready_shards.append(shard)
@@ -1111,7 +1149,7 @@ class Producer:
         for shard, items in groups:
             queue = self._unsent[shard]
             queue.extendleft(reversed(items))
-            self._unsent_bytes += sum(len(it.payload) for it in items)
+            self._unsent_bytes += sum(it.size for it in items)
             if shard not in self._ready_shards:
                 self._ready_shards.append(shard)
         self._wake_sender.set()
@@ -1124,7 +1162,11 @@ class Producer:
         try:
             items = [it for _, its in groups for it in its]
             shard = groups[0][0]
-            body = b"".join([_SCHEMA_MESSAGE, *(it.message for it in items), _EOS])
+            body: bytes | memoryview
+            if len(items) == 1 and items[0].body is not None:
+                body = items[0].body  # the stream it was sealed in: nothing copied
+            else:
+                body = b"".join([_SCHEMA_MESSAGE, *(it.message for it in items), _EOS])
             params: dict[str, str | int] = {"acks": self._acks}
             if len(groups) == 1:
                 params["shard"] = shard
@@ -1260,7 +1302,7 @@ class Producer:
         """The item is acknowledged or given up on: free its room, remove it from the buffer."""
         if self._unfinished.pop(item.id, None) is None:
             return
-        self._buffered -= len(item.payload)
+        self._buffered -= item.size
         if self._io is None:
             if self._buffer is not None:
                 self._buffer.ack(item.id)
@@ -1312,10 +1354,38 @@ class Producer:
         return await self._loop.run_in_executor(self._io, fn, *args)
 
 
-def _payload(shard: int, batch: pa.RecordBatch) -> bytes:
-    # One copy of the IPC message into the item (``to_pybytes`` and then ``+`` made two: a
-    # fifth of the client's CPU for large batches).
-    return b"".join((_ITEM.pack(_ITEM_MAGIC, _ITEM_VERSION, shard, batch.num_rows), batch.serialize()))
+def _encode(batch: pa.RecordBatch, *, whole: bool) -> tuple[memoryview, memoryview | None]:
+    """An item's record-batch message, and the one-batch stream it is a view of when the
+    item is likely to go alone in a request (``whole``: its batch was not split by shard);
+    an item of a split goes with other shards' items, in a body joined from their messages
+    (the stream's schema and end marker would only cost its writer's setup per item)."""
+    if whole:
+        body = _stream(batch)
+        return _message(body), body
+    return memoryview(batch.serialize()), None
+
+
+def _stream(batch: pa.RecordBatch) -> memoryview:
+    """``batch`` as a whole Arrow IPC stream (schema message, record-batch message,
+    end-of-stream marker): the body of a request of this one batch, as is.
+
+    Written once, in one buffer of Arrow's pool, and never copied after: the buffer item is
+    its header and :func:`_message`'s view of it. (The producer used to join the header and
+    the message into the item, then the item's message into the body: two more copies of
+    every batch before the HTTP client's own.)
+    """
+    if not batch.schema.equals(PRODUCE_SCHEMA):  # e.g. schema metadata: the stream declares ours
+        batch = pa.RecordBatch.from_arrays(batch.columns, schema=PRODUCE_SCHEMA)
+    buf = pa.allocate_buffer(len(_SCHEMA_MESSAGE) + pa.ipc.get_record_batch_size(batch) + len(_EOS))
+    sink = pa.FixedSizeBufferWriter(buf)
+    with pa.ipc.RecordBatchStreamWriter(sink, PRODUCE_SCHEMA, options=_IPC_OPTIONS) as writer:
+        writer.write_batch(batch)
+    return memoryview(buf)[: sink.tell()]  # (the size is exact; never send bytes not written)
+
+
+def _message(body: memoryview) -> memoryview:
+    """The record-batch message of a one-batch stream from :func:`_stream`."""
+    return body[len(_SCHEMA_MESSAGE) : len(body) - len(_EOS)]
 
 
 def _reply_offsets(reply: Any, expected: dict[int, int]) -> dict[int, np.ndarray[Any, Any]]:

@@ -251,13 +251,30 @@ def _stamp(producer: tuple[int, int, list[int]], batch_shards: list[int], counts
 def reply_runs(shards: np.ndarray[Any, Any], offsets: np.ndarray[Any, Any]) -> list[dict[str, int]]:
     """Per shard, in row order, the runs of consecutive offsets of its rows (an idempotent
     produce: rows stored earlier keep their offsets, ``-1`` when too old to place)."""
-    out: list[dict[str, int]] = []
-    for shard in dict.fromkeys(shards.tolist()):
-        offs = offsets[shards == shard]
-        breaks = np.flatnonzero((offs[1:] != offs[:-1] + 1) | (offs[1:] < 0)) + 1
-        for run in np.split(offs, breaks):
-            out.append({"shard": shard, "base_offset": int(run[0]), "count": len(run)})
-    return out
+    if not len(shards):
+        return []
+    # Vectorised (it was a Python object per row, ``tolist()``, and a pass per shard): rows
+    # grouped by shard, shards in order of first appearance, each shard's rows in row order.
+    uniq, first = np.unique(shards, return_index=True)
+    if len(uniq) == 1:
+        by_shard, offs = shards, offsets
+    else:
+        rank = np.empty(len(uniq), np.int64)
+        rank[np.argsort(first)] = np.arange(len(uniq))
+        order = np.argsort(rank[np.searchsorted(uniq, shards)], kind="stable")
+        by_shard, offs = shards[order], offsets[order]
+    # A run ends at a new shard, at a gap in the offsets, or before a row too old to place.
+    breaks = (
+        np.flatnonzero((by_shard[1:] != by_shard[:-1]) | (offs[1:] != offs[:-1] + 1) | (offs[1:] < 0)) + 1
+    )
+    starts = np.r_[0, breaks]
+    counts = np.diff(np.r_[starts, len(offs)])
+    return [
+        {"shard": shard, "base_offset": base, "count": count}
+        for shard, base, count in zip(
+            by_shard[starts].tolist(), offs[starts].tolist(), counts.tolist(), strict=True
+        )
+    ]
 
 
 def _ends(shards: np.ndarray[Any, Any], offsets: np.ndarray[Any, Any], db: Database) -> dict[int, int]:
