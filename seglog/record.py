@@ -716,13 +716,40 @@ def encode_frame(
     ts_values = np.frombuffer(ts.buffers()[1], np.int64, batch.num_rows, ts.offset * 8)
     min_ts = int(ts_values.min())
     max_ts = int(ts_values.max())
+    return _sealed(
+        body,
+        body_len,
+        raw_len,
+        compression,
+        base_offset,
+        batch.num_rows,
+        leader_epoch,
+        min_ts,
+        max_ts,
+        producer,
+    )
+
+
+def _sealed(
+    body: Any,
+    body_len: int,
+    raw_len: int,
+    compression: int,
+    base_offset: int,
+    rows: int,
+    leader_epoch: int,
+    min_ts: int,
+    max_ts: int,
+    producer: tuple[int, int, int] | None,
+) -> EncodedFrame:
+    """A frame around an encoded ``body``: its header (CRC over the header and the body) and padding."""
     pid, pepoch, seq = (NO_PRODUCER, NO_PRODUCER, NO_PRODUCER) if producer is None else producer
     fields = (
         FORMAT_VERSION,
         compression,
         pepoch,
         base_offset,
-        batch.num_rows,
+        rows,
         leader_epoch,
         min_ts,
         max_ts,
@@ -739,7 +766,7 @@ def encode_frame(
         FORMAT_VERSION,
         compression,
         base_offset,
-        batch.num_rows,
+        rows,
         leader_epoch,
         min_ts,
         max_ts,
@@ -803,8 +830,6 @@ def encode_frames(
         ends = lo + n
         mins = [int(ts_values[a:b].min()) for a, b in zip(lo.tolist(), ends.tolist(), strict=True)]
         maxs = [int(ts_values[a:b].max()) for a, b in zip(lo.tolist(), ends.tolist(), strict=True)]
-    pack = _HEADER.pack
-    crc32 = crc32c.crc32c
     zstd = compression == COMPRESSION_ZSTD
     out: list[EncodedFrame] = []
     for i, (a, rows, base) in enumerate(zip(lo.tolist(), n.tolist(), bases, strict=True)):
@@ -815,41 +840,11 @@ def encode_frames(
         if body_len > MAX_FRAME_BODY_BYTES:
             raise InvalidArgument(f"frame body of {body_len} bytes exceeds {MAX_FRAME_BODY_BYTES}")
         producer = None if producers is None else producers[i]
-        pid, pepoch, seq = (NO_PRODUCER, NO_PRODUCER, NO_PRODUCER) if producer is None else producer
-        min_ts, max_ts = mins[i], maxs[i]
-        fields = (
-            FORMAT_VERSION,
-            compression,
-            pepoch,
-            base,
-            rows,
-            leader_epoch,
-            min_ts,
-            max_ts,
-            body_len,
-            raw_len,
-            seq,
-            pid,
+        out.append(
+            _sealed(
+                body, body_len, raw_len, compression, base, rows, leader_epoch, mins[i], maxs[i], producer
+            )
         )
-        crc = crc32(body, crc32(memoryview(pack(FRAME_MAGIC, 0, *fields))[_CRC_START:]))
-        header = FrameHeader(
-            crc,
-            FORMAT_VERSION,
-            compression,
-            base,
-            rows,
-            leader_epoch,
-            min_ts,
-            max_ts,
-            body_len,
-            raw_len,
-            pid,
-            pepoch,
-            seq,
-        )
-        pad = _PADDING[-body_len & 7]
-        header_bytes = pack(FRAME_MAGIC, crc, *fields)
-        out.append(EncodedFrame(header, (header_bytes, body, pad) if pad else (header_bytes, body)))
     return out
 
 
