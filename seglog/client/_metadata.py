@@ -75,8 +75,12 @@ class LeaderCache:
             )
         return session
 
-    async def refresh(self, *, force: bool = False) -> ClusterView:
+    async def refresh(self, *, force: bool = False, want_db: str | None = None) -> ClusterView:
         """Ask a node for the current view (skipped if one was fetched very recently).
+
+        ``want_db``: ask the other nodes too while the answers lack that database (a node
+        whose metadata watch lags does not know a database created a moment ago); the last
+        answer is kept when none has it.
 
         Raises:
             ServerUnavailable: No bootstrap or known node answered.
@@ -87,6 +91,7 @@ class LeaderCache:
                 return self.view
             candidates = list(dict.fromkeys([*self.view.nodes.values(), *self._bootstrap]))
             last: Exception | None = None
+            answered = False
             for url in candidates:
                 try:
                     reply = await self.session(url).request("GET", "/v1/cluster")
@@ -95,6 +100,10 @@ class LeaderCache:
                     continue
                 self.view = ClusterView.from_json(reply.json())
                 self._refreshed_at = loop.time()
+                answered = True
+                if want_db is None or want_db in self.view.leaders:
+                    return self.view
+            if answered:
                 return self.view
             raise ServerUnavailable(f"no node of {candidates} answered /v1/cluster") from last
 
@@ -113,9 +122,9 @@ class LeaderCache:
                 if url is not None:
                     return url
             if attempt == 0:
-                await self.refresh()
+                await self.refresh(force=db not in self.view.leaders, want_db=db)
         if db not in self.view.leaders:
-            raise DatabaseNotFound(f"no database {db!r} in the cluster")
+            raise DatabaseNotFound(f"no node of the cluster knows a database {db!r}")
         leader, epoch = self.view.leaders[db][shard] if shard < len(self.view.leaders[db]) else (-1, -1)
         raise NotLeader(
             f"shard {shard} of {db!r} has no live leader", shard=shard, leader=leader, leader_epoch=epoch
