@@ -1,13 +1,16 @@
-"""Append latency on a fresh database while its journal grows: before (a git ref) and after.
+"""Append latency on a fresh database while its journal grows and recycles: before (a git ref) and after.
 
-    python -m bench.journal_growth [--before main] [--runs 3] [--seconds 10] [--out FILE.md]
+    python -m bench.journal_growth [--before main] [--runs 3] [--seconds 10] [--journal-mib 64] [--out FILE.md]
 
 Each run: a fresh store and database (16 shards, ``fsync="always"``, one I/O worker) in a
 temporary directory, one producer appending 50 keyed 100 B records at a time, back to back
 (or every ``--interval-ms``), for ``--seconds``; the latency of every append is recorded.
 On a fresh database the journal grows from 1 MiB towards ``journal_bytes`` (64 MiB) during
 the run, so the drains that used to zero-fill it (1, 2, 4, 8, 16 MiB steps, each written and
-fdatasynced inside the drain) show in the tail. Both sides run this script; only the
+fdatasynced inside the drain) show in the tail; so do the checkpoints of a full journal (every
+dirty segment synced before the journal is recycled: with ``--journal-mib 16`` and 250 records
+every 5 ms, several per run), counted as the appends during which a journal's cycle moved.
+Both sides run this script; only the
 ``seglog`` package differs (the earlier one from a temporary ``git worktree`` of ``--before``,
 or ``--before-tree``), and runs alternate (before, after, after, before, ...) so a noisy
 neighbour hurts both alike; each figure is also given as the median of the runs' same-run
@@ -39,13 +42,19 @@ def _loadavg() -> str:
 
 
 async def _measure(
-    directory: Path, seconds: float, shards: int, records: int, value_bytes: int, interval_s: float
+    directory: Path,
+    seconds: float,
+    shards: int,
+    records: int,
+    value_bytes: int,
+    interval_s: float,
+    journal_mib: int,
 ) -> dict[str, Any]:
     import seglog
 
     lat: list[float] = []
     value = b"v" * value_bytes
-    async with seglog.open(directory, fsync="always", io_workers=1) as store:
+    async with seglog.open(directory, fsync="always", io_workers=1, journal_bytes=journal_mib << 20) as store:
         db = await store.create_db("grow", shards=shards)
         batches = [
             [
@@ -57,15 +66,19 @@ async def _measure(
         engine: Any = db._engine  # type: ignore[attr-defined]
         journals = [w.journal for w in engine._writers]
         grew: list[float] = []  # appends during which a journal's zero-filled size moved
+        recycled: list[float] = []  # appends during which a journal was checkpointed
         end = time.monotonic() + seconds
         n = 0
         while time.monotonic() < end:
             allocated = sum(j.allocated for j in journals)
+            cycle = sum(j.cycle for j in journals)
             start = time.perf_counter()
             await db.append(batches[n % len(batches)])
             lat.append(time.perf_counter() - start)
             if sum(j.allocated for j in journals) != allocated:
                 grew.append(lat[-1] * 1000)
+            if sum(j.cycle for j in journals) != cycle:
+                recycled.append(lat[-1] * 1000)
             n += 1
             if interval_s:
                 await asyncio.sleep(max(0.0, interval_s - lat[-1]))
@@ -88,14 +101,17 @@ async def _measure(
         "growth_appends": len(grew),
         "growth_max_ms": max(grew, default=0.0),
         "growth_median_ms": statistics.median(grew) if grew else 0.0,
+        "checkpoint_appends": len(recycled),
+        "checkpoint_max_ms": max(recycled, default=0.0),
+        "checkpoint_median_ms": statistics.median(recycled) if recycled else 0.0,
         "journal_mib": journal_bytes / (1 << 20),
         "in_drain_growths": in_drain,
     }
 
 
 def _one(argv: list[str]) -> int:
-    """Child mode: ``--one ROOT DIR OUT.json seconds shards records value_bytes interval_ms``."""
-    root, directory, out, seconds, shards, records, value_bytes, interval_ms = argv
+    """Child mode: ``--one ROOT DIR OUT.json seconds shards records value_bytes interval_ms journal_mib``."""
+    root, directory, out, seconds, shards, records, value_bytes, interval_ms, journal_mib = argv
     sys.path.insert(0, root)
     import seglog
 
@@ -109,6 +125,7 @@ def _one(argv: list[str]) -> int:
             int(records),
             int(value_bytes),
             float(interval_ms) / 1000,
+            int(journal_mib),
         )
     )
     res["load_before"] = load_before
@@ -134,6 +151,7 @@ def _run_side(root: Path, tmp: Path, tag: str, args: argparse.Namespace) -> dict
         str(args.records),
         str(args.value_bytes),
         str(args.interval_ms),
+        str(args.journal_mib),
     ]
     subprocess.run(cmd, check=True, cwd=REPO)
     subprocess.run(["rm", "-rf", str(data)], check=False)
@@ -151,6 +169,9 @@ _FIGURES = (
     "growth_appends",
     "growth_median_ms",
     "growth_max_ms",
+    "checkpoint_appends",
+    "checkpoint_median_ms",
+    "checkpoint_max_ms",
 )
 
 
@@ -166,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--records", type=int, default=50)
     p.add_argument("--value-bytes", type=int, default=100)
     p.add_argument("--interval-ms", type=float, default=0.0, help="pace appends (0: back to back)")
+    p.add_argument("--journal-mib", type=int, default=64, help="journal_bytes of the store, in MiB")
     p.add_argument("--dir", type=Path, default=None, help="where the databases go (default: the temp dir)")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
@@ -196,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
                         f">20 ms: {res['over_20ms']}, in-drain growths {res['in_drain_growths']}, "
                         f"appends while the journal grew: {res['growth_appends']} "
                         f"(median {res['growth_median_ms']:.1f}, max {res['growth_max_ms']:.1f} ms), "
+                        f"checkpoint appends: {res['checkpoint_appends']} (max {res['checkpoint_max_ms']:.1f} ms), "
                         f"journal {res['journal_mib']:.0f} MiB, load {res['load_before']} -> {res['load_after']}",
                         file=sys.stderr,
                         flush=True,
@@ -207,7 +230,8 @@ def main(argv: list[str] | None = None) -> int:
         f"# Append latency on a fresh database while its journal grows ({args.runs} interleaved runs each)",
         "",
         f"`python -m bench.journal_growth --before {args.before} --runs {args.runs} --seconds {args.seconds:g} "
-        f"--interval-ms {args.interval_ms:g}`: {args.shards} shards, {args.records} keyed "
+        f"--interval-ms {args.interval_ms:g} --records {args.records} --journal-mib {args.journal_mib}`: "
+        f"{args.shards} shards, {args.records} keyed "
         f"{args.value_bytes} B records per append, fsync=always, one I/O worker.",
         "",
         "| figure (median of runs) | before | after | after / before | median of the runs' after / before |",
@@ -225,16 +249,18 @@ def main(argv: list[str] | None = None) -> int:
         "",
         "growth_*: appends during which a journal's zero-filled size moved (before: the drains that",
         "zero-filled a step themselves; after: appends that overlapped a background chunk).",
+        "checkpoint_*: appends during which a journal was checkpointed (its cycle moved).",
         "",
-        "| run | side | p50 ms | p99 ms | max ms | growth appends: max ms | in-drain growths | load avg (start -> end) |",
-        "|---|---|---:|---:|---:|---:|---:|---|",
+        "| run | side | p50 ms | p99 ms | max ms | growth appends: max ms | checkpoint appends: max ms "
+        "| in-drain growths | load avg (start -> end) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     for k in range(args.runs):
         for side in ("before", "after"):
             r = runs[side][k]
             lines.append(
                 f"| {k + 1} | {side} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['max_ms']:.1f} | "
-                f"{r['growth_max_ms']:.1f} | "
+                f"{r['growth_max_ms']:.1f} | {r.get('checkpoint_max_ms', 0.0):.1f} | "
                 f"{r['in_drain_growths'] if r['in_drain_growths'] >= 0 else 'n/a'} | {r['load_before']} -> {r['load_after']} |"
             )
     text = "\n".join(lines) + "\n"

@@ -24,6 +24,6 @@ def test_journal_growth_bench_runs_and_reports(tmp_path: Path) -> None:
         timeout_s=300,
     )
     text = out.read_text()
-    for figure in ("p50_ms", "p99_ms", "max_ms", "growth_max_ms"):
+    for figure in ("p50_ms", "p99_ms", "max_ms", "growth_max_ms", "checkpoint_max_ms"):
         assert f"| {figure} |" in text
     assert "| 1 | after |" in text and "| 1 | before |" in text

@@ -90,6 +90,7 @@ from seglog.segment.high_watermark import HighWatermarkCheckpoint
 from seglog.segment.journal import Journal, JournalGrower
 from seglog.segment.log_segment import SEGMENT_SUFFIX
 from seglog.segment.producer_state import ProducerColumns, ProducerStamp
+from seglog.segment.writeback import SegmentWriteback
 from seglog.topics.lts import LTS
 from seglog.topics.streams import StreamStamper, distinct_streams
 
@@ -621,6 +622,7 @@ class SegmentEngine(GenerationLookups):
         self._closed = False
         #: Zero-fills the journals ahead of their drains (set by :meth:`open_blocking`).
         self.journal_grower: JournalGrower | None = None
+        self.segment_writeback: SegmentWriteback | None = None
         self._repairs: dict[int, asyncio.Future[Any]] = {}
         self._truncating: set[int] = set()  # shards whose truncate_to runs (appends refused)
         # Called on the event loop with the shard number when an append to it completed.
@@ -688,6 +690,7 @@ class SegmentEngine(GenerationLookups):
         workers = io_pool.io_workers
         writers = []
         grower = JournalGrower(f"seglog-journal-grow-{config.directory.name}")
+        writeback = SegmentWriteback(f"seglog-segment-writeback-{config.directory.name}")
         for w in range(workers):
             journal = Journal(
                 journal_path(config.directory, w), journal_bytes=config.journal_bytes, grower=grower
@@ -704,6 +707,7 @@ class SegmentEngine(GenerationLookups):
                 compression=config.compression,
                 index=db_index,
                 streams=streams,
+                writeback=writeback,
             )
             writers.append(writer)
             for s in writer.shards:
@@ -713,6 +717,7 @@ class SegmentEngine(GenerationLookups):
         engine = cls(config, shards, writers, io_pool, executor, db_index, arrays, streams)
         engine.generations = generations
         engine.journal_grower = grower
+        engine.segment_writeback = writeback
         return engine
 
     def _shard(self, shard: int) -> _Shard:
@@ -1677,6 +1682,8 @@ class SegmentEngine(GenerationLookups):
                 errors.append(exc)
         if self.journal_grower is not None:
             self.journal_grower.close()  # the journals are closed: its thread is gone after this
+        if self.segment_writeback is not None:
+            self.segment_writeback.close()  # the checkpoints synced everything it had queued
         for s in self._shards:
             if s.writer is not None and s.writer.failed is None:
                 s.maybe_snapshot(CLOSE_SNAPSHOT_RECORDS)

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import queue
 import threading
@@ -58,6 +59,7 @@ from seglog.segment.high_watermark import DEFAULT_FLUSH_INTERVAL_S as DEFAULT_HW
 from seglog.segment.journal import ENTRY_FRAME, ENTRY_ROWS, ENTRY_ROWS_PRODUCER, Journal, journal_name
 from seglog.segment.producer_state import ProducerColumns
 from seglog.segment.shard_log import AppendMark
+from seglog.segment.writeback import SegmentWriteback
 
 if TYPE_CHECKING:
     from seglog.engines.segment import _Shard
@@ -95,6 +97,9 @@ INDEX_QUEUE_MAX: Final = 64
 # ``WorkerLog._index``); readers scan the frames past a shard's ``indexed_end`` meanwhile.
 INDEX_BATCH_FRAMES: Final = 64
 INDEX_BATCH_S: Final = 0.05
+# The dirty segments are handed to the background writeback after every 1/WRITEBACK_PARTS of
+# the journal (8 MiB of the default 64), so a checkpoint writes back at most about that much.
+WRITEBACK_PARTS: Final = 8
 _ROWS_SCHEMA: Final = pa.schema(
     [*FRAME_SCHEMA, pa.field("shard", pa.int32()), pa.field("offset", pa.int64())]
 )
@@ -219,8 +224,10 @@ class WorkerLog:
         compression: int = 0,
         index: DbIndex | None = None,
         streams: StreamStamper | None = None,
+        writeback: SegmentWriteback | None = None,
     ) -> None:
         self.worker = worker
+        self.writeback = writeback
         self.index = index
         self.streams = streams  # the database's stamper (None: no streams)
         self.shards = shards
@@ -242,6 +249,9 @@ class WorkerLog:
         # need no epoch-cache check (the standalone case: epoch 0 everywhere, no file).
         self._known_epoch_floor = min((s.known_epoch for s in shards), default=0)
         self._dirty: dict[int, _Shard] = {}  # written since the last checkpoint, not synced
+        # The journal position at which the dirty segments are next handed to the writeback.
+        self._writeback_at = journal.write_pos + journal.journal_bytes // WRITEBACK_PARTS
+        self._writeback_failures = 0 if writeback is None else writeback.failed  # seen at start
         # Shards whose high watermark moved since it was last written (set on the loop).
         self.hw_dirty: dict[int, _Shard] = {}
         # Shards read as frames lately (set on the loop by ``note_tailed``, expired here), so
@@ -377,6 +387,7 @@ class WorkerLog:
                 self._sync_journal()
                 # After the sync, so the grower's zeros rarely ride on this drain's fdatasync.
                 self.journal.grow_ahead()
+                self._request_writeback()
         except (OSError, StorageError) as exc:
             self._undo(items, marks, journal_start, exc, stage)
             if isinstance(exc, StorageError):
@@ -749,6 +760,17 @@ class WorkerLog:
             which = f"shard {which}" if len(shards) == 1 else f"shards {which}"
             raise StorageError(f"{which}: writing buffered rows failed") from exc
 
+    def _request_writeback(self) -> None:
+        """(Worker, after a drain's journal sync) Every ``1/WRITEBACK_PARTS`` of the journal,
+        have the writeback sync the dirty segments in the background, so the checkpoint at
+        the journal's end finds little left to write (see :mod:`seglog.segment.writeback`)."""
+        if self.writeback is None or self.fsync is Fsync.NEVER or not self._dirty:
+            return
+        if self.journal.write_pos < self._writeback_at:
+            return
+        self._writeback_at = self.journal.write_pos + self.journal.journal_bytes // WRITEBACK_PARTS
+        self.writeback.request([s.log.active.path for s in self._dirty.values()])
+
     def checkpoint(self) -> None:
         """Make every segment hold and sync what the journal has; then recycle the journal.
 
@@ -757,10 +779,19 @@ class WorkerLog:
         """
         try:
             self.flush()
+            if self.writeback is not None:
+                # Its syncs may consume a write error that our own descriptors would then not
+                # report (an error is reported once per open file): wait for them, and take
+                # any failure of theirs as this checkpoint's (kept until the store reopens and
+                # replays the journal).
+                self.writeback.wait_idle()
+                if self.writeback.failed != self._writeback_failures:
+                    raise OSError(errno.EIO, "a background writeback of a segment failed")
             for s in list(self._dirty.values()):
                 s.log.sync()
                 del self._dirty[s.number]
             self.journal.recycle()
+            self._writeback_at = self.journal.write_pos + self.journal.journal_bytes // WRITEBACK_PARTS
         except OSError as exc:
             raise StorageError(
                 f"I/O worker {self.worker}: the journal is full and the segments cannot take its "
