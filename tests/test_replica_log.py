@@ -6,7 +6,8 @@ import asyncio
 import shutil
 import subprocess
 import sys
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -518,5 +519,56 @@ def test_a_tailing_reader_of_frames_reads_what_the_log_holds_after_rolls_cuts_an
             assert _frame_bounds(await read(1540, max_bytes=1)) == [(1540, 1560)]  # one frame
             assert _frame_bounds(await read(1560)) == [(1560, 1580), (1580, 1600)]
             assert tail_reads > before
+
+    run(main())
+
+
+class _CountingExecutor(ThreadPoolExecutor):
+    """A real thread pool that remembers the functions it was given."""
+
+    def __init__(self) -> None:
+        super().__init__(2, thread_name_prefix="test-read")
+        self.calls: list[Callable[..., Any]] = []
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        self.calls.append(getattr(fn, "func", fn))  # functools.partial: the function inside
+        return super().submit(fn, *args, **kwargs)
+
+
+def test_a_replication_rounds_frames_are_checked_on_the_loop_a_catch_ups_in_a_thread(
+    run, tmp_path: Path
+) -> None:
+    """A follower's tail round (a few KiB) is parsed and CRC-checked without the hop to a
+    thread and back (one wake-up less on the acks="all" path); more than
+    ``_INLINE_PARSE_BYTES`` goes to a thread. Both paths check the same way."""
+    from seglog.engines.frames import parse_frames
+    from seglog.engines.segment import _INLINE_PARSE_BYTES
+
+    async def main() -> None:
+        async with seglog.open(tmp_path / "a") as a, seglog.open(tmp_path / "b") as b:
+            da = await a.create_db("r", shards=1)
+            await da.append(_records(50), shard=0)
+            big = [seglog.Record("dev/big", b"x" * 1000, key=b"k%d" % i, ts=TS0 + i) for i in range(400)]
+            await da.append(big, shard=0)
+            counting = _CountingExecutor()
+            # The engine opened next works through it (the store shuts it down at close).
+            original, b._executor = b._executor, counting
+            db_ = await b.create_db("r", shards=1)
+            small = await da.read_frames(0, 0, max_bytes=1)  # the first frame alone
+            assert 0 < len(small) <= _INLINE_PARSE_BYTES
+            bad = bytearray(small)
+            bad[-1] ^= 0x01
+            with pytest.raises(CorruptFrame):  # checked all the same on the loop
+                await db_.append_frames(0, bytes(bad), expected_base=0)
+            assert db_.end_offset(0) == 0
+            assert await db_.append_frames(0, small, expected_base=0) == 50
+            assert parse_frames not in counting.calls
+            large = await da.read_frames(0, 50, max_bytes=1 << 20)
+            assert len(large) > _INLINE_PARSE_BYTES
+            assert await db_.append_frames(0, large, expected_base=50) == 450
+            assert parse_frames in counting.calls
+            assert await _all_frames(db_, 0) == await _all_frames(da, 0)
+        assert original is not None
+        original.shutdown()
 
     run(main())
