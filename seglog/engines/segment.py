@@ -106,6 +106,10 @@ _INLINE_READ_BYTES: Final = 1 << 20
 # hop to a thread and back (~50 us idle, and one more wake-up to be scheduled for on a busy
 # machine) on the acks="all" critical path. A catch-up fetch's larger data goes to a thread.
 _INLINE_PARSE_BYTES: Final = 256 << 10
+# Where the last reads of a shard's frames ended, kept per shard: each tailing reader (every
+# follower of a leader, a consumer) continues where its own last read ended, so a leader's
+# two followers and a consumer each find theirs.
+_READ_HINTS: Final = 8
 
 
 def shard_dir_name(shard: int) -> str:
@@ -166,9 +170,30 @@ class _Shard:
         self.streams: StreamStamper | None = None
         self.snapshots: SnapshotFiles | None = None
         self.snap_end = 0
-        # Where the last read of frames ended: (offset, segment, position) of the frame a
-        # tailing reader asks for next (any thread; checked against the segment when used).
-        self.read_end: tuple[int, LogSegment, int] | None = None
+        # Where the last reads of frames ended, newest first: (offset, segment, position)
+        # of the frame a tailing reader asks for next (any thread: the tuple is replaced,
+        # never changed; checked against the segment when used).
+        self.read_ends: tuple[tuple[int, LogSegment, int], ...] = ()
+
+    def read_hint(self, offset: int) -> tuple[LogSegment, int] | None:
+        """The segment and position where a read of frames ended at ``offset``, if known."""
+        for at, seg, pos in self.read_ends:
+            if at == offset:
+                return seg, pos
+        return None
+
+    def note_read_end(self, offset: int, seg: LogSegment, pos: int) -> None:
+        """A read of frames ended at ``offset``: the frame there starts at ``pos`` of ``seg``."""
+        kept = [h for h in self.read_ends if h[0] != offset]
+        self.read_ends = ((offset, seg, pos), *kept[: _READ_HINTS - 1])
+
+    def tail_bytes(self, offset: int) -> int | None:
+        """Bytes of the active segment from the frame at ``offset`` on, when a read ended
+        there (``None``: unknown, the frame must be looked up)."""
+        hint = self.read_hint(offset)
+        if hint is None or hint[0] is not self.log.active:
+            return None
+        return max(0, hint[0].size - hint[1])
 
     def save_snapshot(self, upto: int | None = None) -> None:
         """(Worker) Write the shard's LTS snapshot covering the records below ``upto``
@@ -529,10 +554,10 @@ def _read_tail(s: _Shard, offset: int, end: int, max_bytes: int) -> bytes | None
     mapping of the grown segment. Each header read must continue the one before from
     ``offset`` on (a position left by a cut log, or another segment, falls back).
     """
-    hint = s.read_end
-    if hint is None or hint[0] != offset:
+    hint = s.read_hint(offset)
+    if hint is None:
         return None
-    _, seg, pos = hint
+    seg, pos = hint
     if seg is not s.log.active:
         return None  # rolled since: the index finds the next segment
     size = seg.size
@@ -557,7 +582,7 @@ def _read_tail(s: _Shard, offset: int, end: int, max_bytes: int) -> bytes | None
         at = header.next_offset
     if not cut:
         return None
-    s.read_end = (at, seg, pos + cut)
+    s.note_read_end(at, seg, pos + cut)
     return data if cut == len(data) else data[:cut]
 
 
@@ -1088,7 +1113,7 @@ class SegmentEngine(GenerationLookups):
             total += size
             last = fp
         if last is not None:
-            s.read_end = (last.header.next_offset, last.segment, last.pos + last.header.size)
+            s.note_read_end(last.header.next_offset, last.segment, last.pos + last.header.size)
         return b"".join(out)
 
     async def read_frames(self, shard: int, offset: int, max_bytes: int) -> bytes:
@@ -1106,11 +1131,17 @@ class SegmentEngine(GenerationLookups):
             s.writer.note_tailed(s)
         if s.has_pending:
             await self._flush_for_read(s)
-        if offset >= s.log.active.base_offset and max_bytes <= _INLINE_READ_BYTES:
+        if offset >= s.log.active.base_offset:
             # The tail of the active segment was just written: it is in the page cache, and
             # copying it here costs less than the hop to a thread and back (a tailing
-            # consumer's every poll).
-            return self.read_frames_blocking(shard, offset, max_bytes)
+            # consumer's every poll, and every follower fetch of an acks="all" round).
+            if max_bytes <= _INLINE_READ_BYTES:
+                return self.read_frames_blocking(shard, offset, max_bytes)
+            tail = s.tail_bytes(offset)
+            if tail is not None and tail <= _INLINE_READ_BYTES:
+                # A follower asks for up to 4 MiB but continues where its last read ended:
+                # what is there fits the inline bound (and so does the answer, capped).
+                return self.read_frames_blocking(shard, offset, _INLINE_READ_BYTES)
         data: bytes = await self._run(self.read_frames_blocking, shard, offset, max_bytes)
         return data
 
