@@ -6,7 +6,8 @@ import asyncio
 import shutil
 import subprocess
 import sys
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -492,11 +493,11 @@ def test_a_tailing_reader_of_frames_reads_what_the_log_holds_after_rolls_cuts_an
 
             async def read(offset: int, max_bytes: int = 1 << 20) -> bytes:
                 got = await db.read_frames(0, offset, max_bytes)
-                hint, s.read_end = s.read_end, None
+                hints, s.read_ends = s.read_ends, ()
                 try:  # the general path's answer
                     assert got == await db.read_frames(0, offset, max_bytes)
                 finally:
-                    s.read_end = hint
+                    s.read_ends = hints
                 return got
 
             pos = 0
@@ -518,5 +519,111 @@ def test_a_tailing_reader_of_frames_reads_what_the_log_holds_after_rolls_cuts_an
             assert _frame_bounds(await read(1540, max_bytes=1)) == [(1540, 1560)]  # one frame
             assert _frame_bounds(await read(1560)) == [(1560, 1580), (1580, 1600)]
             assert tail_reads > before
+
+    run(main())
+
+
+class _CountingExecutor(ThreadPoolExecutor):
+    """A real thread pool that remembers the functions it was given."""
+
+    def __init__(self) -> None:
+        super().__init__(2, thread_name_prefix="test-read")
+        self.calls: list[Callable[..., Any]] = []
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        self.calls.append(getattr(fn, "func", fn))  # functools.partial: the function inside
+        return super().submit(fn, *args, **kwargs)
+
+
+def test_a_replication_rounds_frames_are_checked_on_the_loop_a_catch_ups_in_a_thread(
+    run, tmp_path: Path
+) -> None:
+    """A follower's tail round (a few KiB) is parsed and CRC-checked without the hop to a
+    thread and back (one wake-up less on the acks="all" path); more than
+    ``_INLINE_PARSE_BYTES`` goes to a thread. Both paths check the same way."""
+    from seglog.engines.frames import parse_frames
+    from seglog.engines.segment import _INLINE_PARSE_BYTES
+
+    async def main() -> None:
+        async with seglog.open(tmp_path / "a") as a, seglog.open(tmp_path / "b") as b:
+            da = await a.create_db("r", shards=1)
+            await da.append(_records(50), shard=0)
+            big = [seglog.Record("dev/big", b"x" * 1000, key=b"k%d" % i, ts=TS0 + i) for i in range(400)]
+            await da.append(big, shard=0)
+            counting = _CountingExecutor()
+            # The engine opened next works through it (the store shuts it down at close).
+            original, b._executor = b._executor, counting
+            db_ = await b.create_db("r", shards=1)
+            small = await da.read_frames(0, 0, max_bytes=1)  # the first frame alone
+            assert 0 < len(small) <= _INLINE_PARSE_BYTES
+            bad = bytearray(small)
+            bad[-1] ^= 0x01
+            with pytest.raises(CorruptFrame):  # checked all the same on the loop
+                await db_.append_frames(0, bytes(bad), expected_base=0)
+            assert db_.end_offset(0) == 0
+            assert await db_.append_frames(0, small, expected_base=0) == 50
+            assert parse_frames not in counting.calls
+            large = await da.read_frames(0, 50, max_bytes=1 << 20)
+            assert len(large) > _INLINE_PARSE_BYTES
+            assert await db_.append_frames(0, large, expected_base=50) == 450
+            assert parse_frames in counting.calls
+            assert await _all_frames(db_, 0) == await _all_frames(da, 0)
+        assert original is not None
+        original.shutdown()
+
+    run(main())
+
+
+def test_followers_tailing_a_leader_each_read_on_the_loop_with_a_follower_sized_max_bytes(
+    run, tmp_path: Path
+) -> None:
+    """Two followers and a consumer tail one shard at their own offsets, asking for up to
+    4 MiB as followers do: once each has read, each next read continues where its own last
+    one ended, is answered on the loop (no hop to a thread on the acks="all" round), and
+    is the log's answer; a tail past ``_INLINE_READ_BYTES`` still goes to a thread."""
+    from seglog.engines.segment import _INLINE_READ_BYTES, SegmentEngine
+
+    follower_bytes = 4 << 20
+    assert follower_bytes > _INLINE_READ_BYTES
+
+    async def main() -> None:
+        async with seglog.open(tmp_path / "a") as store:
+            counting = _CountingExecutor()
+            original, store._executor = store._executor, counting  # the engine opened next uses it
+            db = await store.create_db("r", shards=1)
+            s = db._engine._shards[0]  # white box: the read-end hints
+            ends = {"f1": 0, "f2": 0, "consumer": 0}
+
+            async def tail(reader: str) -> None:
+                got = await db.read_frames(0, ends[reader], follower_bytes)
+                hints, s.read_ends = s.read_ends, ()
+                try:  # the general path's answer (inline: max_bytes within the bound)
+                    expected = await db.read_frames(0, ends[reader], _INLINE_READ_BYTES)
+                    assert got.startswith(expected)
+                    assert got == expected or len(got) > _INLINE_READ_BYTES  # the bound cut it
+                finally:
+                    s.read_ends = hints
+                ends[reader] = _frame_bounds(got)[-1][1]
+
+            await db.append(_records(50), shard=0)
+            for reader in ends:  # first reads: the general way (in a thread) sets the hints
+                await tail(reader)
+            counting.calls.clear()
+            for k in range(1, 20):
+                await db.append(_records(50, k * 50), shard=0)
+                await tail("f1")
+                await tail("f2")
+                if k % 3 == 0:  # the consumer lags and catches up: its own position
+                    await tail("consumer")
+            assert SegmentEngine.read_frames_blocking not in [
+                getattr(c, "__func__", c) for c in counting.calls
+            ]
+            assert ends == {"f1": 1000, "f2": 1000, "consumer": 950}
+            big = [seglog.Record("dev/big", b"x" * 4000, ts=TS0 + i) for i in range(400)]  # 1.6 MB
+            for i in range(0, 400, 100):
+                await db.append(big[i : i + 100], shard=0)
+            await tail("f1")  # more than the inline bound behind: a thread reads it
+            assert SegmentEngine.read_frames_blocking in [getattr(c, "__func__", c) for c in counting.calls]
+        original.shutdown()
 
     run(main())

@@ -102,6 +102,15 @@ log = logging.getLogger("seglog.engines.segment")
 
 # Reads of frames of the active segment up to this size run on the event loop (read_frames).
 _INLINE_READ_BYTES: Final = 1 << 20
+# Frames a follower fetched are checked (CRC, offsets, body decode) on the event loop up to
+# this size: a replication round's tail (tens of KiB) takes ~15 us for 18 KiB, less than the
+# hop to a thread and back (~50 us idle, and one more wake-up to be scheduled for on a busy
+# machine) on the acks="all" critical path. A catch-up fetch's larger data goes to a thread.
+_INLINE_PARSE_BYTES: Final = 256 << 10
+# Where the last reads of a shard's frames ended, kept per shard: each tailing reader (every
+# follower of a leader, a consumer) continues where its own last read ended, so a leader's
+# two followers and a consumer each find theirs.
+_READ_HINTS: Final = 8
 
 
 def shard_dir_name(shard: int) -> str:
@@ -162,9 +171,30 @@ class _Shard:
         self.streams: StreamStamper | None = None
         self.snapshots: SnapshotFiles | None = None
         self.snap_end = 0
-        # Where the last read of frames ended: (offset, segment, position) of the frame a
-        # tailing reader asks for next (any thread; checked against the segment when used).
-        self.read_end: tuple[int, LogSegment, int] | None = None
+        # Where the last reads of frames ended, newest first: (offset, segment, position)
+        # of the frame a tailing reader asks for next (any thread: the tuple is replaced,
+        # never changed; checked against the segment when used).
+        self.read_ends: tuple[tuple[int, LogSegment, int], ...] = ()
+
+    def read_hint(self, offset: int) -> tuple[LogSegment, int] | None:
+        """The segment and position where a read of frames ended at ``offset``, if known."""
+        for at, seg, pos in self.read_ends:
+            if at == offset:
+                return seg, pos
+        return None
+
+    def note_read_end(self, offset: int, seg: LogSegment, pos: int) -> None:
+        """A read of frames ended at ``offset``: the frame there starts at ``pos`` of ``seg``."""
+        kept = [h for h in self.read_ends if h[0] != offset]
+        self.read_ends = ((offset, seg, pos), *kept[: _READ_HINTS - 1])
+
+    def tail_bytes(self, offset: int) -> int | None:
+        """Bytes of the active segment from the frame at ``offset`` on, when a read ended
+        there (``None``: unknown, the frame must be looked up)."""
+        hint = self.read_hint(offset)
+        if hint is None or hint[0] is not self.log.active:
+            return None
+        return max(0, hint[0].size - hint[1])
 
     def save_snapshot(self, upto: int | None = None) -> None:
         """(Worker) Write the shard's LTS snapshot covering the records below ``upto``
@@ -525,10 +555,10 @@ def _read_tail(s: _Shard, offset: int, end: int, max_bytes: int) -> bytes | None
     mapping of the grown segment. Each header read must continue the one before from
     ``offset`` on (a position left by a cut log, or another segment, falls back).
     """
-    hint = s.read_end
-    if hint is None or hint[0] != offset:
+    hint = s.read_hint(offset)
+    if hint is None:
         return None
-    _, seg, pos = hint
+    seg, pos = hint
     if seg is not s.log.active:
         return None  # rolled since: the index finds the next segment
     size = seg.size
@@ -553,7 +583,7 @@ def _read_tail(s: _Shard, offset: int, end: int, max_bytes: int) -> bytes | None
         at = header.next_offset
     if not cut:
         return None
-    s.read_end = (at, seg, pos + cut)
+    s.note_read_end(at, seg, pos + cut)
     return data if cut == len(data) else data[:cut]
 
 
@@ -917,9 +947,9 @@ class SegmentEngine(GenerationLookups):
     async def append_frames(self, shard: int, frames: Any, *, expected_base: int) -> int:
         """Store frames another node encoded, byte for byte, at the end of ``shard``'s log.
 
-        Checked off the loop (magic, lengths, CRC, offset continuity from ``expected_base``),
-        then written, made durable and indexed like any append; each frame keeps its leader
-        epoch.
+        Checked (magic, lengths, CRC, offset continuity from ``expected_base``: on the loop
+        up to ``_INLINE_PARSE_BYTES``, beyond in a thread), then written, made durable and
+        indexed like any append; each frame keeps its leader epoch.
 
         Returns:
             The new end offset.
@@ -933,9 +963,12 @@ class SegmentEngine(GenerationLookups):
         """
         s = self._shard(shard)
         s.check_writable()
-        encoded, batches = await self._run(
-            functools.partial(parse_frames, frames, expected_base, shard=shard)
-        )
+        if memoryview(frames).nbytes <= _INLINE_PARSE_BYTES:
+            encoded, batches = parse_frames(frames, expected_base, shard=shard)
+        else:
+            encoded, batches = await self._run(
+                functools.partial(parse_frames, frames, expected_base, shard=shard)
+            )
         if shard in self._truncating:
             raise BusyResourceError(f"shard {shard} is being truncated")
         check_frames_continue(shard, expected_base, s.next_offset)
@@ -1085,7 +1118,7 @@ class SegmentEngine(GenerationLookups):
             total += size
             last = fp
         if last is not None:
-            s.read_end = (last.header.next_offset, last.segment, last.pos + last.header.size)
+            s.note_read_end(last.header.next_offset, last.segment, last.pos + last.header.size)
         return b"".join(out)
 
     async def read_frames(self, shard: int, offset: int, max_bytes: int) -> bytes:
@@ -1103,11 +1136,17 @@ class SegmentEngine(GenerationLookups):
             s.writer.note_tailed(s)
         if s.has_pending:
             await self._flush_for_read(s)
-        if offset >= s.log.active.base_offset and max_bytes <= _INLINE_READ_BYTES:
+        if offset >= s.log.active.base_offset:
             # The tail of the active segment was just written: it is in the page cache, and
             # copying it here costs less than the hop to a thread and back (a tailing
-            # consumer's every poll).
-            return self.read_frames_blocking(shard, offset, max_bytes)
+            # consumer's every poll, and every follower fetch of an acks="all" round).
+            if max_bytes <= _INLINE_READ_BYTES:
+                return self.read_frames_blocking(shard, offset, max_bytes)
+            tail = s.tail_bytes(offset)
+            if tail is not None and tail <= _INLINE_READ_BYTES:
+                # A follower asks for up to 4 MiB but continues where its last read ended:
+                # what is there fits the inline bound (and so does the answer, capped).
+                return self.read_frames_blocking(shard, offset, _INLINE_READ_BYTES)
         data: bytes = await self._run(self.read_frames_blocking, shard, offset, max_bytes)
         return data
 
