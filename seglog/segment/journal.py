@@ -43,6 +43,7 @@ from typing import Any, Final, NamedTuple
 import crc32c
 
 from seglog._fs import fdatasync, fsync_dir, pwritev_all
+from seglog.segment._on_demand import OnDemandThread
 
 __all__ = [
     "DEFAULT_JOURNAL_BYTES",
@@ -390,7 +391,7 @@ class Journal:
                 self._fd = -1
 
 
-class JournalGrower:
+class JournalGrower(OnDemandThread[Journal]):
     """Zero-fills journals ahead of their write positions, on a thread of its own.
 
     One per engine: the thread runs only while some journal has growth to do (started by
@@ -402,57 +403,15 @@ class JournalGrower:
     """
 
     def __init__(self, name: str = "seglog-journal-grow") -> None:
-        self._name = name
-        self._cond = threading.Condition()
-        self._queue: dict[Journal, None] = {}  # insertion-ordered set: the turn order
-        self._thread: threading.Thread | None = None
-        self._closed = False
+        super().__init__(name)
 
     def request(self, journal: Journal) -> None:
         """Grow ``journal`` to its target in the background (no-op once closed)."""
-        with self._cond:
-            if self._closed:
-                return
-            self._queue[journal] = None
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
-                self._thread.start()
+        self._enqueue((journal,))
 
-    @property
-    def busy(self) -> bool:
-        """Whether the thread is running (growth requested and not finished)."""
-        with self._cond:
-            return self._thread is not None
-
-    def wait_idle(self, timeout: float | None = None) -> bool:
-        """Wait until no growth is left; return whether it came within ``timeout``."""
-        with self._cond:
-            return self._cond.wait_for(lambda: self._thread is None, timeout)
-
-    def close(self) -> None:
-        """Abandon growth not yet started and wait for the chunk in flight; idempotent."""
-        with self._cond:
-            self._closed = True
-            self._queue.clear()
-            thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join()
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                if self._closed or not self._queue:
-                    self._thread = None
-                    self._cond.notify_all()
-                    return
-                journal = next(iter(self._queue))
-                del self._queue[journal]
-            try:
-                more = journal._grow_step()
-            except Exception:  # never let the thread die with the flag saying it runs
-                log.exception("%s: growing the journal failed", journal.path)
-                more = False
-            if more:
-                with self._cond:
-                    if not self._closed:
-                        self._queue.setdefault(journal, None)
+    def _serve(self, journal: Journal) -> bool:
+        try:
+            return journal._grow_step()
+        except Exception:  # never let the thread die with the flag saying it runs
+            log.exception("%s: growing the journal failed", journal.path)
+            return False

@@ -23,16 +23,17 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import threading
 from collections.abc import Iterable
 from pathlib import Path
+
+from seglog.segment._on_demand import OnDemandThread
 
 __all__ = ["SegmentWriteback"]
 
 log = logging.getLogger("seglog.segment.writeback")
 
 
-class SegmentWriteback:
+class SegmentWriteback(OnDemandThread[Path]):
     """Syncs segment files handed to it, one at a time, on a thread that runs only while
     some are queued (idle stores cost no thread).
 
@@ -45,67 +46,35 @@ class SegmentWriteback:
     """
 
     def __init__(self, name: str = "seglog-segment-writeback") -> None:
-        self._name = name
-        self._cond = threading.Condition()
-        self._queue: dict[Path, None] = {}  # insertion-ordered set
-        self._thread: threading.Thread | None = None
-        self._closed = False
+        super().__init__(name)
         self.synced = 0
         self.failed = 0
 
     def request(self, paths: Iterable[Path]) -> None:
         """Sync ``paths`` in the background (a path already queued is not queued twice)."""
-        with self._cond:
-            if self._closed:
-                return
-            for path in paths:
-                self._queue[path] = None
-            if self._queue and self._thread is None:
-                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
-                self._thread.start()
+        self._enqueue(paths)
 
-    def wait_idle(self, timeout: float | None = None) -> bool:
-        """Wait until nothing is queued or syncing; return whether it came within ``timeout``."""
-        with self._cond:
-            return self._cond.wait_for(lambda: self._thread is None, timeout)
-
-    def close(self) -> None:
-        """Drop what is queued and wait for the sync in flight; idempotent."""
-        with self._cond:
-            self._closed = True
-            self._queue.clear()
-            thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join()
-
-    def _run(self) -> None:
-        while True:
+    def _serve(self, path: Path) -> bool:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            self._note_failure(path, exc)
+            return False
+        try:
+            # os's, not seglog._fs's: these are not the write path's syncs, whose latency
+            # the node's fsync observers measure.
+            os.fdatasync(fd)
+        except OSError as exc:
+            self._note_failure(path, exc)
+        else:
             with self._cond:
-                if self._closed or not self._queue:
-                    self._thread = None
-                    self._cond.notify_all()
-                    return
-                path = next(iter(self._queue))
-                del self._queue[path]
-            try:
-                fd = os.open(path, os.O_RDONLY)
-            except FileNotFoundError:
-                continue
-            except OSError as exc:
-                self._note_failure(path, exc)
-                continue
-            try:
-                # os's, not seglog._fs's: these are not the write path's syncs, whose latency
-                # the node's fsync observers measure.
-                os.fdatasync(fd)
-            except OSError as exc:
-                self._note_failure(path, exc)
-            else:
-                with self._cond:
-                    self.synced += 1
-            finally:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
+                self.synced += 1
+        finally:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        return False
 
     def _note_failure(self, path: Path, exc: OSError) -> None:
         with self._cond:
