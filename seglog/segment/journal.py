@@ -3,8 +3,10 @@
 A worker serves many shards. Syncing each touched shard's segment after every drain made
 durable throughput fall with the number of shards (one ``fdatasync`` each). Instead the
 worker appends everything a drain wrote to this one file and syncs it once; the shards'
-segment files are written to the page cache and synced only at a checkpoint (when the
-journal is full, at close, at a segment roll). This is BookKeeper's journal / RocksDB's WAL.
+segment files are written to the page cache and synced at a checkpoint (when the journal is
+full, at close, at a segment roll; :mod:`seglog.segment.writeback` syncs them in the background
+ahead of it, so the checkpoint finds little left to write). This is BookKeeper's journal /
+RocksDB's WAL.
 
 Layout: a header block, then entries back to back (each padded to 8 bytes)::
 
