@@ -209,9 +209,8 @@ def test_a_failed_background_writeback_fails_the_checkpoint_and_the_journal_keep
     async def check() -> None:
         async with seglog.open(data_dir) as store:
             db = await store.open_db("t")
-            for shard in range(4):
-                assert db.end_offset(shard) >= acked.get(shard, 0)
-                records = await db.read(shard, 0, max_records=acked.get(shard, 0) or 1)
-                assert len(records) == acked.get(shard, 0) or (not acked.get(shard) and len(records) <= 100)
+            for shard, count in acked.items():  # every acknowledged record is there
+                assert db.end_offset(shard) >= count
+                assert len(await db.read(shard, 0, max_records=count)) == count
 
     run(check())

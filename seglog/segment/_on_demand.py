@@ -3,6 +3,7 @@ queued: background work (journal growth, segment writeback) that costs an idle s
 
 from __future__ import annotations
 
+import abc
 import threading
 from collections.abc import Iterable
 from typing import Generic, TypeVar
@@ -12,7 +13,7 @@ __all__ = ["OnDemandThread"]
 T = TypeVar("T")
 
 
-class OnDemandThread(Generic[T]):
+class OnDemandThread(abc.ABC, Generic[T]):
     """Serves queued items in turn (:meth:`_serve`) on a daemon thread started by
     :meth:`_enqueue` and gone when the queue is empty.
 
@@ -38,9 +39,9 @@ class OnDemandThread(Generic[T]):
                 self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
                 self._thread.start()
 
+    @abc.abstractmethod
     def _serve(self, item: T) -> bool:
         """(Thread) Do one turn of ``item``'s work; return whether it wants another turn."""
-        raise NotImplementedError
 
     @property
     def busy(self) -> bool:
