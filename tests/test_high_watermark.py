@@ -1,13 +1,19 @@
-"""HighWatermarkCheckpoint: monotonic updates, reset, lazy flush, reload, corruption."""
+"""HighWatermarkCheckpoint: monotonic updates, reset, lazy flush, reload, corruption; the background writer."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+import seglog
+from seglog.engines.segment_writer import HW_FLUSH_INTERVAL_S
 from seglog.errors import CorruptCheckpoint, InvalidArgument, StorageError
 from seglog.segment import HIGH_WATERMARK_FILE, HighWatermarkCheckpoint
+from seglog.segment.high_watermark import HighWatermarkWriter
 
 
 class Clock:
@@ -175,3 +181,105 @@ def test_failed_flush_stays_dirty(tmp_path: Path) -> None:
     (tmp_path / (HIGH_WATERMARK_FILE + ".tmp")).rmdir()
     assert hw.flush() is True
     assert HighWatermarkCheckpoint(tmp_path).value == 4
+
+
+def test_writer_writes_in_the_background_and_retries_a_failed_write(tmp_path: Path) -> None:
+    hw = HighWatermarkCheckpoint(tmp_path)
+    writer = HighWatermarkWriter("test-hw-writer")
+    hw.update(4)
+    blocker = tmp_path / (HIGH_WATERMARK_FILE + ".tmp")
+    blocker.mkdir()  # the atomic write's temporary file cannot be created: a real failure
+    writer.request([hw])
+    assert writer.wait_idle(30)
+    assert (writer.written, writer.failures) == (0, 1)
+    assert hw.dirty and not (tmp_path / HIGH_WATERMARK_FILE).exists()
+    blocker.rmdir()
+    hw.update(6)
+    writer.request([])  # the failed one is retried with the next request
+    assert writer.wait_idle(30)
+    assert (writer.written, writer.failures) == (1, 1)
+    assert not hw.dirty and HighWatermarkCheckpoint(tmp_path).value == 6
+    assert writer.take_failed() == []
+    assert not [t for t in threading.enumerate() if t.name == "test-hw-writer"]  # runs only when queued
+    writer.close()
+
+
+def test_a_reset_waits_for_a_flush_in_progress_and_its_lower_value_is_the_one_kept(tmp_path: Path) -> None:
+    """A background flush and a truncation's reset take turns writing: a reset that came while
+    the flush was writing the older, higher value is written after it, not overtaken by it."""
+    hw = HighWatermarkCheckpoint(tmp_path)
+    hw.update(50)
+    entered, release = threading.Event(), threading.Event()
+    written: list[int] = []
+    real_write = hw._write
+
+    def write(value: int, *, force: bool = False) -> None:
+        if not written and not force:  # the flush: paused mid-write
+            entered.set()
+            assert release.wait(30)
+        written.append(value)
+        real_write(value, force=force)
+
+    hw._write = write  # type: ignore[method-assign]
+    flusher = threading.Thread(target=hw.flush)
+    flusher.start()
+    assert entered.wait(30)
+    resetter = threading.Thread(target=hw.reset, args=(20,))
+    resetter.start()
+    resetter.join(1.0)  # bounded wait: the reset must not finish while the flush writes
+    assert resetter.is_alive() and written == []
+    release.set()
+    flusher.join(30)
+    resetter.join(30)
+    assert written == [50, 20]
+    assert not hw.dirty and hw.value == 20
+    assert HighWatermarkCheckpoint(tmp_path).value == 20
+
+
+def test_the_io_workers_pass_hands_the_writes_to_the_writer_thread(
+    run: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The moved high watermarks of a worker's 5-second pass are written by the database's
+    writer thread, not by the I/O worker between two drains; close writes the rest."""
+    shards = 4
+    threads: list[str] = []
+    all_written = threading.Event()
+    real_write = HighWatermarkCheckpoint._write
+
+    def write(self: HighWatermarkCheckpoint, value: int, *, force: bool = False) -> None:
+        real_write(self, value, force=force)
+        threads.append(threading.current_thread().name)
+        if len(threads) == shards:
+            all_written.set()
+
+    monkeypatch.setattr(HighWatermarkCheckpoint, "_write", write)
+
+    def records(n: int) -> list[seglog.Record]:
+        return [seglog.Record(topic="t/a", value=b"v%d" % i, ts=1_700_000_000_000_000 + i) for i in range(n)]
+
+    async def main() -> None:
+        async with seglog.open(tmp_path / "a", fsync="always") as store:
+            db = await store.create_db("r", shards=shards)
+            for shard in range(shards):
+                await db.append(records(10), shard=shard)
+            for worker in db._engine._writers:  # type: ignore[attr-defined]
+                worker._hw_flushed_at -= HW_FLUSH_INTERVAL_S  # the next pass is due now
+            for shard in range(shards):
+                assert db.update_high_watermark(shard, 5 + shard)
+            await db.append(records(1), shard=0)  # a drain: the worker's pass follows it
+            assert await asyncio.to_thread(all_written.wait, 30)
+            assert set(threads) == {"seglog-high-watermark-r"}
+            on_disk = [
+                HighWatermarkCheckpoint(tmp_path / "a" / "dbs" / "r" / f"shard-{s:04d}").value
+                for s in range(shards)
+            ]
+            assert on_disk == [5, 6, 7, 8]
+            assert db.update_high_watermark(1, 10)  # moved after the pass: written at close
+        assert len(threads) == shards + 1 and not threads[-1].startswith(
+            "seglog-high-watermark"
+        )  # close's own
+        async with seglog.open(tmp_path / "a") as store:
+            db = await store.open_db("r")
+            assert [db.high_watermark(s) for s in range(shards)] == [5, 10, 7, 8]
+
+    run(main())

@@ -86,7 +86,7 @@ from seglog.record import (
 )
 from seglog.segment import FramePosition, LogSegment, ShardLog, open_shard_log
 from seglog.segment.epoch_cache import MAX_EPOCH, UNDEFINED_EPOCH, UNDEFINED_OFFSET, LeaderEpochCache
-from seglog.segment.high_watermark import HighWatermarkCheckpoint
+from seglog.segment.high_watermark import HighWatermarkCheckpoint, HighWatermarkWriter
 from seglog.segment.journal import Journal, JournalGrower
 from seglog.segment.log_segment import SEGMENT_SUFFIX
 from seglog.segment.producer_state import ProducerColumns, ProducerStamp
@@ -653,6 +653,7 @@ class SegmentEngine(GenerationLookups):
         #: Zero-fills the journals ahead of their drains (set by :meth:`open_blocking`).
         self.journal_grower: JournalGrower | None = None
         self.segment_writeback: SegmentWriteback | None = None
+        self.hw_writer: HighWatermarkWriter | None = None
         self._repairs: dict[int, asyncio.Future[Any]] = {}
         self._truncating: set[int] = set()  # shards whose truncate_to runs (appends refused)
         # Called on the event loop with the shard number when an append to it completed.
@@ -721,6 +722,7 @@ class SegmentEngine(GenerationLookups):
         writers = []
         grower = JournalGrower(f"seglog-journal-grow-{config.directory.name}")
         writeback = SegmentWriteback(f"seglog-segment-writeback-{config.directory.name}")
+        hw_writer = HighWatermarkWriter(f"seglog-high-watermark-{config.directory.name}")
         for w in range(workers):
             journal = Journal(
                 journal_path(config.directory, w), journal_bytes=config.journal_bytes, grower=grower
@@ -738,6 +740,7 @@ class SegmentEngine(GenerationLookups):
                 index=db_index,
                 streams=streams,
                 writeback=writeback,
+                hw_writer=hw_writer,
             )
             writers.append(writer)
             for s in writer.shards:
@@ -748,6 +751,7 @@ class SegmentEngine(GenerationLookups):
         engine.generations = generations
         engine.journal_grower = grower
         engine.segment_writeback = writeback
+        engine.hw_writer = hw_writer
         return engine
 
     def _shard(self, shard: int) -> _Shard:
@@ -1723,6 +1727,8 @@ class SegmentEngine(GenerationLookups):
             self.journal_grower.close()  # the journals are closed: its thread is gone after this
         if self.segment_writeback is not None:
             self.segment_writeback.close()  # the checkpoints synced everything it had queued
+        if self.hw_writer is not None:
+            self.hw_writer.close()  # idle: each worker's close waited for it and wrote the rest
         for s in self._shards:
             if s.writer is not None and s.writer.failed is None:
                 s.maybe_snapshot(CLOSE_SNAPSHOT_RECORDS)

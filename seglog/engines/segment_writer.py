@@ -56,6 +56,7 @@ from seglog.io_pool import ItemError
 from seglog.record import FRAME_SCHEMA, EncodedFrame, parse_header, verify_frame
 from seglog.segment import FramePosition
 from seglog.segment.high_watermark import DEFAULT_FLUSH_INTERVAL_S as DEFAULT_HW_FLUSH_INTERVAL_S
+from seglog.segment.high_watermark import HighWatermarkWriter
 from seglog.segment.journal import ENTRY_FRAME, ENTRY_ROWS, ENTRY_ROWS_PRODUCER, Journal, journal_name
 from seglog.segment.producer_state import ProducerColumns
 from seglog.segment.shard_log import AppendMark
@@ -225,9 +226,11 @@ class WorkerLog:
         index: DbIndex | None = None,
         streams: StreamStamper | None = None,
         writeback: SegmentWriteback | None = None,
+        hw_writer: HighWatermarkWriter | None = None,
     ) -> None:
         self.worker = worker
         self.writeback = writeback
+        self.hw_writer = hw_writer
         self.index = index
         self.streams = streams  # the database's stamper (None: no streams)
         self.shards = shards
@@ -846,21 +849,28 @@ class WorkerLog:
 
     def flush_high_watermarks(self, *, force: bool = False) -> None:
         """Write the high watermarks that moved: lazily, when idle at most once per
-        ``HW_FLUSH_INTERVAL_S`` (Kafka's checkpoint interval; a write is two fsyncs per
-        shard), and at close (``force``)."""
+        ``HW_FLUSH_INTERVAL_S`` (Kafka's checkpoint interval), by the database's
+        :class:`HighWatermarkWriter` (a write is two fsyncs per shard: not on the drain's
+        path); and here, at close (``force``), with every earlier failed one."""
         now = time.monotonic()
         if not force and now < self._hw_flushed_at + HW_FLUSH_INTERVAL_S:
             return
         self._hw_flushed_at = now
-        for number in list(self.hw_dirty):
-            s = self.hw_dirty.pop(number, None)
-            if s is None:
-                continue
+        moved = [s for s in (self.hw_dirty.pop(n, None) for n in list(self.hw_dirty)) if s is not None]
+        writer = self.hw_writer
+        if writer is not None and not force:
+            writer.request([s.hw for s in moved])
+            return
+        checkpoints = [s.hw for s in moved]
+        if writer is not None:
+            writer.wait_idle()  # its write of a checkpoint and this one never overlap
+            checkpoints += writer.take_failed()
+        for hw in checkpoints:
             try:
-                s.hw.flush()
+                hw.flush()
             except StorageError as exc:
-                self.hw_dirty[number] = s  # retried; a stale checkpoint only hides records
-                log.warning("shard %d: writing the high watermark failed (%s)", number, exc)
+                # A stale checkpoint only hides records until the replica relearns its HW.
+                log.warning("%s: writing the high watermark failed (%s)", hw.path, exc)
 
     def close(self) -> None:
         """Checkpoint (everything into the segments, synced) and close the journal.

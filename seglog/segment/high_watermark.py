@@ -26,18 +26,27 @@ end offset, as Kafka does, since the log may have been cut back after the last f
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Final
 
 from seglog._fs import atomic_write
 from seglog.errors import CorruptCheckpoint, InvalidArgument, StorageError
+from seglog.segment._on_demand import OnDemandThread
 
-__all__ = ["DEFAULT_FLUSH_INTERVAL_S", "HIGH_WATERMARK_FILE", "HighWatermarkCheckpoint"]
+__all__ = [
+    "DEFAULT_FLUSH_INTERVAL_S",
+    "HIGH_WATERMARK_FILE",
+    "HighWatermarkCheckpoint",
+    "HighWatermarkWriter",
+]
+
+log = logging.getLogger("seglog.segment.high_watermark")
 
 HIGH_WATERMARK_FILE: Final = "high-watermark-checkpoint"
 # Kafka's replica.high.watermark.checkpoint.interval.ms default.
@@ -82,8 +91,11 @@ class HighWatermarkCheckpoint:
     """One shard's high watermark: in memory, written to disk when the caller says so.
 
     :meth:`update` may run on one thread (the event loop) while :meth:`flush` runs on
-    another (the shard's I/O worker): a flush clears the dirty mark only if no update came
-    in while it wrote, so a concurrent update is never lost.
+    another (a :class:`HighWatermarkWriter`): a flush clears the dirty mark only if no update
+    came in while it wrote, so a concurrent update is never lost. Writes of the file
+    (:meth:`flush`, :meth:`reset`) take turns, and a flush writes the value current when its
+    turn comes, so a flush that raced a truncation's :meth:`reset` never leaves the older,
+    higher value in the file.
 
     Args:
         directory: The shard directory; it must exist. The checkpoint is loaded at once.
@@ -109,7 +121,8 @@ class HighWatermarkCheckpoint:
         self._path = Path(directory) / HIGH_WATERMARK_FILE
         self._clock = clock
         self._flush_interval_s = flush_interval_s
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the value and its dirty mark
+        self._write_lock = threading.Lock()  # one write of the file at a time
         self._value = 0
         self._dirty = False
         self._last_flush_s = clock()
@@ -183,7 +196,8 @@ class HighWatermarkCheckpoint:
         """
         if hw < 0:
             raise InvalidArgument(f"high watermark {hw} is negative")
-        self._write(hw, force=True)
+        with self._write_lock:
+            self._write(hw, force=True)
 
     def flush(self) -> bool:
         """Write :attr:`value` if it is dirty; return whether the file was written.
@@ -191,9 +205,10 @@ class HighWatermarkCheckpoint:
         Raises:
             StorageError: The file could not be written; the value stays dirty.
         """
-        if not self._dirty:
-            return False
-        self._write(self._value)
+        with self._write_lock:
+            if not self._dirty:
+                return False
+            self._write(self._value)
         return True
 
     def maybe_flush(self) -> bool:
@@ -220,3 +235,56 @@ class HighWatermarkCheckpoint:
     def __repr__(self) -> str:
         state = " dirty" if self._dirty else ""
         return f"HighWatermarkCheckpoint({str(self._path.parent)!r}, {self._value}{state})"
+
+
+class HighWatermarkWriter(OnDemandThread[HighWatermarkCheckpoint]):
+    """Writes high-watermark checkpoints handed to it on a thread that runs only while some are
+    queued, so their two fsyncs per shard (file and directory) never hold up an I/O worker's
+    drain: 16 shards' checkpoints took a drain 8-15 ms every 5 s.
+
+    A write that fails leaves its checkpoint dirty; it is written again with the next
+    :meth:`request` (a stale checkpoint only hides records from readers after a restart,
+    until the replica relearns its high watermark), and :meth:`take_failed` hands the
+    failed ones to a closing worker.
+
+    Args:
+        name: The thread's name.
+
+    Attributes:
+        written: Checkpoint files written so far (for tests and stats).
+        failures: Writes that raised.
+    """
+
+    def __init__(self, name: str = "seglog-high-watermark") -> None:
+        super().__init__(name)
+        self.written = 0
+        self.failures = 0
+        self._failed: dict[HighWatermarkCheckpoint, None] = {}
+
+    def request(self, checkpoints: Iterable[HighWatermarkCheckpoint]) -> None:
+        """Write ``checkpoints`` in the background, with every earlier failed one."""
+        with self._cond:
+            retry = list(self._failed)
+            self._failed.clear()
+        self._enqueue([*retry, *checkpoints])
+
+    def take_failed(self) -> list[HighWatermarkCheckpoint]:
+        """The checkpoints whose last background write failed (forgotten here)."""
+        with self._cond:
+            failed = list(self._failed)
+            self._failed.clear()
+        return failed
+
+    def _serve(self, checkpoint: HighWatermarkCheckpoint) -> bool:
+        try:
+            wrote = checkpoint.flush()
+        except StorageError as exc:
+            with self._cond:
+                self.failures += 1
+                self._failed[checkpoint] = None
+            log.warning("%s: writing the high watermark failed (%s); retried later", checkpoint.path, exc)
+            return False
+        if wrote:
+            with self._cond:
+                self.written += 1
+        return False
