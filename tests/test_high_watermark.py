@@ -220,7 +220,7 @@ def test_a_reset_waits_for_a_flush_in_progress_and_its_lower_value_is_the_one_ke
         written.append(value)
         real_write(value, force=force)
 
-    hw._write = write  # type: ignore[method-assign]
+    hw._write = write  # type: ignore[method-assign,assignment]
     flusher = threading.Thread(target=hw.flush)
     flusher.start()
     assert entered.wait(30)

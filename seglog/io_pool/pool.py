@@ -34,6 +34,9 @@ log = logging.getLogger("seglog.io_pool")
 # 4-256 shards (bench/core.py's scaling table). More pay off only where parallel syncs do.
 DEFAULT_IO_WORKERS: Final = 1
 DEFAULT_MAX_ITEMS: Final = 1024
+# A writer whose deadline is still past after its deadline work ran (that work failed, e.g. a
+# flush into a full disk) is run again no sooner than this, with the queue served in between.
+DEADLINE_RETRY_S: Final = 0.1
 _STOP: Final = object()
 
 
@@ -226,10 +229,15 @@ class _Deadlines:
         self._pending: dict[BatchWriter, float] = {}
         self._tie = itertools.count()
 
-    def watch(self, writer: BatchWriter) -> None:
-        """Schedule ``writer`` if it has a deadline that is not scheduled yet."""
+    def watch(self, writer: BatchWriter, *, not_before: float | None = None) -> None:
+        """Schedule ``writer`` if it has a deadline that is not scheduled yet (no earlier than
+        ``not_before``)."""
         due = writer.sync_deadline()
-        if due is None or self._pending.get(writer) == due:
+        if due is None:
+            return
+        if not_before is not None:
+            due = max(due, not_before)
+        if self._pending.get(writer) == due:
             return
         self._pending[writer] = due
         heapq.heappush(self._heap, (due, next(self._tie), writer))
@@ -239,8 +247,14 @@ class _Deadlines:
         return max(0.0, self._heap[0][0] - now) if self._heap else None
 
     def run_due(self, now: float) -> int:
-        """Sync every writer whose deadline has come; return how many were synced."""
+        """Sync every writer whose deadline has come, once each; return how many were synced.
+
+        A writer still due afterwards (its work failed and was re-armed) waits
+        ``DEADLINE_RETRY_S``: retrying it here at once would loop without ever returning to
+        the queue, and the worker would serve no request while the failure lasts.
+        """
         count = 0
+        ran: list[BatchWriter] = []
         while self._heap and self._heap[0][0] <= now:
             due, _, writer = heapq.heappop(self._heap)
             if self._pending.get(writer) != due:
@@ -253,7 +267,9 @@ class _Deadlines:
             except Exception:
                 log.exception("scheduled sync of %r failed", writer)
             count += 1
-            self.watch(writer)  # still unsynced (e.g. the sync failed and it was re-armed)
+            ran.append(writer)
+        for writer in ran:
+            self.watch(writer, not_before=now + DEADLINE_RETRY_S)  # still unsynced: later
         return count
 
     def clear(self) -> None:
