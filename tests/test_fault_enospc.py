@@ -7,6 +7,8 @@ import logging
 import subprocess
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
 import pytest
 
 import seglog
@@ -252,3 +254,49 @@ def test_local_tier_on_a_full_disk_keeps_local_segments_and_resumes(run, tmp_pat
                 assert _values(await read_all(db, 0)) == _values(_records(2_000, value_bytes=200))
 
         run(main())
+
+
+def test_a_deadline_flush_failing_on_a_full_disk_is_retried_while_appends_go_on(
+    run, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Rows of appends to several shards are durable in the journal; their deadline flush into
+    the segments fails while the disk is full. The worker keeps serving appends between the
+    retries (it used to retry in a loop that never returned to its queue: every later request
+    hung, and close), and once space is back the rows reach their segments."""
+    shards = np.array([0, 1], np.int32)
+
+    def table(i: int) -> pa.Table:
+        return pa.table(
+            {
+                "ts": pa.array([1_700_000_000_000_000 + i] * 2, pa.int64()),
+                "topic": pa.array(["a/b", "a/c"]),
+                "value": pa.array([b"%06d" % i + b"x" * 1000] * 2, pa.binary()),
+            }
+        )
+
+    with ext4_fs(tmp_path, size_mib=48) as fs:
+        data = fs.mount / "data"
+
+        async def main() -> None:
+            async with seglog.open(data, buffer_ms=20) as store:
+                db = await store.create_db("t", shards=2)
+                await db.append_arrow(table(0), shards=shards)
+                fs.fill(leave_bytes=0)
+                with caplog.at_level(logging.WARNING, logger="seglog.engines.segment"):
+                    for i in range(1, 150):  # into the journal; each waits for the worker
+                        await asyncio.wait_for(db.append_arrow(table(i), shards=shards), 30)
+                    assert [db.end_offset(s) for s in (0, 1)] == [150, 150]
+                assert "writing buffered rows into a segment failed" in caplog.text
+                fs.unfill()
+
+        run(main())
+
+        async def reopen() -> None:
+            async with seglog.open(data) as store:
+                db = await store.open_db("t")
+                for s in (0, 1):
+                    assert [v[:6] for v in _values(await read_all(db, s))] == [
+                        b"%06d" % i for i in range(150)
+                    ]
+
+        run(reopen())
