@@ -856,13 +856,13 @@ class WorkerLog:
         if not force and now < self._hw_flushed_at + HW_FLUSH_INTERVAL_S:
             return
         self._hw_flushed_at = now
-        moved = [s for s in (self.hw_dirty.pop(n, None) for n in list(self.hw_dirty)) if s is not None]
+        # Only this thread takes entries out (the loop only adds): each listed one is there.
+        checkpoints = [self.hw_dirty.pop(n).hw for n in list(self.hw_dirty)]
         writer = self.hw_writer
-        if writer is not None and not force:
-            writer.request([s.hw for s in moved])
-            return
-        checkpoints = [s.hw for s in moved]
         if writer is not None:
+            if not force:
+                writer.request(checkpoints)
+                return
             writer.wait_idle()  # its write of a checkpoint and this one never overlap
             checkpoints += writer.take_failed()
         for hw in checkpoints:

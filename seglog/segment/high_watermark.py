@@ -263,10 +263,7 @@ class HighWatermarkWriter(OnDemandThread[HighWatermarkCheckpoint]):
 
     def request(self, checkpoints: Iterable[HighWatermarkCheckpoint]) -> None:
         """Write ``checkpoints`` in the background, with every earlier failed one."""
-        with self._cond:
-            retry = list(self._failed)
-            self._failed.clear()
-        self._enqueue([*retry, *checkpoints])
+        self._enqueue([*self.take_failed(), *checkpoints])
 
     def take_failed(self) -> list[HighWatermarkCheckpoint]:
         """The checkpoints whose last background write failed (forgotten here)."""
