@@ -72,3 +72,8 @@ test-deps: minio spark-jars
 .PHONY: bench-tier
 bench-tier: venv minio spark-jars
 	$(BIN)/python -m bench.tier
+
+# Reads of tiered history through the store: the read cache against no cache, same run.
+.PHONY: bench-tier-reads
+bench-tier-reads: venv minio
+	$(BIN)/python -m bench.tier_reads

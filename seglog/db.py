@@ -733,8 +733,8 @@ class Database:
         goes on after the records returned (or after everything read, which may be further
         on when a call read many frames without a match).
 
-        Stream reads cover the records kept locally: with a tier, records that are only
-        in the tier are skipped (read them with :meth:`read_arrow`).
+        With a tier, records that are only in the tier (below the local start) are read
+        from it, through the store's tier read cache.
 
         Returns:
             ``(next iterator, table)``; the table has :meth:`read_arrow`'s columns.
@@ -766,7 +766,10 @@ class Database:
         want = StreamRead(
             iterator.stream, iterator.start_time_us, structure_regex(structure, iterator.varying_filter)
         )
-        batch = await engine.read_stream(shard, position, want, n, _NEXT_MAX_FRAMES)
+        if self._tier is not None:
+            batch = await self._tier.read_stream(shard, position, want, n, _NEXT_MAX_FRAMES)
+        else:
+            batch = await engine.read_stream(shard, position, want, n, _NEXT_MAX_FRAMES)
         self._generation(generation, shard, position)  # dropped while it was read
         table, next_offset = batch.table, batch.next_offset
         if end is not None and next_offset >= end:

@@ -43,10 +43,11 @@ from seglog.store_config import (
     DEFAULT_BUFFER_MS,
     DEFAULT_JOURNAL_BYTES,
     DEFAULT_RETENTION_INTERVAL_MS,
+    DEFAULT_TIER_CACHE_BYTES,
     StoreConfig,
 )
 from seglog.tiering import open_tier_service
-from seglog.tiering.seam import TieredStorage, TierService
+from seglog.tiering.seam import TierCacheStats, TieredStorage, TierService
 
 __all__ = ["Shutdown", "Store", "open"]
 
@@ -202,6 +203,7 @@ class Store:
         self.tier = config.tier
         self._s3 = (config.s3_endpoint, config.s3_access_key, config.s3_secret_key, config.s3_region)
         self.tier_interval_ms = config.tier_interval_ms
+        self._tier_cache_bytes = config.tier_cache_bytes
         self._tier_service: TierService | None = None
         self._tier_task: asyncio.Task[None] | None = None
 
@@ -227,7 +229,12 @@ class Store:
             try:
                 endpoint, access_key, secret_key, region = self._s3
                 self._tier_service = await open_tier_service(
-                    uri, s3_endpoint=endpoint, access_key=access_key, secret_key=secret_key, region=region
+                    uri,
+                    s3_endpoint=endpoint,
+                    access_key=access_key,
+                    secret_key=secret_key,
+                    region=region,
+                    cache_bytes=self._tier_cache_bytes,
                 )
             except BaseException:
                 self._state = "closed"
@@ -249,6 +256,10 @@ class Store:
         return self
 
     # --- tiering -------------------------------------------------------------------------
+
+    def tier_cache_stats(self) -> TierCacheStats | None:
+        """The tier read cache's downloads, decodes and bytes held (``None``: no tier)."""
+        return None if self._tier_service is None else self._tier_service.cache_stats()
 
     async def tier_now(self) -> int:
         """Run ``tier_now`` on every open tiered database; failures are logged, not raised.
@@ -647,6 +658,7 @@ def open(
     s3_secret_key: str | None = None,
     s3_region: str | None = None,
     tier_interval_ms: int | None = None,
+    tier_cache_bytes: int = DEFAULT_TIER_CACHE_BYTES,
     buffer_ms: int = DEFAULT_BUFFER_MS,
     journal_bytes: int = DEFAULT_JOURNAL_BYTES,
     thp: ThpPolicy = "disable",
@@ -682,6 +694,10 @@ def open(
             the usual ``AWS_*`` environment / boto3 chain).
         tier_interval_ms: How often every open tiered database runs ``tier_now`` in the
             background (``None``: only when called). Failures are logged and retried.
+        tier_cache_bytes: Memory the store's reads of tiered records may keep (verified
+            objects and decoded row groups, least recently used out first): a reader going
+            through a tiered segment downloads its object once, not once per call. 0 keeps
+            nothing (every read below the local start downloads its object again).
         buffer_ms: ``segment`` engine: how long rows of an append that reached several
             shards of one I/O worker may wait (durable in the worker's journal, readable in
             this process) before they are written into their shards' segments, where
@@ -712,6 +728,7 @@ def open(
             s3_secret_key=s3_secret_key,
             s3_region=s3_region,
             tier_interval_ms=tier_interval_ms,
+            tier_cache_bytes=tier_cache_bytes,
             buffer_ms=buffer_ms,
             journal_bytes=journal_bytes,
             thp=thp,

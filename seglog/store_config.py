@@ -16,9 +16,16 @@ from seglog.engines.segment_writer import DEFAULT_BUFFER_MS
 from seglog.errors import InvalidArgument
 from seglog.io_pool import DEFAULT_IO_WORKERS
 from seglog.segment.journal import DEFAULT_JOURNAL_BYTES
+from seglog.tiering.seam import DEFAULT_TIER_CACHE_BYTES
 
 # The segment engine's defaults are re-exported for ``seglog.open``'s signature.
-__all__ = ["DEFAULT_BUFFER_MS", "DEFAULT_JOURNAL_BYTES", "DEFAULT_RETENTION_INTERVAL_MS", "StoreConfig"]
+__all__ = [
+    "DEFAULT_BUFFER_MS",
+    "DEFAULT_JOURNAL_BYTES",
+    "DEFAULT_RETENTION_INTERVAL_MS",
+    "DEFAULT_TIER_CACHE_BYTES",
+    "StoreConfig",
+]
 
 DEFAULT_RETENTION_INTERVAL_MS: Final = 300_000
 
@@ -46,6 +53,7 @@ class StoreConfig:
     s3_secret_key: str | None = None
     s3_region: str | None = None
     tier_interval_ms: int | None = None
+    tier_cache_bytes: int = DEFAULT_TIER_CACHE_BYTES
     buffer_ms: int = DEFAULT_BUFFER_MS
     journal_bytes: int = DEFAULT_JOURNAL_BYTES
     thp: ThpPolicy = "disable"
@@ -64,6 +72,8 @@ class StoreConfig:
             raise InvalidArgument("tier_interval_ms must be None or an int >= 1")
         if self.tier is None and self.tier_interval_ms is not None:
             raise InvalidArgument("tier_interval_ms needs tier=...")
+        if type(self.tier_cache_bytes) is not int or self.tier_cache_bytes < 0:
+            raise InvalidArgument("tier_cache_bytes must be an int >= 0")
         if self.quota_bytes is not None and (type(self.quota_bytes) is not int or self.quota_bytes < 0):
             raise InvalidArgument("quota_bytes must be None or an int >= 0")
         if self.retention_interval_ms is not None and (

@@ -21,3 +21,18 @@ def test_tier_bench_quick(tmp_path: Path, minio: Any, spark: Any) -> None:
     # The tiered copy really holds every record (the aggregate scans check the count too).
     objects = minio.client().list_objects_v2(Bucket="tier-bench", Prefix="tier/bench/")["Contents"]
     assert len([o for o in objects if o["Key"].endswith(".parquet")]) == result["segments"]
+
+
+def test_tier_reads_bench_quick(tmp_path: Path, minio: Any) -> None:
+    from bench.tier_reads import markdown as reads_markdown
+    from bench.tier_reads import run as run_reads
+
+    result = run_reads(tmp_path, 20_000, 100, 1000, 3, minio)
+    for target in ("file", "s3"):
+        t = result["targets"][target]
+        assert t["tiered_records"] == 20_000
+        assert t["cached"]["records"] == 20_000 and t["cached"]["calls"] == 20
+        assert t["cached"]["downloads"] == 1  # one object, read through once
+        assert t["no_cache"]["calls"] == 3 == t["no_cache"]["downloads"]
+        assert t["stream"]["records"] == 200  # sensors/site7/#: 1 % of the records
+    assert "cached ÷ no cache" in reads_markdown(result)

@@ -8,16 +8,21 @@ The :class:`~seglog.db.Database` of a ``segment``-engine database in a store ope
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from seglog.engines.base import READ_SCHEMA, StreamBatch, StreamRead
+from seglog.engines.streams import stream_rows
 from seglog.errors import TierError
+from seglog.record import FRAME_SCHEMA
 from seglog.tiering.manifest import EntryState, Manifest, ManifestEntry, manifest_key
 from seglog.tiering.ops import delete_tiered, read_tiered, recover_manifest, upload_segment
 from seglog.tiering.parquet import StreamStructures
+from seglog.tiering.read_cache import TierReadCache
 from seglog.tiering.targets import TierTarget
 
 __all__ = ["LOCAL_MANIFEST_FILE", "DbTier", "cold_run", "logical_start"]
@@ -50,14 +55,25 @@ def logical_start(manifest: Manifest, shard: int, local_start: int) -> int:
 
 
 class DbTier:
-    """Target + manifest of one database (see the module docstring)."""
+    """Target + manifest of one database (see the module docstring).
 
-    def __init__(self, target: TierTarget, db: str, directory: Path) -> None:
+    Args:
+        target: Where the database's objects are.
+        db: The database's name.
+        directory: The database's directory (for the local manifest copy).
+        cache: Where reads keep verified objects and decoded row groups (the store's;
+            ``None``: a cache of its own, of the default capacity).
+    """
+
+    def __init__(
+        self, target: TierTarget, db: str, directory: Path, cache: TierReadCache | None = None
+    ) -> None:
         self.target = target
         self.db = db
         self.local_manifest = directory / LOCAL_MANIFEST_FILE
         self.manifest = Manifest(db)
         self.recovered = False
+        self.cache = cache if cache is not None else TierReadCache()
 
     # --- recovery ------------------------------------------------------------------------
 
@@ -76,9 +92,11 @@ class DbTier:
         return actions
 
     @classmethod
-    def open_blocking(cls, target: TierTarget, db: str, directory: Path) -> DbTier:
+    def open_blocking(
+        cls, target: TierTarget, db: str, directory: Path, cache: TierReadCache | None = None
+    ) -> DbTier:
         """Opens and recovers; if the tier is down, serves reads from the local manifest copy."""
-        tier = cls(target, db, directory)
+        tier = cls(target, db, directory, cache)
         try:
             tier.recover()
         except TierError as exc:
@@ -180,12 +198,18 @@ class DbTier:
         """Bytes of the committed objects of ``shard``."""
         return sum(e.bytes for e in self.manifest.committed(shard))
 
+    def _rows(self, shard: int, first: int, last: int, *, stream: int | None = None) -> Iterator[pa.Table]:
+        """Tiered rows of ``shard`` with offsets in ``[first, last]``, in offset order, through
+        the read cache (one download per object while it stays cached)."""
+        for entry in self.manifest.committed(shard, start_offset=first, end_offset=last):
+            yield from self.cache.rows(self.target, entry, first, last, stream=stream)
+
     def read(self, shard: int, start: int, end: int, max_records: int) -> pa.Table | None:
         """Records ``[start, end)`` (at most ``max_records``) from the tier, or ``None`` if none."""
         stop = min(end, start + max_records) - 1
         if stop < start:
             return None
-        tables = list(read_tiered(self.target, self.manifest, shard, start, end_offset=stop))
+        tables = list(self._rows(shard, start, stop))
         if not tables:
             return None
         return pa.concat_tables(tables)
@@ -197,11 +221,41 @@ class DbTier:
         for e in self.manifest.committed(shard, start_offset=start, end_offset=end - 1, start_ts=ts):
             lo = max(start, e.base_offset)
             hi = min(end - 1, e.end_offset)
-            for table in read_tiered(self.target, self.manifest, shard, lo, end_offset=hi):
+            for table in self.cache.rows(self.target, e, lo, hi):
                 idx = int(pc.index(pc.greater_equal(table.column("ts"), ts), True).as_py())
                 if idx >= 0:
                     return int(table.column("offset")[idx].as_py())
         return None
+
+    def read_stream(
+        self, shard: int, start: int, end: int, want: StreamRead, max_records: int
+    ) -> StreamBatch:
+        """Up to ``max_records`` records of stream ``want`` in ``[start, end)`` from the tier.
+
+        Row groups whose statistics rule the stream out are not decoded. The batch goes on at
+        the offset after the last record taken when full, else at ``end`` (everything in
+        between was looked at). ``frames_read`` counts the row groups looked at.
+        """
+        got: list[pa.Table] = []
+        room = max_records
+        groups = 0
+        if end > start:
+            for table in self._rows(shard, start, end - 1, stream=want.stream):
+                groups += 1
+                # The segment table is the read schema: its columns after ``offset`` are a frame's.
+                frame = pa.RecordBatch.from_arrays(
+                    [table.column(name).combine_chunks() for name in FRAME_SCHEMA.names], schema=FRAME_SCHEMA
+                )
+                rows = stream_rows(frame, 0, frame.num_rows, want)
+                if not len(rows):
+                    continue
+                rows = rows[:room]
+                got.append(table.take(pa.array(rows)))
+                room -= len(rows)
+                if not room:
+                    next_offset = int(table.column("offset")[int(rows[-1])].as_py()) + 1
+                    return StreamBatch(_read_table(got), next_offset, groups)
+        return StreamBatch(_read_table(got), max(start, end), groups)
 
     def read_key(self, shard: int, key: bytes, start: int, end: int) -> pa.Table | None:
         """Records in ``[start, end)`` whose key is ``key``, or ``None`` if none."""
@@ -214,3 +268,9 @@ class DbTier:
             if picked.num_rows:
                 out.append(picked)
         return pa.concat_tables(out) if out else None
+
+
+def _read_table(tables: list[pa.Table]) -> pa.Table:
+    if not tables:
+        return READ_SCHEMA.empty_table()
+    return pa.concat_tables(tables).cast(READ_SCHEMA).combine_chunks()

@@ -17,7 +17,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from seglog.db_config import DbConfig
-from seglog.engines.base import READ_SCHEMA, GenerationEngine, SegmentedEngine, StreamEngine, retention_start
+from seglog.engines.base import (
+    READ_SCHEMA,
+    GenerationEngine,
+    SegmentedEngine,
+    StreamBatch,
+    StreamEngine,
+    StreamRead,
+    retention_start,
+)
 from seglog.errors import InvalidArgument, OffsetOutOfRange
 from seglog.tiering.db_tier import DbTier
 from seglog.tiering.manifest import Manifest, ManifestEntry
@@ -186,6 +194,23 @@ class TierOrchestrator:
                 if offset >= engine.start_offset(shard):
                     raise
         return await engine.read_arrow(shard, offset, max_records)
+
+    async def read_stream(
+        self, shard: int, offset: int, want: StreamRead, max_records: int, max_frames: int
+    ) -> StreamBatch:
+        """Records of one stream from ``offset``: the tier's below the local start, then the
+        engine's (a call reads from one of them; the batch says where the next goes on)."""
+        engine, tier = self._engine, self._tier
+        if not isinstance(engine, StreamEngine):
+            raise InvalidArgument("this database has no streams")
+        local_start = engine.start_offset(shard)
+        if offset < local_start:
+            start = max(offset, tier.logical_start(shard, local_start))
+            batch = await asyncio.to_thread(tier.read_stream, shard, start, local_start, want, max_records)
+            if batch.table.num_rows or batch.next_offset < local_start:
+                return batch
+            offset = batch.next_offset  # nothing of it in the tier: go on locally in this call
+        return await engine.read_stream(shard, offset, want, max_records, max_frames)
 
     async def offset_for_time(self, shard: int, ts: int) -> int:
         """First offset whose record has ``ts >=`` the given one, tier first; the end offset if none."""

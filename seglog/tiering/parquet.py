@@ -37,6 +37,7 @@ __all__ = [
     "parse_object_key",
     "segment_stats",
     "segment_table_to_parquet",
+    "to_segment_table",
 ]
 
 SEGMENT_SCHEMA = READ_SCHEMA
@@ -250,9 +251,14 @@ def parquet_to_segment_table(
     if end_offset is not None:
         filters.append(("offset", "<=", end_offset))
     try:
-        table = pq.read_table(io.BytesIO(data), filters=filters or None, schema=TIER_SCHEMA)
-        ts = table.column("ts").cast(pa.int64())
-        table = table.set_column(table.schema.get_field_index("ts"), SEGMENT_SCHEMA.field("ts"), ts)
-        return table.select(SEGMENT_SCHEMA.names).cast(SEGMENT_SCHEMA).replace_schema_metadata(None)
+        return to_segment_table(pq.read_table(io.BytesIO(data), filters=filters or None, schema=TIER_SCHEMA))
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise TierError(f"cannot decode tier Parquet object: {exc}") from exc
+
+
+def to_segment_table(table: pa.Table) -> pa.Table:
+    """Rows read from a tiered object (:data:`TIER_SCHEMA`) as a segment table
+    (:data:`SEGMENT_SCHEMA`: ``ts`` back to int64 µs, no schema metadata)."""
+    ts = table.column("ts").cast(pa.int64())
+    table = table.set_column(table.schema.get_field_index("ts"), SEGMENT_SCHEMA.field("ts"), ts)
+    return table.select(SEGMENT_SCHEMA.names).cast(SEGMENT_SCHEMA).replace_schema_metadata(None)

@@ -21,15 +21,26 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Final, Protocol
 
 import pyarrow as pa
 
 from seglog.db_config import DbConfig
-from seglog.engines.base import Engine
+from seglog.engines.base import Engine, StreamBatch, StreamRead
 from seglog.tiering.manifest import ManifestEntry
 
-__all__ = ["ColdStats", "ManifestEntry", "Release", "TierService", "TieredStorage"]
+__all__ = [
+    "DEFAULT_TIER_CACHE_BYTES",
+    "ColdStats",
+    "ManifestEntry",
+    "Release",
+    "TierService",
+    "TieredStorage",
+]
+
+DEFAULT_TIER_CACHE_BYTES: Final = 256 << 20
+"""Default memory a store's reads of tiered records keep (``seglog.open(tier_cache_bytes=)``):
+about one 256 MiB segment's object and its decoded row groups."""
 
 Release = Callable[[int], None]
 """Called with the bytes of local segment files a tier operation deleted (store space accounting)."""
@@ -41,6 +52,23 @@ class ColdStats:
 
     bytes: int
     objects: int
+
+
+@dataclass(frozen=True)
+class TierCacheStats:
+    """The store's tier read cache (see ``Store.tier_cache_stats``).
+
+    Attributes:
+        downloads: Objects fetched from the tier (and checked against their sha256) by reads.
+        row_groups_decoded: Parquet row groups decoded by reads.
+        cached_bytes: Bytes kept now (objects, decoded row groups, bookkeeping).
+        capacity_bytes: The most it keeps (``tier_cache_bytes``).
+    """
+
+    downloads: int
+    row_groups_decoded: int
+    cached_bytes: int
+    capacity_bytes: int
 
 
 class TieredStorage(Protocol):
@@ -79,6 +107,12 @@ class TieredStorage(Protocol):
         Raises:
             OffsetOutOfRange: ``offset`` is below the logical start or past the end.
         """
+
+    async def read_stream(
+        self, shard: int, offset: int, want: StreamRead, max_records: int, max_frames: int
+    ) -> StreamBatch:
+        """Records of one stream from ``offset``, through the tier below the local start
+        (the engine's :meth:`~seglog.engines.base.StreamEngine.read_stream` otherwise)."""
 
     async def offset_for_time(self, shard: int, ts: int) -> int:
         """First offset whose record has ``ts >=`` the given one, tier first; the end offset if none."""
@@ -142,6 +176,9 @@ class TierService(Protocol):
         Raises:
             TierError: The tier failed; call again (it is idempotent).
         """
+
+    def cache_stats(self) -> TierCacheStats:
+        """What the read cache the store's databases share holds and has done."""
 
     def close(self) -> None:
         """Release the target (connections); the databases' tiers must be closed first."""

@@ -17,7 +17,8 @@ from seglog.engines.base import Engine, SegmentedEngine
 from seglog.errors import ConfigMismatch
 from seglog.tiering.db_tier import DbTier
 from seglog.tiering.orchestrator import TierOrchestrator
-from seglog.tiering.seam import TieredStorage, TierService
+from seglog.tiering.read_cache import DEFAULT_TIER_CACHE_BYTES, TierReadCache
+from seglog.tiering.seam import TierCacheStats, TieredStorage, TierService
 from seglog.tiering.targets import TierTarget, open_target
 
 __all__ = ["TargetTierService", "open_tier_service"]
@@ -30,10 +31,12 @@ class TargetTierService:
 
     Args:
         target: Where every database of the store tiers (each under its own prefix).
+        cache_bytes: Capacity of the read cache the store's databases share.
     """
 
-    def __init__(self, target: TierTarget) -> None:
+    def __init__(self, target: TierTarget, cache_bytes: int = DEFAULT_TIER_CACHE_BYTES) -> None:
         self.target = target
+        self.cache = TierReadCache(cache_bytes)
 
     async def open_db(
         self, name: str, directory: Path, engine: Engine, clock_us: Callable[[], int]
@@ -48,7 +51,7 @@ class TargetTierService:
         """
         if not isinstance(engine, SegmentedEngine):
             raise ConfigMismatch(f"database {name!r}: tiering needs an engine with segments")
-        tier = await asyncio.to_thread(DbTier.open_blocking, self.target, name, directory)
+        tier = await asyncio.to_thread(DbTier.open_blocking, self.target, name, directory, self.cache)
         return TierOrchestrator(tier, engine, clock_us)
 
     async def drop_db(self, name: str, directory: Path) -> int:
@@ -69,6 +72,10 @@ class TargetTierService:
         log.info("dropped %d tier objects of database %r", count, name)
         return count
 
+    def cache_stats(self) -> TierCacheStats:
+        """The read cache's counters (see :class:`~seglog.tiering.seam.TierCacheStats`)."""
+        return self.cache.stats()
+
     def close(self) -> None:
         """Release the target (connections)."""
         self.target.close()
@@ -81,6 +88,7 @@ async def open_tier_service(
     access_key: str | None = None,
     secret_key: str | None = None,
     region: str | None = None,
+    cache_bytes: int = DEFAULT_TIER_CACHE_BYTES,
 ) -> TierService:
     """Open the tier at ``uri`` for a store (the target is opened in a worker thread).
 
@@ -91,6 +99,8 @@ async def open_tier_service(
         access_key: Default: boto3's credential chain.
         secret_key: Must be given together with ``access_key``.
         region: Default: the environment, else ``us-east-1``.
+        cache_bytes: Capacity of the store's tier read cache (see
+            :class:`~seglog.tiering.read_cache.TierReadCache`).
 
     Returns:
         The store's tier service.
@@ -108,4 +118,4 @@ async def open_tier_service(
             region=region,
         )
     )
-    return TargetTierService(target)
+    return TargetTierService(target, cache_bytes)

@@ -1,0 +1,191 @@
+"""Reads of tiered history: one download per object (the read cache), stream iterators through the tier."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import seglog
+from seglog.errors import InvalidArgument
+from seglog.tiering import ManifestEntry
+from seglog.tiering.parquet import ROW_GROUP_ROWS
+from seglog.topics import topic_matches
+from tests.test_tiering import tier_kwargs
+
+DB = "hist"
+# Two row groups per object at least: a segment holds more than ROW_GROUP_ROWS records.
+RECORDS = 4 * ROW_GROUP_ROWS
+SEGMENT_BYTES = 4 << 20
+TS0 = 1_700_000_000_000_000
+SITES = 8
+
+
+def history(start: int, n: int) -> pa.Table:
+    """``n`` records from ``start``: topics ``site<k>/dev<d>/t`` (k = record % SITES)."""
+    i = np.arange(start, start + n)
+    return pa.table(
+        {
+            "ts": pa.array(TS0 + i, pa.int64()),
+            "topic": pa.array([f"site{k % SITES}/dev{k % 97}/t" for k in i.tolist()], pa.string()),
+            "value": pa.array([b"v%08d" % k for k in i.tolist()], pa.binary()),
+        }
+    )
+
+
+async def tiered_db(
+    store: seglog.Store, *, lts: list[int] | None = None
+) -> tuple[seglog.Database, list[ManifestEntry]]:
+    """A one-shard database whose first segments are only in the tier (local copies gone),
+    and the tier's entries."""
+    db = await store.create_db(
+        DB, 1, segment_bytes=SEGMENT_BYTES, local_retention_bytes=0, compression="none", lts_thresholds=lts
+    )
+    for start in range(0, RECORDS, 10_000):
+        await db.append_arrow(history(start, min(10_000, RECORDS - start)), shard=0)
+    entries = await db.tier_now()
+    assert len(entries) >= 2, "the test needs several tiered objects"
+    assert db.local_start_offset(0) > 2 * ROW_GROUP_ROWS  # most of the history is only in the tier
+    assert db.start_offset(0) == 0
+    return db, entries
+
+
+async def read_sequentially(db: seglog.Database, stop: int, page: int) -> tuple[pa.Table, int]:
+    tables, offset, calls = [], 0, 0
+    while offset < stop:
+        t = await db.read_arrow(0, offset, min(page, stop - offset))
+        assert t.num_rows, offset
+        tables.append(t)
+        offset += t.num_rows
+        calls += 1
+    return pa.concat_tables(tables), calls
+
+
+@pytest.mark.parametrize("kind", ["local", "s3"])
+def test_a_sequential_read_of_tiered_history_downloads_each_object_once(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    kw = tier_kwargs(kind, tmp_path, request)
+
+    async def main() -> None:
+        async with seglog.open(tmp_path / "data", retention_interval_ms=None, **kw) as store:
+            db, entries = await tiered_db(store)
+            cold = db.local_start_offset(0)
+            objects = len(entries)
+            row_groups = sum(-(-e.rows // ROW_GROUP_ROWS) for e in entries)
+            assert row_groups > objects  # objects of several row groups
+            got, calls = await read_sequentially(db, cold, 1000)
+            assert got.column("offset").to_pylist() == list(range(cold))
+            assert got.column("value").to_pylist() == history(0, cold).column("value").to_pylist()
+            stats = store.tier_cache_stats()
+            assert stats is not None
+            assert calls >= 50 * objects  # many reads per object ...
+            assert stats.downloads == objects  # ... one download each
+            assert stats.row_groups_decoded == row_groups  # ... and each row group decoded once
+            assert 0 < stats.cached_bytes <= stats.capacity_bytes
+
+    asyncio.run(main())
+
+
+def test_without_a_cache_every_read_downloads_its_object(tmp_path: Path) -> None:
+    """``tier_cache_bytes=0`` keeps nothing: what the counters count is real downloads."""
+
+    async def main() -> None:
+        async with seglog.open(
+            tmp_path / "data",
+            retention_interval_ms=None,
+            tier=(tmp_path / "tier").as_uri(),
+            tier_cache_bytes=0,
+        ) as store:
+            db, _ = await tiered_db(store)
+            _, calls = await read_sequentially(db, 20_000, 1000)
+            stats = store.tier_cache_stats()
+            assert stats is not None
+            assert stats.downloads == calls == 20
+            assert stats.cached_bytes == 0
+
+    asyncio.run(main())
+
+
+def test_a_cache_smaller_than_an_object_stays_within_its_capacity(tmp_path: Path) -> None:
+    capacity = 1 << 20  # less than one object: objects are not kept, row groups are
+
+    async def main() -> None:
+        async with seglog.open(
+            tmp_path / "data",
+            retention_interval_ms=None,
+            tier=(tmp_path / "tier").as_uri(),
+            tier_cache_bytes=capacity,
+        ) as store:
+            db, _ = await tiered_db(store)
+            cold = db.local_start_offset(0)
+            got, calls = await read_sequentially(db, cold, 5000)
+            assert got.column("offset").to_pylist() == list(range(cold))
+            stats = store.tier_cache_stats()
+            assert stats is not None
+            assert stats.cached_bytes <= capacity
+            assert stats.downloads <= calls
+
+    asyncio.run(main())
+
+
+def test_the_cache_capacity_is_checked(tmp_path: Path) -> None:
+    for bad in (-1, True, 1.5, "1"):
+        with pytest.raises(InvalidArgument, match="tier_cache_bytes"):
+            seglog.open(tmp_path / "d", tier=(tmp_path / "t").as_uri(), tier_cache_bytes=bad)  # type: ignore[arg-type]
+    assert seglog.open(tmp_path / "d").tier_cache_stats() is None  # no tier, no cache
+
+
+async def read_filter(db: seglog.Database, topic_filter: str, n: int) -> list[tuple[int, str]]:
+    out: list[tuple[int, str]] = []
+    for stream in db.get_streams(topic_filter):
+        it = db.make_iterator(stream, topic_filter)
+        while True:
+            it, t = await db.next_arrow(it, n)
+            if not t.num_rows:
+                break
+            out.extend(zip(t.column("offset").to_pylist(), t.column("topic").to_pylist(), strict=True))
+    return out
+
+
+@pytest.mark.parametrize("kind", ["local", "s3"])
+def test_stream_iterators_read_records_that_are_only_in_the_tier(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    kw: dict[str, Any] = tier_kwargs(kind, tmp_path, request)
+    data = tmp_path / "data"
+    filters = ["site3/#", "+/dev5/t", "site1/+/t", "#"]
+
+    async def main() -> None:
+        async with seglog.open(data, retention_interval_ms=None, **kw) as store:
+            db, _ = await tiered_db(store, lts=[100, 0, 100])
+            cold = db.local_start_offset(0)
+            everything, _ = await read_sequentially(db, RECORDS, 50_000)
+            topics = everything.column("topic").to_pylist()
+            for f in filters:
+                want = Counter((o, t) for o, t in enumerate(topics) if topic_matches(f, t))
+                got = await read_filter(db, f, 3000)
+                assert Counter(got) == want, f
+                assert any(o < cold for o, _ in got), "records only in the tier were read"
+            # An iterator saved inside the tiered part goes on there after a restart.
+            (stream,) = db.get_streams("site2/#")
+            it, first = await db.next_arrow(db.make_iterator(stream, "site2/#"), 500)
+            saved = it.to_bytes()
+            assert first.column("offset")[-1].as_py() < cold
+        async with seglog.open(data, retention_interval_ms=None, **kw) as store:
+            db = await store.open_db(DB)
+            it = seglog.Iterator.from_bytes(saved)
+            rest: list[int] = first.column("offset").to_pylist()
+            while True:
+                it, t = await db.next_arrow(it, 4000)
+                if not t.num_rows:
+                    break
+                rest.extend(t.column("offset").to_pylist())
+            assert rest == [o for o, t in enumerate(topics) if t.startswith("site2/")]
+
+    asyncio.run(main())
