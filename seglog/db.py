@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import bisect
 import datetime as dt
 import functools
 import logging
@@ -759,7 +760,8 @@ class Database:
         if iterator.end_of_stream:
             return iterator, empty_read_table()
         info = self._generation(generation, shard, iterator.position)
-        position = iterator.position if info is None else max(iterator.position, info.starts[shard])
+        position = self._undiverged(shard, iterator.position, iterator.epoch)
+        position = position if info is None else max(position, info.starts[shard])
         end = self._generation_end(generation, shard)
         if end is not None and position >= end:
             return replace(iterator, position=end, end_of_stream=True), empty_read_table()
@@ -779,7 +781,30 @@ class Database:
             if not table.num_rows:
                 return replace(iterator, position=end, end_of_stream=True), table
             next_offset = end
-        return iterator.advanced(next_offset), table
+        return iterator.advanced(next_offset, self._epoch_before(shard, next_offset)), table
+
+    def _undiverged(self, shard: int, position: int, epoch: int) -> int:
+        """Where an iterator goes on: ``position``, or where the log diverged from what it read.
+
+        ``epoch`` wrote the record before ``position`` when the iterator was returned. If this
+        log now ends that epoch below ``position`` (a replica cut its log back to its new
+        leader's and took newer records there), the records from that point are not the ones
+        the iterator read: it goes on from there (Kafka's KIP-320 check for consumers).
+        """
+        if epoch < 0 or position == 0:
+            return position
+        found, epoch_end = self._replica_engine().end_offset_for_epoch(shard, epoch)
+        if found < 0 or epoch_end < 0 or epoch_end >= position:
+            return position
+        return max(epoch_end, self.start_offset(shard))
+
+    def _epoch_before(self, shard: int, offset: int) -> int:
+        """The leader epoch that wrote ``offset - 1`` (-1: no epochs recorded, or none)."""
+        if offset == 0:
+            return -1
+        entries = self._replica_engine().leader_epochs(shard)
+        i = bisect.bisect_right(entries, offset - 1, key=lambda e: e[1])
+        return entries[i - 1][0] if i else -1
 
     async def next(self, iterator: StreamIterator, n: int = 1000) -> tuple[StreamIterator, list[Record]]:
         """Like :meth:`next_arrow`, as :class:`~seglog.Record` objects (``shard`` and ``offset`` set)."""

@@ -16,12 +16,13 @@ id means something only within its generation, whose records of a shard are an o
 of it. Once a newer generation exists, ``next`` on an iterator that has read all of its
 generation's records returns an empty batch with ``end_of_stream`` set.
 
-Iterator bytes (version 2, little-endian), 48 bytes plus the varying filter::
+Iterator bytes (version 3, little-endian), 52 bytes plus the varying filter::
 
     offset  size  field
     0       2     magic b"SI"
-    2       1     version (2; version 1, without the generation field, is read as
-                  generation 1: every iterator made before generations existed)
+    2       1     version (3; version 2, without the epoch field, is read with epoch -1;
+                  version 1, without the generation field either, as generation 1: every
+                  iterator made before generations existed)
     3       1     flags (bit 0: end of stream)
     4       8     database id (u64; another database's iterators are refused)
     12      4     shard (u32)
@@ -30,8 +31,10 @@ Iterator bytes (version 2, little-endian), 48 bytes plus the varying filter::
                   a log that was cut back and relearned something else is refused)
     24      8     position: the next offset of the shard to read (u64)
     32      8     start time (i64 µs since 1970; earlier records are skipped)
-    40      4     generation (u32; version 2 only)
-    44      ...   varying filter: a LEB128 count, then per varying level a LEB128 value,
+    40      4     generation (u32; versions 2 and 3)
+    44      4     epoch (i32; version 3 only): the leader epoch of the record before the
+                  position, -1 when unknown (see :class:`Iterator`)
+    48      ...   varying filter: a LEB128 count, then per varying level a LEB128 value,
                   0 for "any token", else the token's UTF-8 length + 1 followed by it
     ...     4     CRC-32 of everything before it
 
@@ -53,11 +56,13 @@ from seglog.errors import InvalidIterator
 __all__ = ["Iterator", "Slab", "Stream", "structure_check"]
 
 _MAGIC: Final = b"SI"
-_VERSION: Final = 2
+_VERSION: Final = 3
+_VERSION_2: Final = 2  # before epochs: no epoch field (epoch -1, unknown)
 _VERSION_1: Final = 1  # before generations: no generation field (generation 1)
 _FLAG_END: Final = 0x01
 _HEAD: Final = struct.Struct("<2sBBQIIIQq")
 _GEN: Final = struct.Struct("<I")
+_EPOCH: Final = struct.Struct("<i")
 _CRC: Final = struct.Struct("<I")
 assert _HEAD.size == 40
 
@@ -114,6 +119,11 @@ class Iterator:
             there, or ``None`` for any.
         end_of_stream: The stream's generation is closed and every record of it was read.
         generation: The stream's generation.
+        epoch: The leader epoch that wrote the record before ``position``, or -1 when
+            unknown. ``Database.next`` sets it; with it, a log that was cut back below the
+            position and written again under a newer epoch (a failover truncated this
+            replica) is noticed: the iterator goes on from where the logs diverged instead
+            of skipping the new records there (Kafka's KIP-320 for consumers).
     """
 
     db_id: int = field(repr=False)
@@ -125,10 +135,11 @@ class Iterator:
     varying_filter: tuple[str | None, ...] = ()
     end_of_stream: bool = False
     generation: int = 1
+    epoch: int = -1
 
-    def advanced(self, position: int) -> Iterator:
-        """The same iterator at another position."""
-        return replace(self, position=position)
+    def advanced(self, position: int, epoch: int = -1) -> Iterator:
+        """The same iterator at another position (the epoch before it ``epoch``, -1: unknown)."""
+        return replace(self, position=position, epoch=epoch)
 
     def to_bytes(self) -> bytes:
         """The iterator in a few dozen bytes (format in the module docstring)."""
@@ -143,7 +154,7 @@ class Iterator:
             self.position,
             self.start_time_us,
         )
-        parts = [head, _GEN.pack(self.generation), _leb128(len(self.varying_filter))]
+        parts = [head, _GEN.pack(self.generation), _EPOCH.pack(self.epoch), _leb128(len(self.varying_filter))]
         for token in self.varying_filter:
             if token is None:
                 parts.append(b"\x00")
@@ -173,7 +184,7 @@ class Iterator:
         magic, version, flags, db_id, shard, stream, check, position, start = _HEAD.unpack_from(raw, 0)
         if magic != _MAGIC:
             raise InvalidIterator(f"not a stream iterator (magic {magic!r})")
-        if version not in (_VERSION, _VERSION_1):
+        if version not in (_VERSION, _VERSION_2, _VERSION_1):
             raise InvalidIterator(
                 f"stream iterator version {version} is not supported (this build: {_VERSION_1}..{_VERSION})"
             )
@@ -184,13 +195,21 @@ class Iterator:
             raise InvalidIterator(f"unknown stream iterator flags {flags:#x}")
         pos = _HEAD.size
         generation = 1
-        if version == _VERSION:
+        epoch = -1
+        if version >= _VERSION_2:
             if len(body) < pos + _GEN.size + 1:
                 raise InvalidIterator("stream iterator ends inside its generation")
             (generation,) = _GEN.unpack_from(body, pos)
             pos += _GEN.size
             if generation < 1:
                 raise InvalidIterator("stream iterator generation 0 does not exist (the first is 1)")
+        if version >= _VERSION:
+            if len(body) < pos + _EPOCH.size + 1:
+                raise InvalidIterator("stream iterator ends inside its epoch")
+            (epoch,) = _EPOCH.unpack_from(body, pos)
+            pos += _EPOCH.size
+            if epoch < -1:
+                raise InvalidIterator(f"stream iterator epoch {epoch} is out of range (-1: unknown)")
         try:
             count, pos = _read_leb128(body, pos)
             vf: list[str | None] = []
@@ -211,7 +230,16 @@ class Iterator:
         if position >= 1 << 63:
             raise InvalidIterator(f"stream iterator position {position} is out of range")
         return cls(
-            db_id, shard, stream, check, position, start, tuple(vf), bool(flags & _FLAG_END), generation
+            db_id,
+            shard,
+            stream,
+            check,
+            position,
+            start,
+            tuple(vf),
+            bool(flags & _FLAG_END),
+            generation,
+            epoch,
         )
 
 

@@ -657,29 +657,31 @@ class _Beam:
                     # The common case, inline (thousands of members): at the read's start,
                     # with room for every row.
                     if after is None:
-                        after = group.next_iterator = sub._it.advanced(it.position)
+                        after = group.next_iterator = sub._it.advanced(it.position, it.epoch)
                     sub._deliver(rows, after, lagging=False)
                 else:
-                    self._hand_out(group, sub, rows, it.position, read_from)
+                    self._hand_out(group, sub, rows, it, read_from)
         return bool(table.num_rows) or it.position != read_from
 
     def _hand_out(
-        self, group: _FilterGroup, sub: Subscription, rows: pa.Table, next_pos: int, read_from: int
+        self, group: _FilterGroup, sub: Subscription, rows: pa.Table, read: Iterator, read_from: int
     ) -> None:
-        """Give a member its rows of a shared read, within its window (else it leaves)."""
+        """Give a member its rows of a shared read (``read``: the iterator the read returned),
+        within its window (else it leaves)."""
+        next_pos = read.position
         # Its own position, or the read's start when reads with nothing for it moved it on
         # (not ``sub.iterator``: the path has already moved past this read).
         pos = max(sub._it.position, read_from)
         if pos == read_from:
             if group.next_iterator is None:
-                group.next_iterator = sub._it.advanced(next_pos)
+                group.next_iterator = sub._it.advanced(next_pos, read.epoch)
             after = group.next_iterator
         else:
             if rows.num_rows:
                 # It joined ahead of the beam (caught up past it): rows it has had are skipped.
                 first = int(np.searchsorted(rows.column("offset").to_numpy(), pos))
                 rows = rows.slice(first)
-            after = sub._it.advanced(max(next_pos, pos))
+            after = sub._it.advanced(next_pos, read.epoch) if next_pos >= pos else sub._it.advanced(pos)
         if not rows.num_rows or sub._room() >= rows.num_rows:
             sub._deliver(rows, after, lagging=False)
             return

@@ -505,8 +505,8 @@ def test_iterator_bytes_round_trip() -> None:
     back = Iterator.from_bytes(it.to_bytes())
     assert back == it
     small = Iterator(1, 0, 3, 4, 5, 6, (None,))
-    assert len(small.to_bytes()) == 50  # version 2: 4 bytes of generation
-    later = Iterator(1, 0, 3, 4, 5, 6, (None,), generation=7)
+    assert len(small.to_bytes()) == 54  # version 3: 4 bytes of generation, 4 of epoch
+    later = Iterator(1, 0, 3, 4, 5, 6, (None,), generation=7, epoch=2**31 - 1)
     assert Iterator.from_bytes(later.to_bytes()) == later
 
 
