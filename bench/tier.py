@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
-import json
 import os
 import shutil
 import sys
@@ -38,6 +37,7 @@ import numpy as np
 import pyarrow as pa
 
 import seglog
+from bench._report import write_report
 from bench.peers._server import ServerProcess, free_port
 
 REPO = Path(__file__).resolve().parent.parent
@@ -352,10 +352,7 @@ def main(argv: list[str] | None = None) -> int:
             spark.stop()
     text = markdown(results)
     print(text)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(f"# Tiering and Spark scan, {dt.date.today().isoformat()}\n\n{text}")
-    out.with_suffix(".json").write_text(json.dumps(results, indent=2))
-    print(f"wrote {out}", file=sys.stderr)
+    write_report(out, f"# Tiering and Spark scan, {dt.date.today().isoformat()}\n\n{text}", results)
     return 0
 
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
-import json
 import sys
 import tempfile
 import time
@@ -34,6 +33,7 @@ from typing import Any
 import numpy as np
 
 import seglog
+from bench._report import write_report
 from bench.tier import S3Server, _columns, run_minio
 
 REPO = Path(__file__).resolve().parent.parent
@@ -69,6 +69,13 @@ def s3_kwargs(s3: S3Server | None) -> dict[str, Any]:
     return {"s3_endpoint": s3.endpoint, "s3_access_key": s3.access_key, "s3_secret_key": s3.secret_key}
 
 
+def cache_figures(store: seglog.Store) -> dict[str, float]:
+    """The tier read cache's downloads and row groups decoded so far."""
+    stats = store.tier_cache_stats()
+    assert stats is not None
+    return {"downloads": stats.downloads, "row_groups_decoded": stats.row_groups_decoded}
+
+
 async def sequential(
     data: Path,
     tier: str,
@@ -89,16 +96,8 @@ async def sequential(
             offset += table.num_rows
             n += 1
         elapsed = time.perf_counter() - t0
-        stats = store.tier_cache_stats()
-        assert stats is not None
-    return {
-        "records": offset,
-        "calls": n,
-        "seconds": elapsed,
-        "records_per_s": offset / elapsed,
-        "downloads": stats.downloads,
-        "row_groups_decoded": stats.row_groups_decoded,
-    }
+        cache = cache_figures(store)
+    return {"records": offset, "calls": n, "seconds": elapsed, "records_per_s": offset / elapsed, **cache}
 
 
 async def stream_read(data: Path, tier: str, s3: S3Server | None, stop: int, page: int) -> dict[str, float]:
@@ -115,15 +114,8 @@ async def stream_read(data: Path, tier: str, s3: S3Server | None, stop: int, pag
                 if not table.num_rows:
                     break
         elapsed = time.perf_counter() - t0
-        stats = store.tier_cache_stats()
-        assert stats is not None
-    return {
-        "records": got,
-        "seconds": elapsed,
-        "history_records_per_s": stop / elapsed,
-        "downloads": stats.downloads,
-        "row_groups_decoded": stats.row_groups_decoded,
-    }
+        cache = cache_figures(store)
+    return {"records": got, "seconds": elapsed, "history_records_per_s": stop / elapsed, **cache}
 
 
 def run(
@@ -198,10 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         results = run(Path(tmp), args.records, args.value_bytes, args.page, args.baseline_reads, s3)
     text = markdown(results)
     print(text)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(f"# Reads of tiered history, {dt.date.today().isoformat()}\n\n{text}")
-    out.with_suffix(".json").write_text(json.dumps(results, indent=2))
-    print(f"wrote {out}", file=sys.stderr)
+    write_report(out, f"# Reads of tiered history, {dt.date.today().isoformat()}\n\n{text}", results)
     return 0
 
 
