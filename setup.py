@@ -1,7 +1,9 @@
 """The C part of seglog (everything else is in pyproject.toml).
 
-The stream stamper's topic cache (``seglog.topics._topic_cache``) is optional: without a
-compiler the build goes on and the stamper uses its NumPy cache (slower, same answers).
+Both extensions are optional: without a compiler the build goes on and seglog uses its
+Python paths (slower, same answers). The stream stamper's topic cache
+(``seglog.topics._topic_cache``) falls back to a NumPy cache; ``Record`` conversion
+(``seglog._columns``) to list comprehensions and ``pyarrow.array``.
 """
 
 from setuptools import Extension, setup
@@ -13,6 +15,12 @@ setup(
             ["seglog/topics/_topic_cache.c"],
             extra_compile_args=["-std=c11", "-Wall", "-Wextra", "-Wno-missing-field-initializers"],
             optional=True,
-        )
+        ),
+        Extension(
+            "seglog._columns",
+            ["seglog/_columns.c"],
+            extra_compile_args=["-std=c11", "-Wall", "-Wextra", "-Wno-missing-field-initializers"],
+            optional=True,
+        ),
     ]
 )

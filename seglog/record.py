@@ -59,6 +59,11 @@ from seglog.errors import (
     RecordTooLarge,
 )
 
+try:  # compiled by `pip install` when a C compiler is there (setup.py); optional
+    from seglog import _columns
+except ImportError:  # pragma: no cover - a build without the extension
+    _columns = None  # type: ignore[assignment]
+
 __all__ = [
     "COMPRESSION_NONE",
     "COMPRESSION_ZSTD",
@@ -516,6 +521,13 @@ def records_to_batch(
             ``[min_ts_us, max_ts_us]`` (``None``: unbounded); nothing is converted.
     """
     n = len(records)
+    fast = _gathered(records, max_record_bytes, default_ts_us, min_ts_us, max_ts_us)
+    if fast is not None:
+        ts, topics, keys, values = fast
+        streams = zero_streams(n) if stream == 0 else pa.repeat(pa.scalar(stream, pa.uint32()), n)
+        return _frame_batch(
+            ts=ts, topic=topics, key=keys, value=values, headers=null_headers(n), stream=streams
+        )
     try:
         topics_py = [r.topic for r in records]
         values_py = [r.value for r in records]
@@ -543,7 +555,11 @@ def records_to_batch(
     if ts_types:
         idx = next(i for i, t in enumerate(ts_py) if not (t is None or type(t) is int))
         raise InvalidRecord("ts must be an int (µs since 1970), a datetime or None", index=idx)
-    topics = pa.array(topics_py, type=pa.string())
+    try:
+        topics = pa.array(topics_py, type=pa.string())
+    except UnicodeEncodeError:
+        idx = next(i for i, t in enumerate(topics_py) if not _encodable(t))
+        raise InvalidTopic("topic is not valid UTF-8 text (lone surrogate)", index=idx) from None
     _check_topics(topics, _first_true)
     values = pa.array(values_py, type=pa.binary())
     _check_values(values, max_record_bytes)
@@ -559,6 +575,57 @@ def records_to_batch(
     streams = zero_streams(n) if stream == 0 else pa.repeat(pa.scalar(stream, pa.uint32()), n)
     return _frame_batch(ts=ts, topic=topics, key=keys, value=values, headers=headers, stream=streams)
 
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _gathered(
+    records: Sequence[Record],
+    max_record_bytes: int,
+    default_ts_us: int | None,
+    min_ts_us: int | None,
+    max_ts_us: int | None,
+) -> tuple[pa.Array, pa.Array, pa.Array, pa.Array] | None:
+    """``ts, topic, key, value`` of the plain case (exact ``Record`` objects, no headers, all
+    valid) in one compiled pass over the records; ``None`` otherwise (or without the
+    extension): :func:`records_to_batch` then converts them itself and raises its errors."""
+    if _columns is None or not records or not isinstance(records, list | tuple):
+        return None
+    lo = _INT64_MIN if min_ts_us is None else min_ts_us
+    hi = _INT64_MAX if max_ts_us is None else max_ts_us
+    got = _columns.gather(records, Record, MAX_TOPIC_BYTES, max_record_bytes, lo, hi)
+    if got is None:
+        return None
+    t_off, t_data, v_off, v_data, k_off, k_data, k_valid, k_nulls, ts_buf, ts_valid, ts_nulls = got
+    n = len(records)
+    topics = pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(t_off), pa.py_buffer(t_data)])
+    values = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(v_off), pa.py_buffer(v_data)])
+    keys = pa.Array.from_buffers(
+        pa.binary(),
+        n,
+        [None if k_valid is None else pa.py_buffer(k_valid), pa.py_buffer(k_off), pa.py_buffer(k_data)],
+        null_count=k_nulls,
+    )
+    ts = pa.Array.from_buffers(
+        pa.int64(),
+        n,
+        [None if ts_valid is None else pa.py_buffer(ts_valid), pa.py_buffer(ts_buf)],
+        null_count=ts_nulls,
+    )
+    if ts_nulls:
+        # Stamped here as the Python path stamps them; only the stamps are still unchecked.
+        ts = pc.coalesce(ts, _stamps(now_us() if default_ts_us is None else default_ts_us, n))
+        _check_ts_range(ts, min_ts_us, max_ts_us)
+    return ts, topics, keys, values
+
+
+_INT64_MIN: Final = -(1 << 63)
+_INT64_MAX: Final = (1 << 63) - 1
 
 _HEADERS_COLUMN: Final = FRAME_SCHEMA.get_field_index("headers")
 
