@@ -227,6 +227,13 @@ def _check_ts_range(ts: pa.Array, lo: int | None, hi: int | None) -> None:
     """Raise :class:`InvalidTimestamp` for the first ``ts`` outside ``[lo, hi]`` (vectorised)."""
     if (lo is None and hi is None) or len(ts) == 0:
         return
+    if _columns is not None and not ts.null_count:
+        start = ts.offset * 8
+        view = memoryview(ts.buffers()[1])[start : start + len(ts) * 8]
+        if _columns.ts_in_range(
+            view, len(ts), _INT64_MIN if lo is None else lo, _INT64_MAX if hi is None else hi
+        ):
+            return
     arr = ts.to_numpy(zero_copy_only=False)  # no nulls here: zero-copy
     if (lo is None or int(arr.min()) >= lo) and (hi is None or int(arr.max()) <= hi):
         return
@@ -385,6 +392,12 @@ def _check_topics(topics: pa.Array, first_bad: Any) -> None:
     if n == 0:
         return
     _validity, offsets_buf, data_buf = topics.buffers()
+    if _columns is not None and data_buf is not None:
+        # One compiled pass; only a batch with a bad topic takes the NumPy path to name it.
+        start = topics.offset * 4
+        view = memoryview(offsets_buf)[start : start + (n + 1) * 4]
+        if _columns.check_topics(view, data_buf, n, MAX_TOPIC_BYTES):
+            return
     offsets = np.frombuffer(offsets_buf, np.int32, n + 1, topics.offset * 4)
     lengths = np.diff(offsets)
     if lengths.min() == 0:

@@ -132,3 +132,44 @@ def test_invalid_records_raise_what_the_python_path_raises(bad: Any) -> None:
 )
 def test_valid_records_off_the_plain_case_convert_alike(odd: Any) -> None:
     same(*both([Record("ok", b"v", ts=DEFAULT_TS + 5), odd, Record("ok", b"w")]))
+
+
+def both_arrow(table: pa.Table, **kw: Any) -> tuple[Any, Any]:
+    """``table_to_batch`` with the compiled checks and with the NumPy ones."""
+
+    def run() -> Any:
+        try:
+            return record_module.table_to_batch(table, **kw)
+        except InvalidRecord as exc:
+            return (type(exc), str(exc), exc.index)
+
+    fast = run()
+    saved = record_module._columns
+    record_module._columns = None
+    try:
+        slow = run()
+    finally:
+        record_module._columns = saved
+    return fast, slow
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.text(st.characters(codec="utf-8"), min_size=0, max_size=8), min_size=1, max_size=40),
+    st.lists(st.integers(-(2**62), 2**62), min_size=1, max_size=40),
+    st.integers(0, 10),
+    st.integers(0, 5),
+)
+def test_arrow_checks_agree_with_numpy(topics: list[str], ts: list[int], cut: int, max_value: int) -> None:
+    n = min(len(topics), len(ts))
+    table = pa.table(
+        {
+            "ts": pa.array(ts[:n], pa.int64()),
+            "topic": pa.array(topics[:n], pa.string()),
+            "value": pa.array([b"x" * (i % 7) for i in range(n)], pa.binary()),
+        }
+    )
+    bounds = {"min_ts_us": -(2**61), "max_ts_us": 2**61, "max_record_bytes": max_value}
+    same(*both_arrow(table, **bounds))
+    sliced = table.slice(min(cut, n - 1))  # arrays with an offset into their buffers
+    same(*both_arrow(sliced, **bounds))
