@@ -189,3 +189,28 @@ def test_stream_iterators_read_records_that_are_only_in_the_tier(
             assert rest == [o for o, t in enumerate(topics) if t.startswith("site2/")]
 
     asyncio.run(main())
+
+
+def test_concurrent_reads_of_one_cached_object_agree(tmp_path: Path) -> None:
+    """Reads run in worker threads; many at once decode row groups of the same cached object."""
+
+    async def main() -> None:
+        async with seglog.open(
+            tmp_path / "data", retention_interval_ms=None, tier=(tmp_path / "tier").as_uri()
+        ) as store:
+            db, _ = await tiered_db(store)
+            cold = db.local_start_offset(0)
+            starts = [(k * 7919) % (cold - 500) for k in range(48)]
+            tables = await asyncio.gather(*(db.read_arrow(0, s, 500) for s in starts))
+            expected = history(0, cold).column("value")
+            for s, t in zip(starts, tables, strict=True):
+                assert t.column("offset").to_pylist() == list(range(s, s + 500))
+                assert t.column("value").to_pylist() == expected.slice(s, 500).to_pylist()
+            first = store.tier_cache_stats()
+            again = await asyncio.gather(*(db.read_arrow(0, s, 500) for s in starts))
+            assert [t.equals(u) for t, u in zip(tables, again, strict=True)] == [True] * len(starts)
+            later = store.tier_cache_stats()
+            assert first is not None and later is not None
+            assert later.downloads == first.downloads  # all of it cached by the first round
+
+    asyncio.run(main())

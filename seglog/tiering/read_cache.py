@@ -23,7 +23,6 @@ across a download or a decode), so two threads that miss the same object both fe
 
 from __future__ import annotations
 
-import io
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -162,22 +161,19 @@ class TierReadCache:
 
     # --- objects -------------------------------------------------------------------------
 
-    def _object(self, target: TierTarget, entry: ManifestEntry) -> pq.ParquetFile:
-        """The object as a Parquet file over its verified bytes (downloaded on a miss)."""
+    def _object(self, target: TierTarget, entry: ManifestEntry) -> pa.Buffer:
+        """The object's verified bytes (downloaded on a miss)."""
         key = ("object", entry.key, entry.checksum)
-        parquet: pq.ParquetFile | None = self._get(key)
-        if parquet is not None:
-            return parquet
-        data = target.get(entry.key)
-        verify_bytes(entry.key, data, entry.object_info)
+        data: pa.Buffer | None = self._get(key)
+        if data is not None:
+            return data
+        raw = target.get(entry.key)
+        verify_bytes(entry.key, raw, entry.object_info)
         with self._lock:
             self.downloads += 1
-        try:
-            parquet = pq.ParquetFile(io.BytesIO(data))
-        except (pa.ArrowException, OSError, ValueError) as exc:
-            raise TierError(f"cannot decode tier Parquet object {entry.key!r}: {exc}") from exc
-        self._put(key, parquet, len(data))
-        return parquet
+        data = pa.py_buffer(raw)
+        self._put(key, data, data.size)
+        return data
 
     def _layout(self, entry: ManifestEntry, parquet: Callable[[], pq.ParquetFile]) -> ObjectLayout:
         """The row groups of ``entry``'s object (its footer, read once)."""
@@ -216,8 +212,13 @@ class TierReadCache:
         opened: list[pq.ParquetFile] = []
 
         def parquet() -> pq.ParquetFile:
+            # A reader of this call's own over the (shared, immutable) bytes: Parquet file
+            # readers are not for concurrent use, and reads run in several threads.
             if not opened:
-                opened.append(self._object(target, entry))
+                try:
+                    opened.append(pq.ParquetFile(pa.BufferReader(self._object(target, entry))))
+                except (pa.ArrowException, OSError, ValueError) as exc:
+                    raise TierError(f"cannot decode tier Parquet object {entry.key!r}: {exc}") from exc
             return opened[0]
 
         for group in self._layout(entry, parquet).overlapping(first, last):
