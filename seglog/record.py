@@ -60,7 +60,7 @@ from seglog.errors import (
 )
 
 try:  # compiled by `pip install` when a C compiler is there (setup.py); optional
-    from seglog import _columns
+    import seglog._columns as _columns
 except ImportError:  # pragma: no cover - a build without the extension
     _columns = None  # type: ignore[assignment]
 

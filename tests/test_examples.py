@@ -119,7 +119,7 @@ def test_cli_quickstart(tmp_path: Path) -> None:
 def test_streams_example(tmp_path: Path) -> None:
     out = run(sys.executable, str(EXAMPLES / "streams.py"), str(tmp_path / "data"), cwd=tmp_path).splitlines()
     assert out[0] == "['north/+/temp', 'north/+/temp']"
-    assert out[-2] == "iterator bytes: [50, 50]"
+    assert out[-2] == "iterator bytes: [54, 54]"
     assert out[-1] == "the rest after a restart: 30"
 
 

@@ -27,6 +27,7 @@ LAYERS: Final[dict[str, int]] = {
     "seglog._fs": 0,
     "seglog._memory": 0,
     "seglog._routing": 0,
+    "seglog._columns": 0,  # compiled (seglog/_columns.c): Record -> Arrow buffers
     "seglog.topics": 0,
     "seglog.record": 1,
     "seglog.segment": 2,
