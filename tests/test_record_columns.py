@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
@@ -17,13 +18,13 @@ from seglog.record import Record, records_to_batch
 DEFAULT_TS = 1_700_000_000_000_000
 
 
-def both(records: Any, **kw: Any) -> tuple[Any, Any]:
-    """``records_to_batch`` through the compiled pass and through the Python path: each
-    result or the exception raised, as (class, message, index)."""
+def fast_and_slow(convert: Callable[[], Any]) -> tuple[Any, Any]:
+    """``convert()`` with the compiled module and without it: each result or the exception
+    raised, as (class, message, index)."""
 
     def run() -> Any:
         try:
-            return records_to_batch(records, default_ts_us=DEFAULT_TS, **kw)
+            return convert()
         except InvalidRecord as exc:
             return (type(exc), str(exc), exc.index)
 
@@ -35,6 +36,11 @@ def both(records: Any, **kw: Any) -> tuple[Any, Any]:
     finally:
         record_module._columns = saved
     return fast, slow
+
+
+def both(records: Any, **kw: Any) -> tuple[Any, Any]:
+    """``records_to_batch`` through the compiled pass and through the Python path."""
+    return fast_and_slow(lambda: records_to_batch(records, default_ts_us=DEFAULT_TS, **kw))
 
 
 def same(fast: Any, slow: Any) -> None:
@@ -136,21 +142,7 @@ def test_valid_records_off_the_plain_case_convert_alike(odd: Any) -> None:
 
 def both_arrow(table: pa.Table, **kw: Any) -> tuple[Any, Any]:
     """``table_to_batch`` with the compiled checks and with the NumPy ones."""
-
-    def run() -> Any:
-        try:
-            return record_module.table_to_batch(table, **kw)
-        except InvalidRecord as exc:
-            return (type(exc), str(exc), exc.index)
-
-    fast = run()
-    saved = record_module._columns
-    record_module._columns = None
-    try:
-        slow = run()
-    finally:
-        record_module._columns = saved
-    return fast, slow
+    return fast_and_slow(lambda: record_module.table_to_batch(table, **kw))
 
 
 @settings(max_examples=200, deadline=None)
