@@ -14,6 +14,7 @@ import argparse
 import datetime
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -59,7 +60,10 @@ def main() -> int:
     totals = {"kills": 0, "pauses": 0, "acked": 0}
     for k in range(args.runs):
         seed = args.first_seed + k
-        ok, fields, output, wall = run_one(seed, args.seconds, Path(f"/tmp/seglog-chaos-{os.getpid()}-{k}"))
+        workdir = Path(f"/tmp/seglog-chaos-{os.getpid()}-{k}")
+        ok, fields, output, wall = run_one(seed, args.seconds, workdir)
+        if ok:
+            shutil.rmtree(workdir, ignore_errors=True)  # ~70 MB a run; a failed run's is kept
         for name in totals:
             totals[name] += int(fields.get(name, 0))
         status = "pass" if ok else "FAIL"
@@ -71,7 +75,7 @@ def main() -> int:
             f"{fields.get('acked_after_retry', '?')} | {fields.get('final_log', '?')} | {wall:.0f} |"
         )
         if not ok:
-            failures.append((seed, output[-6000:]))
+            failures.append((seed, f"(data kept in {workdir})\n" + output[-6000:]))
     lines = [
         f"# seglog chaos run, {datetime.date.today().isoformat()}",
         "",
