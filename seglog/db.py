@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import bisect
 import datetime as dt
 import functools
 import logging
@@ -58,6 +57,7 @@ from seglog.record import (
     timestamp_us,
     verify_frame,
 )
+from seglog.segment.epoch_cache import epoch_for_offset
 from seglog.segment.producer_state import ProducerStamp
 from seglog.tiering.seam import ManifestEntry, TieredStorage
 from seglog.topics import structure_regex, validate_topic_filter, varying_filter_for
@@ -802,9 +802,8 @@ class Database:
         """The leader epoch that wrote ``offset - 1`` (-1: no epochs recorded, or none)."""
         if offset == 0:
             return -1
-        entries = self._replica_engine().leader_epochs(shard)
-        i = bisect.bisect_right(entries, offset - 1, key=lambda e: e[1])
-        return entries[i - 1][0] if i else -1
+        epoch = epoch_for_offset(self._replica_engine().leader_epochs(shard), offset - 1)
+        return -1 if epoch is None else epoch
 
     async def next(self, iterator: StreamIterator, n: int = 1000) -> tuple[StreamIterator, list[Record]]:
         """Like :meth:`next_arrow`, as :class:`~seglog.Record` objects (``shard`` and ``offset`` set)."""

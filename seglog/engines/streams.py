@@ -177,8 +177,9 @@ def recover_shard(
     return upto
 
 
-def stream_rows(batch: pa.RecordBatch, lo: int, hi: int, want: StreamRead) -> np.ndarray[Any, Any]:
-    """Row numbers in ``[lo, hi)`` of a frame batch that belong to ``want.stream`` and match."""
+def stream_rows(batch: pa.RecordBatch | pa.Table, lo: int, hi: int, want: StreamRead) -> np.ndarray[Any, Any]:
+    """Row numbers in ``[lo, hi)`` of a frame batch (or a table with its ``stream``, ``ts`` and
+    ``topic`` columns: a tier read's) that belong to ``want.stream`` and match."""
     streams = batch.column("stream").to_numpy()
     mask = streams[lo:hi] == want.stream
     if want.min_ts is not None:

@@ -44,6 +44,7 @@ __all__ = [
     "end_offset_for_epoch",
     "entries_truncated_from_end",
     "entries_truncated_from_start",
+    "epoch_for_offset",
 ]
 
 LEADER_EPOCH_FILE: Final = "leader-epoch-checkpoint"
@@ -127,6 +128,16 @@ def _order_problem(entries: list[EpochEntry]) -> str | None:
 # --- the rules, as pure functions over a list of entries ----------------------------------
 # LeaderEpochCache applies them to its file; engines that persist entries elsewhere (the
 # ``lmdb`` engine keeps them in its environment, ``memory`` in RAM) apply the same ones.
+
+
+def epoch_for_offset(entries: Sequence[EpochEntry], offset: int) -> int | None:
+    """The epoch that wrote ``offset``: the last entry starting at or before it.
+
+    Offsets past the latest entry's start belong to the latest epoch (it is still being
+    written); offsets before the first entry, or any offset of no entries, give ``None``.
+    """
+    i = bisect.bisect_right(entries, offset, key=lambda e: e[1])
+    return entries[i - 1][0] if i else None
 
 
 def end_offset_for_epoch(entries: Sequence[EpochEntry], epoch: int, log_end_offset: int) -> tuple[int, int]:
@@ -274,13 +285,8 @@ class LeaderEpochCache:
         return self._entries[-1][0] if self._entries else None
 
     def epoch_for_offset(self, offset: int) -> int | None:
-        """The epoch that wrote ``offset``: the last entry starting at or before it.
-
-        Offsets past the latest entry's start belong to the latest epoch (it is still being
-        written); offsets before the first entry, or any offset of an empty cache, give ``None``.
-        """
-        i = bisect.bisect_right(self._entries, offset, key=lambda e: e[1])
-        return self._entries[i - 1][0] if i else None
+        """The epoch that wrote ``offset`` (see :func:`epoch_for_offset`)."""
+        return epoch_for_offset(self._entries, offset)
 
     def end_offset_for_epoch(self, epoch: int, log_end_offset: int) -> tuple[int, int]:
         """Kafka's OffsetsForLeaderEpoch answer for this cache (see :func:`end_offset_for_epoch`).

@@ -18,7 +18,6 @@ import pyarrow.compute as pc
 from seglog.engines.base import READ_SCHEMA, StreamBatch, StreamRead
 from seglog.engines.streams import stream_rows
 from seglog.errors import TierError
-from seglog.record import FRAME_SCHEMA
 from seglog.tiering.manifest import EntryState, Manifest, ManifestEntry, manifest_key
 from seglog.tiering.ops import delete_tiered, read_tiered, recover_manifest, upload_segment
 from seglog.tiering.parquet import StreamStructures
@@ -242,11 +241,7 @@ class DbTier:
         if end > start:
             for table in self._rows(shard, start, end - 1, stream=want.stream):
                 groups += 1
-                # The segment table is the read schema: its columns after ``offset`` are a frame's.
-                frame = pa.RecordBatch.from_arrays(
-                    [table.column(name).combine_chunks() for name in FRAME_SCHEMA.names], schema=FRAME_SCHEMA
-                )
-                rows = stream_rows(frame, 0, frame.num_rows, want)
+                rows = stream_rows(table, 0, table.num_rows, want)
                 if not len(rows):
                     continue
                 rows = rows[:room]
