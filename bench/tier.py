@@ -350,9 +350,7 @@ def main(argv: list[str] | None = None) -> int:
             results = run(Path(tmp), args.records, args.value_bytes, args.repeats, s3, spark)
         finally:
             spark.stop()
-    text = markdown(results)
-    print(text)
-    write_report(out, f"# Tiering and Spark scan, {dt.date.today().isoformat()}\n\n{text}", results)
+    write_report(out, "Tiering and Spark scan", markdown(results), results)
     return 0
 
 

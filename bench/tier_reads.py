@@ -188,9 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or REPO / "bench" / "results" / f"tier-reads-{dt.date.today().isoformat()}.md"
     with tempfile.TemporaryDirectory(prefix="seglog-tier-reads-") as tmp, run_minio(Path(tmp)) as s3:
         results = run(Path(tmp), args.records, args.value_bytes, args.page, args.baseline_reads, s3)
-    text = markdown(results)
-    print(text)
-    write_report(out, f"# Reads of tiered history, {dt.date.today().isoformat()}\n\n{text}", results)
+    write_report(out, "Reads of tiered history", markdown(results), results)
     return 0
 
 
