@@ -165,3 +165,23 @@ def test_arrow_checks_agree_with_numpy(topics: list[str], ts: list[int], cut: in
     same(*both_arrow(table, **bounds))
     sliced = table.slice(min(cut, n - 1))  # arrays with an offset into their buffers
     same(*both_arrow(sliced, **bounds))
+
+
+def test_the_compiled_arrow_checks_pass_good_columns_and_refuse_bad_ones() -> None:
+    cols = record_module._columns
+    assert cols is not None
+
+    def topics_ok(topics: list[str], max_bytes: int = 65535) -> bool:
+        arr = pa.array(topics, pa.string()).slice(1)  # an offset into the buffers, as slices have
+        _, offsets, data = arr.buffers()
+        view = memoryview(offsets)[arr.offset * 4 : (arr.offset + len(arr) + 1) * 4]
+        return cols.check_topics(view, data, len(arr), max_bytes)
+
+    assert topics_ok(["x+", "a/b", "é/c", "d"])  # the bad row before the slice is not looked at
+    for bad in (["x", "a/+"], ["x", "#"], ["x", "a\x00"], ["x", "ok", ""]):
+        assert not topics_ok(bad), bad
+    assert not topics_ok(["x", "abcd"], max_bytes=3)
+    ts = pa.array([5, 10, 20], pa.int64())
+    assert cols.ts_in_range(ts.buffers()[1], 3, 5, 20)
+    assert not cols.ts_in_range(ts.buffers()[1], 3, 6, 20)
+    assert not cols.ts_in_range(ts.buffers()[1], 3, 5, 19)
