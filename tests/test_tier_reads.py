@@ -13,7 +13,7 @@ import pytest
 
 import seglog
 from seglog.errors import InvalidArgument
-from seglog.tiering import ManifestEntry
+from seglog.tiering import ManifestEntry, TierCacheStats
 from seglog.tiering.parquet import ROW_GROUP_ROWS
 from seglog.topics import topic_matches
 from tests.test_tiering import tier_kwargs
@@ -26,20 +26,22 @@ TS0 = 1_700_000_000_000_000
 SITES = 8
 
 
-def history(start: int, n: int) -> pa.Table:
-    """``n`` records from ``start``: topics ``site<k>/dev<d>/t`` (k = record % SITES)."""
+def history(start: int, n: int, *, keyed: bool = False) -> pa.Table:
+    """``n`` records from ``start``: topics ``site<k>/dev<d>/t`` (k = record % SITES); with
+    ``keyed`` the key is ``dev<d>``."""
     i = np.arange(start, start + n)
-    return pa.table(
-        {
-            "ts": pa.array(TS0 + i, pa.int64()),
-            "topic": pa.array([f"site{k % SITES}/dev{k % 97}/t" for k in i.tolist()], pa.string()),
-            "value": pa.array([b"v%08d" % k for k in i.tolist()], pa.binary()),
-        }
-    )
+    columns = {
+        "ts": pa.array(TS0 + i, pa.int64()),
+        "topic": pa.array([f"site{k % SITES}/dev{k % 97}/t" for k in i.tolist()], pa.string()),
+        "value": pa.array([b"v%08d" % k for k in i.tolist()], pa.binary()),
+    }
+    if keyed:
+        columns["key"] = pa.array([b"dev%d" % (k % 97) for k in i.tolist()], pa.binary())
+    return pa.table(columns)
 
 
 async def tiered_db(
-    store: seglog.Store, *, lts: list[int] | None = None
+    store: seglog.Store, *, lts: list[int] | None = None, keyed: bool = False
 ) -> tuple[seglog.Database, list[ManifestEntry]]:
     """A one-shard database whose first segments are only in the tier (local copies gone),
     and the tier's entries."""
@@ -47,7 +49,7 @@ async def tiered_db(
         DB, 1, segment_bytes=SEGMENT_BYTES, local_retention_bytes=0, compression="none", lts_thresholds=lts
     )
     for start in range(0, RECORDS, 10_000):
-        await db.append_arrow(history(start, min(10_000, RECORDS - start)), shard=0)
+        await db.append_arrow(history(start, min(10_000, RECORDS - start), keyed=keyed), shard=0)
     entries = await db.tier_now()
     assert len(entries) >= 2, "the test needs several tiered objects"
     assert db.local_start_offset(0) > 2 * ROW_GROUP_ROWS  # most of the history is only in the tier
@@ -215,5 +217,49 @@ def test_concurrent_reads_of_one_cached_object_agree(tmp_path: Path) -> None:
             later = store.tier_cache_stats()
             assert first is not None and later is not None
             assert later.downloads == first.downloads  # all of it cached by the first round
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("kind", ["local", "s3"])
+def test_key_reads_of_tiered_history_use_the_cache_and_keep_nothing_new(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """``read_key`` over tiered objects scans them all: a cold cache is not filled by it (it
+    would evict what readers use), a warm one serves it without downloads or decodes."""
+    kw = tier_kwargs(kind, tmp_path, request)
+
+    async def main() -> None:
+        async with seglog.open(tmp_path / "data", retention_interval_ms=None, **kw) as store:
+            db, entries = await tiered_db(store, keyed=True)
+            everything = history(0, RECORDS, keyed=True)
+
+            async def check_key(d: int) -> None:
+                got = await db.read_key_arrow(0, b"dev%d" % d)
+                want = [k for k in range(RECORDS) if k % 97 == d]
+                assert got.column("offset").to_pylist() == want
+                assert got.column("value").to_pylist() == everything.column("value").take(want).to_pylist()
+
+            def stats() -> TierCacheStats:
+                s = store.tier_cache_stats()
+                assert s is not None
+                return s
+
+            await check_key(5)  # cold: each object downloaded once, nothing kept
+            assert stats().downloads == len(entries)
+            assert stats().cached_bytes == 0
+            cold = db.local_start_offset(0)
+            got, _ = await read_sequentially(db, cold, 1000)  # a reader fills the cache
+            assert got.column("value").to_pylist() == everything.column("value").slice(0, cold).to_pylist()
+            warm = stats()
+            assert warm.downloads == 2 * len(entries)
+            for d in (42, 96):  # warm: served from the cache, which it leaves as it was
+                await check_key(d)
+            after = stats()
+            assert (after.downloads, after.row_groups_decoded, after.cached_bytes) == (
+                warm.downloads,
+                warm.row_groups_decoded,
+                warm.cached_bytes,
+            )
 
     asyncio.run(main())

@@ -34,7 +34,7 @@ from seglog.tiering.parquet import (
     segment_stats,
     segment_table_to_parquet,
 )
-from seglog.tiering.seam import ColdStats, TieredStorage, TierService
+from seglog.tiering.seam import ColdStats, TierCacheStats, TieredStorage, TierService
 from seglog.tiering.service import TargetTierService, open_tier_service
 from seglog.tiering.targets import (
     LocalTarget,
@@ -64,6 +64,7 @@ __all__ = [
     "S3Tuning",
     "SegmentStats",
     "TargetTierService",
+    "TierCacheStats",
     "TierOrchestrator",
     "TierService",
     "TierTarget",

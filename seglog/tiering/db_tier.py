@@ -19,7 +19,7 @@ from seglog.engines.base import READ_SCHEMA, StreamBatch, StreamRead
 from seglog.engines.streams import stream_rows
 from seglog.errors import TierError
 from seglog.tiering.manifest import EntryState, Manifest, ManifestEntry, manifest_key
-from seglog.tiering.ops import delete_tiered, read_tiered, recover_manifest, upload_segment
+from seglog.tiering.ops import delete_tiered, recover_manifest, upload_segment
 from seglog.tiering.parquet import StreamStructures
 from seglog.tiering.read_cache import TierReadCache
 from seglog.tiering.targets import TierTarget
@@ -197,11 +197,14 @@ class DbTier:
         """Bytes of the committed objects of ``shard``."""
         return sum(e.bytes for e in self.manifest.committed(shard))
 
-    def _rows(self, shard: int, first: int, last: int, *, stream: int | None = None) -> Iterator[pa.Table]:
+    def _rows(
+        self, shard: int, first: int, last: int, *, stream: int | None = None, fill: bool = True
+    ) -> Iterator[pa.Table]:
         """Tiered rows of ``shard`` with offsets in ``[first, last]``, in offset order, through
-        the read cache (one download per object while it stays cached)."""
+        the read cache (one download per object while it stays cached; ``fill=False`` keeps
+        nothing new)."""
         for entry in self.manifest.committed(shard, start_offset=first, end_offset=last):
-            yield from self.cache.rows(self.target, entry, first, last, stream=stream)
+            yield from self.cache.rows(self.target, entry, first, last, stream=stream, fill=fill)
 
     def read(self, shard: int, start: int, end: int, max_records: int) -> pa.Table | None:
         """Records ``[start, end)`` (at most ``max_records``) from the tier, or ``None`` if none."""
@@ -257,7 +260,9 @@ class DbTier:
         if end <= start:
             return None
         out = []
-        for table in read_tiered(self.target, self.manifest, shard, start, end_offset=end - 1):
+        # The whole history: what readers have cached is used, nothing new is kept (a key
+        # read of a history bigger than the cache would otherwise evict all of it).
+        for table in self._rows(shard, start, end - 1, fill=False):
             keys = table.column("key")
             picked = table.filter(pc.fill_null(pc.equal(keys, pa.scalar(key, pa.binary())), False))
             if picked.num_rows:

@@ -161,8 +161,8 @@ class TierReadCache:
 
     # --- objects -------------------------------------------------------------------------
 
-    def _object(self, target: TierTarget, entry: ManifestEntry) -> pa.Buffer:
-        """The object's verified bytes (downloaded on a miss)."""
+    def _object(self, target: TierTarget, entry: ManifestEntry, fill: bool) -> pa.Buffer:
+        """The object's verified bytes (downloaded on a miss, kept if ``fill``)."""
         key = ("object", entry.key, entry.checksum)
         data: pa.Buffer | None = self._get(key)
         if data is not None:
@@ -172,19 +172,25 @@ class TierReadCache:
         with self._lock:
             self.downloads += 1
         data = pa.py_buffer(raw)
-        self._put(key, data, data.size)
+        if fill:
+            self._put(key, data, data.size)
         return data
 
-    def _layout(self, entry: ManifestEntry, parquet: Callable[[], pq.ParquetFile]) -> ObjectLayout:
-        """The row groups of ``entry``'s object (its footer, read once)."""
+    def _layout(
+        self, entry: ManifestEntry, parquet: Callable[[], pq.ParquetFile], fill: bool
+    ) -> ObjectLayout:
+        """The row groups of ``entry``'s object (its footer, read once while kept)."""
         key = ("layout", entry.key, entry.checksum)
         layout: ObjectLayout | None = self._get(key)
         if layout is None:
             layout = _layout(parquet(), entry.key)
-            self._put(key, layout, _LAYOUT_ROW_GROUP_BYTES * len(layout.row_groups))
+            if fill:
+                self._put(key, layout, _LAYOUT_ROW_GROUP_BYTES * len(layout.row_groups))
         return layout
 
-    def _row_group(self, entry: ManifestEntry, index: int, parquet: Callable[[], pq.ParquetFile]) -> pa.Table:
+    def _row_group(
+        self, entry: ManifestEntry, index: int, parquet: Callable[[], pq.ParquetFile], fill: bool
+    ) -> pa.Table:
         """Row group ``index`` of ``entry``'s object, decoded (``SEGMENT_SCHEMA``)."""
         key = ("rows", entry.key, entry.checksum, index)
         table: pa.Table | None = self._get(key)
@@ -197,17 +203,26 @@ class TierReadCache:
             raise TierError(f"cannot decode row group {index} of tier object {entry.key!r}: {exc}") from exc
         with self._lock:
             self.decodes += 1
-        self._put(key, table, table.nbytes)
+        if fill:
+            self._put(key, table, table.nbytes)
         return table
 
     def rows(
-        self, target: TierTarget, entry: ManifestEntry, first: int, last: int, *, stream: int | None = None
+        self,
+        target: TierTarget,
+        entry: ManifestEntry,
+        first: int,
+        last: int,
+        *,
+        stream: int | None = None,
+        fill: bool = True,
     ) -> Iterator[pa.Table]:
         """The rows of ``entry`` with offsets in ``[first, last]``, one table per row group,
         in offset order (row groups whose statistics rule ``stream`` out are skipped).
 
         The object is fetched at most once per call, and only when a part of it the call
-        needs is not cached.
+        needs is not cached. ``fill=False`` (a scan of a whole history, such as a key read)
+        uses what is cached but keeps nothing new, so it evicts nothing readers are using.
         """
         opened: list[pq.ParquetFile] = []
 
@@ -216,15 +231,15 @@ class TierReadCache:
             # readers are not for concurrent use, and reads run in several threads.
             if not opened:
                 try:
-                    opened.append(pq.ParquetFile(pa.BufferReader(self._object(target, entry))))
+                    opened.append(pq.ParquetFile(pa.BufferReader(self._object(target, entry, fill))))
                 except (pa.ArrowException, OSError, ValueError) as exc:
                     raise TierError(f"cannot decode tier Parquet object {entry.key!r}: {exc}") from exc
             return opened[0]
 
-        for group in self._layout(entry, parquet).overlapping(first, last):
+        for group in self._layout(entry, parquet, fill).overlapping(first, last):
             if stream is not None and not group.may_hold_stream(stream):
                 continue
-            table = self._row_group(entry, group.index, parquet)
+            table = self._row_group(entry, group.index, parquet, fill)
             offsets = table.column("offset").to_numpy()
             lo = int(np.searchsorted(offsets, first, side="left"))
             hi = int(np.searchsorted(offsets, last, side="right"))
