@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from seglog import errors
 from seglog.consumer import Consumer
-from seglog.db import AppendResult, Database, DbConfig
+from seglog.db import AppendResult, Database, DbConfig, TierShardStats
+from seglog.engines.base import ShardStats
 from seglog.errors import (
     AppendFailed,
     ClosedResourceError,
@@ -45,6 +46,7 @@ __all__ = [
     "Record",
     "RecordMeta",
     "SeglogError",
+    "ShardStats",
     "Slab",
     "StorageError",
     "Store",
@@ -55,6 +57,7 @@ __all__ = [
     "SubscriptionBatch",
     "SubscriptionSelector",
     "SubscriptionStats",
+    "TierShardStats",
     "__version__",
     "errors",
     "follow",

@@ -25,9 +25,11 @@ def test_all_is_exact_and_importable() -> None:
         "Record",
         "RecordMeta",
         "SeglogError",
+        "ShardStats",
         "StorageError",
         "Store",
         "StoreLocked",
+        "TierShardStats",
         "__version__",
         "errors",
         "follow",
@@ -76,3 +78,18 @@ def test_the_project_does_not_claim_replication_it_lacks() -> None:
     root = Path(__file__).resolve().parent.parent
     assert "replicated" not in (seglog.__doc__ or "")
     assert "replicated" not in (root / "pyproject.toml").read_text()
+
+
+def test_what_public_methods_return_is_nameable_from_the_package() -> None:
+    """A type a public method returns can be imported from ``seglog`` (or a public subpackage)
+    by a caller who wants to annotate with it."""
+    import typing
+
+    import seglog.tiering
+
+    def returned(method: object) -> object:
+        return typing.get_type_hints(method)["return"]
+
+    assert typing.get_args(returned(seglog.Database.stats)) == (seglog.ShardStats,)
+    assert typing.get_args(returned(seglog.Database.tier_stats)) == (seglog.TierShardStats,)
+    assert seglog.tiering.TierCacheStats in typing.get_args(returned(seglog.Store.tier_cache_stats))
