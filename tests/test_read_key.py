@@ -61,6 +61,8 @@ def test_read_key_is_exact_across_postings_summaries_reopen_retention_and_rebuil
             db = await store.create_db("t", segment_bytes=32 * 1024)
             for i in range(60):  # frames of the rare key are > 16 frames apart: located, not walked to
                 await db.append(_records(rng.randrange(1, 120), rng, rare=i % 20 == 3), shard=0)
+            # Entries wait in the worker's backlog for a few drains (or ~50 ms): written first.
+            await db._engine.drain()  # type: ignore[attr-defined]
             postings, summaries = _key_entries(db)
             assert postings > 0 and summaries > 0, "both forms of the key index are exercised"
             assert len(db._engine._shards[0].log.segments_snapshot()) > 3  # type: ignore[attr-defined]
