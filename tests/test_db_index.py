@@ -17,6 +17,7 @@ import pytest
 import seglog._fs
 from seglog.errors import InvalidArgument, StorageError
 from seglog.index import MAX_INLINE_KEY_BYTES, DbIndex, FrameEntry, ShardIndex
+from seglog.index.shard_index import MAX_MERGES_PER_TXN
 
 FRAME_RECORDS = 10
 
@@ -147,6 +148,36 @@ def test_summaries_merge_into_postings_per_run_and_per_segment(db_index: DbIndex
         assert view.key_frames(key) == _brute(frames, key)
         assert _covers(view.key_frames(key, start=35), _brute(frames, key, start=35), 35)
     assert view.key_frames(b"nope") == []
+
+
+def _postings_by_shard(db_index: DbIndex, shards: int) -> list[int]:
+    return [_entries(db_index, b"key", n) for n in range(shards)]
+
+
+def test_shards_due_together_merge_a_few_per_transaction_and_all_in_turn(db_index: DbIndex) -> None:
+    """Shards fed in step reach the merge threshold in one transaction: at most
+    MAX_MERGES_PER_TXN of them merge there (a merge holds the GIL for ms), the others keep
+    their summaries and merge in the following transactions; lookups stay exact throughout."""
+    shards = 3 * MAX_MERGES_PER_TXN + 1
+    views = [db_index.shard(n) for n in range(shards)]
+    key_of = lambda o: b"k%d" % (o % 5)  # noqa: E731
+    frames = [_frames(0, 3, key_of) for _ in views]
+    db_index.add_many([(v, f) for v, f in zip(views, frames, strict=True)])
+    assert _postings_by_shard(db_index, shards) == [0] * shards  # 3 frames each: under merge_frames=4
+    merged_per_txn = []
+    for f in range(3, 3 + 4):  # one more frame per shard per transaction
+        done = sum(1 for p in _postings_by_shard(db_index, shards) if p)
+        more = _frames(f, 1, key_of)
+        db_index.add_many([(v, more) for v in views])
+        for fs in frames:
+            fs.extend(more)
+        merged_per_txn.append(sum(1 for p in _postings_by_shard(db_index, shards) if p) - done)
+        for v, fs in zip(views, frames, strict=True):
+            for k in range(5):
+                assert v.key_frames(b"k%d" % k) == _brute(fs, b"k%d" % k)
+    # Every shard was due from the first of these transactions on; they merged in turn.
+    assert merged_per_txn == [MAX_MERGES_PER_TXN, MAX_MERGES_PER_TXN, MAX_MERGES_PER_TXN, 1]
+    assert all(_postings_by_shard(db_index, shards))
 
 
 def test_pending_summaries_survive_reopen_and_merge_later(tmp_path: Path) -> None:

@@ -74,6 +74,12 @@ DEFAULT_INDEX_INTERVAL_BYTES: Final = 4096
 # and a merge's cost stays bounded (it runs inside an append's index transaction).
 DEFAULT_MERGE_FRAMES: Final = 256
 DEFAULT_MERGE_PAIRS: Final = 1 << 18
+# Shards fed in step (a drain writes a frame to every tailed shard) reach the merge threshold
+# in the same transaction: 16 merges of 8-11 ms each held the GIL for 60-80 ms in one go,
+# every ~1.3 s at 16 shards and 50k records/s, and stalled the event loop and the I/O worker.
+# At most this many shards merge per transaction; the others keep their summaries (a few
+# more than the threshold) and merge in the next ones, a few tens of ms apart.
+MAX_MERGES_PER_TXN: Final = 2
 _U32: Final = struct.Struct(">I")
 _U64: Final = struct.Struct(">Q")
 _U64_PAIR: Final = struct.Struct(">QQ")
@@ -202,9 +208,11 @@ def add_many(tables: IndexTables, batches: Sequence[tuple[ShardIndex, Sequence[F
         todo = [(view, plan) for view, plan in plans if plan is not None]
         if not todo:
             return
+        merges_left = MAX_MERGES_PER_TXN
         with tables.env.begin(write=True) as txn:
             for view, plan in todo:
-                view._write(txn, plan)
+                if view._write(txn, plan, may_merge=merges_left > 0):
+                    merges_left -= 1
     except (lmdb.Error, ValueError, pa.ArrowException) as exc:
         # Arrow errors too (a key column it cannot take): the frames are durable already, so
         # the caller must see an index failure (it catches up later), not a write failure.
@@ -386,8 +394,9 @@ class ShardIndex:
         positions = [p for _, _, p in parts]
         return list(zip(rec.view("V16").tolist(), [positions[i] for i in which.tolist()], strict=True))
 
-    def _write(self, txn: Any, plan: _Plan) -> None:
-        """Put ``plan`` into the write transaction ``txn``, merging summaries that are due."""
+    def _write(self, txn: Any, plan: _Plan, *, may_merge: bool = True) -> bool:
+        """Put ``plan`` into the write transaction ``txn``, merging summaries that are due
+        (if ``may_merge``: otherwise they wait); return whether it merged."""
         t = self._t
         if plan.offset_items:
             txn.cursor(t.offset).putmulti(plan.offset_items)
@@ -408,10 +417,15 @@ class ShardIndex:
             pairs += keys.size
         count = len(old) + len(appended)
         first = old[0] if old else appended[0] if appended else None
-        if first is None or (
-            first.segment_base == plan.segment_base
-            and count < self._merge_frames
-            and pairs < self._merge_pairs
+        merged = False
+        if (
+            first is None
+            or not may_merge
+            or (
+                first.segment_base == plan.segment_base
+                and count < self._merge_frames
+                and pairs < self._merge_pairs
+            )
         ):
             # Nothing to merge (all in the current segment, below the thresholds).
             if appended:
@@ -420,7 +434,9 @@ class ShardIndex:
         else:
             plan.replaced = self._merge_due(txn, [*old, *appended], new, plan.segment_base)
             plan.pairs = sum(p.keys for p in plan.replaced)
+            merged = True
         txn.put(self._k(INDEXED_END_KEY), _U64.pack(plan.indexed_end), db=t.meta)
+        return merged
 
     def _merge_due(
         self, txn: Any, pending: list[_Pending], new: dict[int, bytes], segment_base: int
