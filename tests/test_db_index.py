@@ -180,6 +180,25 @@ def test_shards_due_together_merge_a_few_per_transaction_and_all_in_turn(db_inde
     assert all(_postings_by_shard(db_index, shards))
 
 
+def test_a_shard_twice_over_the_merge_threshold_merges_whatever_the_cap(db_index: DbIndex) -> None:
+    """Deferral is bounded: with more shards due per transaction than the cap, a shard whose
+    summaries reach twice the threshold (merge_frames=4 here) merges in the same transaction."""
+    shards = 6 * MAX_MERGES_PER_TXN  # more due per transaction than the cap lets merge
+    views = [db_index.shard(n) for n in range(shards)]
+    key_of = lambda o: b"k%d" % (o % 5)  # noqa: E731
+    frames: list[list[FrameEntry]] = [[] for _ in views]
+    for f in range(12):  # all shards in step
+        more = _frames(f, 1, key_of)
+        db_index.add_many([(v, more) for v in views])
+        for fs in frames:
+            fs.extend(more)
+        # Never more than twice the threshold of summaries pending on any shard.
+        assert all(_entries(db_index, b"keyframe", n) < 8 for n in range(shards))
+    for v, fs in zip(views, frames, strict=True):
+        for k in range(5):
+            assert v.key_frames(b"k%d" % k) == _brute(fs, b"k%d" % k)
+
+
 def test_pending_summaries_survive_reopen_and_merge_later(tmp_path: Path) -> None:
     key_of = lambda o: b"k%d" % (o % 3)  # noqa: E731
     idx = DbIndex(tmp_path / "index", merge_frames=4)

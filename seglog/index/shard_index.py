@@ -78,7 +78,9 @@ DEFAULT_MERGE_PAIRS: Final = 1 << 18
 # in the same transaction: 16 merges of 8-11 ms each held the GIL for 60-80 ms in one go,
 # every ~1.3 s at 16 shards and 50k records/s, and stalled the event loop and the I/O worker.
 # At most this many shards merge per transaction; the others keep their summaries (a few
-# more than the threshold) and merge in the next ones, a few tens of ms apart.
+# more than the threshold) and merge in the next ones, a few tens of ms apart. A shard at
+# twice the threshold merges whatever the count: with more shards due per transaction than
+# this (thousands of shards written in step) deferral must not grow the summaries forever.
 MAX_MERGES_PER_TXN: Final = 2
 _U32: Final = struct.Struct(">I")
 _U64: Final = struct.Struct(">Q")
@@ -418,9 +420,10 @@ class ShardIndex:
         count = len(old) + len(appended)
         first = old[0] if old else appended[0] if appended else None
         merged = False
+        overdue = count >= 2 * self._merge_frames or pairs >= 2 * self._merge_pairs
         if (
             first is None
-            or not may_merge
+            or (not may_merge and not overdue)
             or (
                 first.segment_base == plan.segment_base
                 and count < self._merge_frames
