@@ -419,25 +419,22 @@ class ShardIndex:
             pairs += keys.size
         count = len(old) + len(appended)
         first = old[0] if old else appended[0] if appended else None
-        merged = False
+        due = first is not None and (
+            first.segment_base != plan.segment_base
+            or count >= self._merge_frames
+            or pairs >= self._merge_pairs
+        )
         overdue = count >= 2 * self._merge_frames or pairs >= 2 * self._merge_pairs
-        if (
-            first is None
-            or (not may_merge and not overdue)
-            or (
-                first.segment_base == plan.segment_base
-                and count < self._merge_frames
-                and pairs < self._merge_pairs
-            )
-        ):
-            # Nothing to merge (all in the current segment, below the thresholds).
+        merged = due and (may_merge or overdue)
+        if not merged:
+            # Nothing due (all in the current segment, below the thresholds), or it waits for
+            # a later transaction (MAX_MERGES_PER_TXN).
             if appended:
                 txn.cursor(t.keyframe).putmulti([(self._k(_U64.pack(p.base)), new[p.base]) for p in appended])
             plan.extend, plan.appended, plan.pairs = old, appended, pairs
         else:
             plan.replaced = self._merge_due(txn, [*old, *appended], new, plan.segment_base)
             plan.pairs = sum(p.keys for p in plan.replaced)
-            merged = True
         txn.put(self._k(INDEXED_END_KEY), _U64.pack(plan.indexed_end), db=t.meta)
         return merged
 
