@@ -43,6 +43,10 @@ from typing import Any, Final, NamedTuple
 
 import crc32c
 import numpy as np
+
+# pyarrow imports numpy.ma on its first conversion of a NumPy array (13-40 ms, mostly
+# ``inspect`` signatures): done here, at import, rather than inside the first append.
+import numpy.ma
 import pyarrow as pa
 import pyarrow.compute as pc
 import zstandard
