@@ -2,7 +2,7 @@
 
 Usage::
 
-    python -m bench.compare [--quick] [--systems raw,seglog,lmdb,sqlite,redis,nats,kafka]
+    python -m bench.compare [--quick] [--systems raw,seglog,lmdb,lmdb-keyed,sqlite,redis,nats,kafka]
                             [--out bench/results] [--cache .cache] [--data-dir DIR]
 
 Writes one Markdown table to ``<out>/<YYYY-MM-DD>.md`` (``quick-<date>.md`` with ``--quick``, or
@@ -79,7 +79,8 @@ MS_PER_S = 1000.0
 SYSTEM_ALIASES: dict[str, tuple[str, ...]] = {
     "all": SYSTEMS,
     "in-process": IN_PROCESS_SYSTEMS,
-    "seglog": ("seglog", "seglog-arrow"),
+    "seglog": ("seglog", "seglog-arrow", "seglog-arrow-keyed"),
+    "keyed": ("seglog-arrow-keyed", "lmdb-keyed"),
     "seglog-records": ("seglog",),
 }
 """``--systems`` names that select several rows (``seglog`` selects both seglog rows)."""
@@ -494,12 +495,17 @@ def _notes(
         "pre-encoded per system before timing (client-library serialisation and the network "
         "are timed). Ack latency = one batch of 1000 records from call to durable ack.",
         "Timed read = time inside each system's page iterator (fetch + decode to (topic, ts, "
-        "value) Python objects; seglog-arrow stays columnar as Arrow tables); pages of "
+        "value) Python objects; the seglog-arrow rows stay columnar as Arrow tables); pages of "
         "10,000 records; verification of every record runs between pages, untimed. Reads "
         "follow the writes, so they are served from the OS page cache.",
         "MB/s = record content (topic + 8-byte ts + value) / s, MB = 10^6 bytes. "
         "Client CPU = getrusage(self) over the timed calls; server CPU = /proc/<pid>/stat "
         "utime+stime of the server process from first write to end of read (in-process: -).",
+        "Keyed rows (seglog-arrow-keyed, lmdb-keyed): a key on every record, its device "
+        f"(`<site>/<device>` of the topic, up to {SITES * DEVICES:,} distinct); seglog writes its key "
+        "index with each batch, LMDB a DUPSORT key -> sequence database in the same synced "
+        "transaction as the records. Their read-back ends with one key lookup (timed) that must "
+        "return exactly the records written with that key.",
         "Every server runs on 127.0.0.1 with a fresh temp data dir, started per row and "
         "stopped by PID afterwards. One run per row without warm-up (Kafka's JVM starts "
         "cold); fsync-bound rates vary between runs on a shared VM, so compare rows within "

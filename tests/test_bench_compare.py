@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-IN_PROCESS = {"raw", "seglog", "seglog-arrow", "lmdb", "sqlite"}
+IN_PROCESS = {"raw", "seglog", "seglog-arrow", "seglog-arrow-keyed", "lmdb", "lmdb-keyed", "sqlite"}
 VALUE_SIZES = {100, 1024}
 RUN_TIMEOUT_S = 600
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

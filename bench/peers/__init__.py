@@ -54,6 +54,7 @@ class Workload:
     values: list[bytes]
     value_bytes: int
     _rows: list[Row] = field(default_factory=list, repr=False, compare=False)
+    _keys: list[bytes] = field(default_factory=list, repr=False, compare=False)
 
     @property
     def n(self) -> int:
@@ -64,6 +65,13 @@ class Workload:
     def logical_bytes(self) -> int:
         """Bytes of record content (topic + 8-byte ts + value), the basis of MB/s."""
         return sum(map(len, self.topics)) + self.n * (8 + self.value_bytes)
+
+    def keys(self) -> list[bytes]:
+        """The key of each record for the keyed rows: its device, ``<site>/<device>`` of the
+        topic ``sensors/<site>/<device>/temp`` (the demo's shape: a device id on every record)."""
+        if len(self._keys) != len(self.topics):
+            self._keys[:] = ["/".join(t.split("/", 3)[1:3]).encode() for t in self.topics]
+        return self._keys
 
     def rows(self) -> list[Row]:
         """Expected (topic, ts, value) tuples in log order, built once."""
@@ -129,7 +137,9 @@ _MODULES: dict[str, tuple[str, str]] = {
     "raw": ("raw", "RawFilePeer"),
     "seglog": ("seglog_embedded", "SeglogPeer"),
     "seglog-arrow": ("seglog_embedded", "SeglogArrowPeer"),
+    "seglog-arrow-keyed": ("seglog_embedded", "SeglogArrowKeyedPeer"),
     "lmdb": ("lmdb_store", "LmdbPeer"),
+    "lmdb-keyed": ("lmdb_store", "LmdbKeyedPeer"),
     "sqlite": ("sqlite_store", "SqlitePeer"),
     "redis": ("redis_streams", "RedisStreamsPeer"),
     "nats": ("nats_jetstream", "NatsJetStreamPeer"),
@@ -138,7 +148,15 @@ _MODULES: dict[str, tuple[str, str]] = {
 SYSTEMS: tuple[str, ...] = tuple(_MODULES)
 """Every row the runner knows, in table order."""
 
-IN_PROCESS_SYSTEMS: tuple[str, ...] = ("raw", "seglog", "seglog-arrow", "lmdb", "sqlite")
+IN_PROCESS_SYSTEMS: tuple[str, ...] = (
+    "raw",
+    "seglog",
+    "seglog-arrow",
+    "seglog-arrow-keyed",
+    "lmdb",
+    "lmdb-keyed",
+    "sqlite",
+)
 """Systems that need no external server."""
 
 

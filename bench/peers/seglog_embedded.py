@@ -1,4 +1,5 @@
-"""seglog embedded, two rows: Record objects (``append``/``read``) and Arrow (``append_arrow``)."""
+"""seglog embedded, three rows: Record objects (``append``/``read``), Arrow (``append_arrow``)
+and Arrow with a key on every record (the key index written with each batch)."""
 
 from __future__ import annotations
 
@@ -106,3 +107,37 @@ class SeglogArrowPeer(SeglogPeer):
                 return
             yield table
             offset = table.column("offset")[-1].as_py() + 1
+
+
+class SeglogArrowKeyedPeer(SeglogArrowPeer):
+    """:class:`SeglogArrowPeer` with a key on every record (``Workload.keys``: the device), so
+    each batch also writes the key index; the read-back ends with a ``read_key`` check."""
+
+    name = "seglog-arrow-keyed"
+
+    def __init__(self, ctx: PeerContext) -> None:
+        super().__init__(ctx)
+        self._expected: tuple[bytes, list[int]] | None = None
+
+    def encode(self, workload: Workload, start: int, stop: int) -> Any:
+        """A pyarrow Table with ts/topic/key/value columns, the key set on every row."""
+        import pyarrow as pa
+
+        table = super().encode(workload, start, stop)
+        if start == 0:
+            # The first record's key and the sequence numbers it is on (checked after the reads).
+            probe = workload.keys()[0]
+            self._expected = (probe, [i for i, k in enumerate(workload.keys()) if k == probe])
+        return table.set_column(2, "key", pa.array(workload.keys()[start:stop], pa.binary()))
+
+    async def read_all(self) -> AsyncIterator[Page]:
+        """:meth:`SeglogArrowPeer.read_all`, then one ``read_key_arrow`` that must find exactly
+        the records written with the first record's key (proof the keys were indexed)."""
+        async for page in super().read_all():
+            yield page
+        assert self._expected is not None
+        key, offsets = self._expected
+        found = await self._db.read_key_arrow(key, shard=SHARD)
+        got = found.column("offset").to_pylist()
+        if got != offsets:
+            raise RuntimeError(f"read_key({key!r}) found offsets {got[:5]}..., expected {offsets[:5]}...")
