@@ -53,3 +53,21 @@ def test_a_frame_of_stream_zero_and_one_with_nulls() -> None:
     assert _frame_tags(pa.record_batch({"stream": pa.array(np.zeros(5, np.uint32))})).tolist() == [0]
     nulls = pa.array([3, None, 1, 3], pa.uint32())
     assert _frame_tags(pa.record_batch({"stream": nulls})).tolist() == [1, 3]
+
+
+def test_the_shared_zero_streams_column_is_known_without_reading_it() -> None:
+    """What ``zero_streams`` hands out (and slices of it) is recognised as all zeros; anything
+    else, zeros included, is read — so a stamped column reusing no shared buffer is never
+    mistaken for stream 0."""
+    from seglog.record import is_zero_streams, zero_streams
+
+    shared = zero_streams(1000)
+    assert is_zero_streams(shared) and is_zero_streams(shared.slice(300, 10))
+    assert not is_zero_streams(pa.array(np.zeros(1000, np.uint32)))
+    stamped = pa.array(np.array([3, 1, 3], np.uint32))
+    assert not is_zero_streams(stamped)
+    assert np.array_equal(_frame_tags(pa.record_batch({"stream": shared})), [0])
+    assert np.array_equal(_frame_tags(pa.record_batch({"stream": stamped})), [1, 3])
+    longer = zero_streams(200_000)  # outgrows the shared array: a new one is built
+    assert is_zero_streams(longer) and not is_zero_streams(shared)
+    assert np.array_equal(_frame_tags(pa.record_batch({"stream": shared})), [0])

@@ -81,6 +81,7 @@ from seglog.record import (
     EncodedFrame,
     FrameHeader,
     decode_body,
+    is_zero_streams,
     parse_header,
     verify_frame,
 )
@@ -609,6 +610,8 @@ _STREAM_ZERO: Final = np.array([0], np.uint32)
 def _frame_tags(batch: pa.RecordBatch) -> np.ndarray[Any, np.dtype[np.uint32]]:
     """The index tags of a frame: its distinct stream ids, ascending, or :data:`MIXED_TAG`."""
     streams = batch.column("stream")
+    if is_zero_streams(streams):
+        return _STREAM_ZERO  # the column appends without streams get: no need to read it
     if streams.null_count == 0:
         # numpy on the zero-copy buffer: pyarrow.compute's per-call cost dominates small frames
         values = streams.to_numpy(zero_copy_only=True)
