@@ -35,12 +35,16 @@ class LmdbPeer:
 
     async def setup(self) -> None:
         """Open a fresh environment."""
-        self._env = lmdb.open(
+        self._env = self._open_env(max_dbs=0)
+
+    def _open_env(self, *, max_dbs: int) -> Any:
+        """The environment, synced on every commit (data and meta page)."""
+        return lmdb.open(
             str(self.path),
             map_size=MAP_SIZE_BYTES,
             sync=True,
             metasync=True,
-            max_dbs=0,
+            max_dbs=max_dbs,
             readahead=True,
             writemap=False,
         )
@@ -100,15 +104,7 @@ class LmdbKeyedPeer(LmdbPeer):
 
     async def setup(self) -> None:
         """Open a fresh environment with the records and the key index databases."""
-        self._env = lmdb.open(
-            str(self.path),
-            map_size=MAP_SIZE_BYTES,
-            sync=True,
-            metasync=True,
-            max_dbs=2,
-            readahead=True,
-            writemap=False,
-        )
+        self._env = self._open_env(max_dbs=2)
         self._records = self._env.open_db(b"records")
         self._by_key = self._env.open_db(b"by_key", dupsort=True)
 
