@@ -675,8 +675,6 @@ class _SharedColumn:
         return mine is not None and mine.address == data.address
 
 
-# All-null headers columns are slices of one array: ``pa.nulls`` of a map type makes Arrow IPC
-# write offsets for every row of the parent into each frame cut from it.
 def _null_map(n: int) -> pa.Array:
     # From buffers: ``pa.array([None] * n)`` builds a list of n Nones (1-20 ms at 64k rows,
     # in the first append of a process).
@@ -689,6 +687,8 @@ def _null_map(n: int) -> pa.Array:
     )
 
 
+# All-null headers columns are slices of one array: ``pa.nulls`` of a map type makes Arrow IPC
+# write offsets for every row of the parent into each frame cut from it.
 _NULL_HEADERS: Final = _SharedColumn(_null_map)
 _ZERO_STREAMS: Final = _SharedColumn(lambda n: pa.array(np.zeros(n, np.uint32)))
 

@@ -73,6 +73,12 @@ class Workload:
             self._keys[:] = ["/".join(t.split("/", 3)[1:3]).encode() for t in self.topics]
         return self._keys
 
+    def probe_key(self) -> tuple[bytes, list[int]]:
+        """The first record's key and the sequence number of every record with it: what one
+        key lookup after the keyed rows' read-back must return."""
+        keys = self.keys()
+        return keys[0], [i for i, k in enumerate(keys) if k == keys[0]]
+
     def rows(self) -> list[Row]:
         """Expected (topic, ts, value) tuples in log order, built once."""
         if not self._rows:

@@ -125,8 +125,7 @@ class LmdbKeyedPeer(LmdbPeer):
             )
             postings.append((key, seq_b))
         if start == 0:
-            probe = keys[0]
-            self._expected = (probe, [i for i, k in enumerate(keys) if k == probe])
+            self._expected = workload.probe_key()  # checked after the reads
         return records, postings
 
     async def write_batch(self, batch: tuple[list[tuple[bytes, bytes]], list[tuple[bytes, bytes]]]) -> None:

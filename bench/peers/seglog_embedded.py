@@ -125,9 +125,7 @@ class SeglogArrowKeyedPeer(SeglogArrowPeer):
 
         table = super().encode(workload, start, stop)
         if start == 0:
-            # The first record's key and the sequence numbers it is on (checked after the reads).
-            probe = workload.keys()[0]
-            self._expected = (probe, [i for i, k in enumerate(workload.keys()) if k == probe])
+            self._expected = workload.probe_key()  # checked after the reads
         return table.set_column(2, "key", pa.array(workload.keys()[start:stop], pa.binary()))
 
     async def read_all(self) -> AsyncIterator[Page]:
