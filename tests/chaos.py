@@ -2,7 +2,10 @@
 
 Runs ``tests/test_cluster_faults.py`` once per seed (``SEGLOG_FAULT_SEED``), each with a
 nemesis of ``--seconds`` (``SEGLOG_FAULT_SECONDS``), every run a fresh 3-node cluster and
-etcd, and writes a table of what each run injected and checked (``bench/results/chaos-DATE.md``).
+etcd, and writes a table of what each run injected and checked (``bench/results/chaos-DATE.md``;
+a later run of the same day writes ``chaos-DATE-2.md`` and so on instead of replacing it).
+Seeds start at the date times 100 unless ``--first-seed`` says otherwise, so a second run
+of the day repeats the first one's schedules for as many seconds as it is given.
 A failing run keeps its pytest output in the report; the exit status is non-zero if any failed.
 
     python -m tests.chaos --runs 20 --seconds 60 [--first-seed N]
@@ -46,6 +49,15 @@ def run_one(seed: int, seconds: float, basetemp: Path) -> tuple[bool, dict[str, 
     return done.returncode == 0, fields, output, time.monotonic() - started
 
 
+def _unused_report_path(directory: Path, stem: str) -> Path:
+    """``stem.md``, or ``stem-2.md``, ``stem-3.md``... when an earlier run of the day wrote it."""
+    path, n = directory / f"{stem}.md", 1
+    while path.exists():
+        n += 1
+        path = directory / f"{stem}-{n}.md"
+    return path
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", type=int, default=20)
@@ -54,7 +66,7 @@ def main() -> int:
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    report = args.out / f"chaos-{datetime.date.today().isoformat()}.md"
+    report = _unused_report_path(args.out, f"chaos-{datetime.date.today().isoformat()}")
     rows = []
     failures = []
     totals = {"kills": 0, "pauses": 0, "acked": 0}
