@@ -1411,6 +1411,11 @@ def _add_other_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     sv.add_argument(
         "--replica-lag-time-max-ms", type=int, help="drop an ISR member behind for this long (default 30000)"
     )
+    sv.add_argument(
+        "--replica-fetch-wait-ms",
+        type=int,
+        help="how long a follower's fetch waits at its leader for new frames (default 500)",
+    )
     sv.add_argument("--node-ttl-s", type=int, help="node lease TTL: silent this long = dead (default 6)")
     sv.add_argument("--peer-token", help="bearer token for requests to other nodes (their --tokens)")
     sv.add_argument(
@@ -1480,7 +1485,14 @@ def _cluster_config(args: argparse.Namespace) -> Any:
     from seglog.cluster.node import ClusterConfig
 
     if args.etcd is None:
-        for flag in ("node_id", "advertise", "replica_lag_time_max_ms", "node_ttl_s", "peer_token"):
+        for flag in (
+            "node_id",
+            "advertise",
+            "replica_lag_time_max_ms",
+            "replica_fetch_wait_ms",
+            "node_ttl_s",
+            "peer_token",
+        ):
             if getattr(args, flag) is not None:
                 raise InvalidArgument(f"--{flag.replace('_', '-')} needs --etcd")
         return None
@@ -1491,6 +1503,10 @@ def _cluster_config(args: argparse.Namespace) -> Any:
         if args.replica_lag_time_max_ms <= 0:
             raise InvalidArgument("--replica-lag-time-max-ms must be > 0")
         options["replica_lag_time_max_ms"] = args.replica_lag_time_max_ms
+    if args.replica_fetch_wait_ms is not None:
+        if args.replica_fetch_wait_ms <= 0:
+            raise InvalidArgument("--replica-fetch-wait-ms must be > 0")
+        options["fetch_wait_ms"] = args.replica_fetch_wait_ms
     if args.node_ttl_s is not None:
         if args.node_ttl_s < 1:
             raise InvalidArgument("--node-ttl-s must be >= 1")

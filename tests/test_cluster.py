@@ -786,3 +786,66 @@ def test_many_shards_in_one_produce_to_their_leader(
                 await s.close()
 
     run(main())
+
+
+def test_a_new_database_is_replicated_while_a_follower_fetch_waits(
+    server_factory: ServerFactory, etcd: EtcdProcess, run: Run[None]
+) -> None:
+    """A follower's fetch waits at its leader (here up to 60 s) for new frames of the shards it
+    named. A database created meanwhile must not wait that out: the fetch gives way to one that
+    names the new shards, so an ``acks="all"`` write to them is acknowledged at once."""
+    nodes = {
+        i: server_factory(
+            "--etcd",
+            etcd.url,
+            "--node-id",
+            str(i),
+            "--node-ttl-s",
+            "2",
+            "--replica-fetch-wait-ms",
+            "60000",
+            "--log-level",
+            "info",
+        )
+        for i in (1, 2, 3)
+    }
+    second = "second"
+
+    async def main() -> None:
+        sessions = {i: NodeSession(p.url) for i, p in nodes.items()}
+        try:
+            await create_replicated(sessions[1], 1, 3, 2)
+            lead = await until(lambda: leading_node(sessions, [1, 2, 3]), "a leader")
+            await until(lambda: _produce_ok(sessions[lead], ["first"]), "a first acks=all produce")
+            # Both followers' fetches from `lead` now wait at it for the first database only.
+            body = {"name": second, "shards": 3, "replication_factor": 3, "min_insync": 3}
+            await sessions[1].request("POST", "/v1/dbs", json_body=body)
+
+            async def leaders() -> list[int] | None:
+                states = (await cluster_view(sessions[1]))["dbs"].get(second, {}).get("state", [])
+                ok = len(states) == 3 and all(s["leader"] > 0 and len(s["isr"]) == 3 for s in states)
+                return [int(s["leader"]) for s in states] if ok else None
+
+            led_by = await until(leaders, "leaders of the second database")
+            assert lead in led_by  # placement spreads leaders: one shard shares the waiting fetch
+
+            async def acknowledged(shard: int) -> bool:
+                await sessions[led_by[shard]].request(
+                    "POST",
+                    f"/v1/dbs/{second}/records",
+                    params={"shard": shard, "acks": "all"},
+                    data=json.dumps({"topic": "dev/1", "value": f"v{shard}"}).encode() + b"\n",
+                    content_type=protocol.NDJSON,
+                )
+                return True
+
+            # Far below the 60 s the followers' fetches could wait (a write blocked on acks
+            # counts too); before the fix the shard led by `lead` waited ~30 s.
+            async with asyncio.timeout(20.0):
+                for shard in range(3):
+                    await until(lambda shard=shard: acknowledged(shard), f"acks=all on shard {shard}")
+        finally:
+            for s in sessions.values():
+                await s.close()
+
+    run(main())

@@ -78,7 +78,7 @@ class ClusterConfig:
         prefix: The cluster's key prefix in etcd.
         node_ttl_s: The node lease's TTL: a node silent this long is dead to the cluster.
         replica_lag_time_max_ms: How long an ISR member may stay behind before it is dropped.
-        fetch_wait_ms: A follower's long-poll wait.
+        fetch_wait_ms: A follower's long-poll wait (Kafka's ``replica.fetch.wait.max.ms``).
         fetch_max_bytes: Bytes a follower asks for per fetch (over all its shards).
         ack_timeout_ms: Longest a produce waits for its ``acks``.
         token: Bearer token for requests to other nodes (their ``--tokens``).
@@ -109,7 +109,18 @@ class _Fetcher:
     leader: int
     url: str
     task: asyncio.Task[None] | None = None
+    # Set when the shards this node follows from ``leader`` change while a fetch is out: the
+    # fetch, long-polled for up to ``fetch_wait_ms`` on the shards it named, gives way to one
+    # that names the new set (a new database's shards would otherwise wait out the poll).
     wake: asyncio.Event = field(default_factory=asyncio.Event)
+    # The shards (and their following records) of the fetch out now, if any.
+    inflight: dict[ShardKey, _Following] | None = None
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    """Mark a dropped task's outcome as seen (no "exception never retrieved" at exit)."""
+    if not task.cancelled():
+        task.exception()
 
 
 class ClusterNode:
@@ -718,6 +729,13 @@ class ClusterNode:
 
     def _sync_fetchers(self) -> None:
         wanted = {f.leader for f in self.following.values()}
+        for leader, fetcher in self._fetchers.items():
+            inflight = fetcher.inflight
+            if inflight is None:
+                continue
+            now = {k: f for k, f in self.following.items() if f.leader == leader}
+            if now.keys() != inflight.keys() or any(now[k] is not f for k, f in inflight.items()):
+                fetcher.wake.set()
         for leader in [n for n in self._fetchers if n not in wanted or n not in self.nodes]:
             gone = self._fetchers.pop(leader)
             if gone.task is not None:
@@ -786,6 +804,7 @@ class ClusterNode:
                 await asyncio.sleep(RETRY_DELAY_S)
 
     async def _fetch_once(self, fetcher: _Fetcher) -> None:
+        fetcher.wake.clear()  # before reading the set: a change from here on cuts the fetch short
         mine = {k: f for k, f in self.following.items() if f.leader == fetcher.leader}
         if not mine:
             await asyncio.sleep(RETRY_DELAY_S)
@@ -819,12 +838,29 @@ class ClusterNode:
         body = replica_wire.encode_request(
             self.node_id, parts, wait_ms=self.config.fetch_wait_ms, max_bytes=self.config.fetch_max_bytes
         )
-        reply = await self._post(
-            fetcher.url,
-            protocol.API_PREFIX + "/replica/fetch",
-            body,
-            REQUEST_TIMEOUT_S + self.config.fetch_wait_ms / 1000,
+        post = asyncio.ensure_future(
+            self._post(
+                fetcher.url,
+                protocol.API_PREFIX + "/replica/fetch",
+                body,
+                REQUEST_TIMEOUT_S + self.config.fetch_wait_ms / 1000,
+            )
         )
+        changed = asyncio.ensure_future(fetcher.wake.wait())
+        fetcher.inflight = mine
+        try:
+            done, _ = await asyncio.wait((post, changed), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            fetcher.inflight = None
+            changed.cancel()
+            if not post.done():
+                # The set changed (or this task is being cancelled): nothing of this fetch was
+                # stored, so dropping its reply loses nothing; the next round asks again.
+                post.cancel()
+                post.add_done_callback(_retrieve)
+        if post not in done:
+            return
+        reply = post.result()
         # All shards at once: their durable appends share the I/O worker's drain (one journal
         # sync for the round) instead of one fsync after another.
         await asyncio.gather(*(self._store_part(part, mine) for part in fetch_wire.decode_reply(reply)))
