@@ -49,7 +49,12 @@ async def until(check: Callable[[], Awaitable[T | None]], what: str, timeout_s: 
 
 
 def start_cluster(
-    server_factory: ServerFactory, etcd: EtcdProcess, n: int = 3, *, ttl_s: int = 2
+    server_factory: ServerFactory,
+    etcd: EtcdProcess,
+    n: int = 3,
+    *,
+    ttl_s: int = 2,
+    extra: tuple[str, ...] = (),
 ) -> dict[int, ServerProcess]:
     return {
         i: server_factory(
@@ -63,6 +68,7 @@ def start_cluster(
             "1500",
             "--log-level",
             "info",
+            *extra,
         )
         for i in range(1, n + 1)
     }
@@ -794,21 +800,7 @@ def test_a_new_database_is_replicated_while_a_follower_fetch_waits(
     """A follower's fetch waits at its leader (here up to 60 s) for new frames of the shards it
     named. A database created meanwhile must not wait that out: the fetch gives way to one that
     names the new shards, so an ``acks="all"`` write to them is acknowledged at once."""
-    nodes = {
-        i: server_factory(
-            "--etcd",
-            etcd.url,
-            "--node-id",
-            str(i),
-            "--node-ttl-s",
-            "2",
-            "--replica-fetch-wait-ms",
-            "60000",
-            "--log-level",
-            "info",
-        )
-        for i in (1, 2, 3)
-    }
+    nodes = start_cluster(server_factory, etcd, extra=("--replica-fetch-wait-ms", "60000"))
     second = "second"
 
     async def main() -> None:
