@@ -117,12 +117,6 @@ class _Fetcher:
     inflight: dict[ShardKey, _Following] | None = None
 
 
-def _retrieve(task: asyncio.Future[Any]) -> None:
-    """Mark a dropped task's outcome as seen (no "exception never retrieved" at exit)."""
-    if not task.cancelled():
-        task.exception()
-
-
 class ClusterNode:
     """This node's part in the cluster (see the module docstring)."""
 
@@ -727,13 +721,18 @@ class ClusterNode:
 
     # --- follower fetchers ----------------------------------------------------------------
 
+    def _followed_from(self, leader: int) -> dict[ShardKey, _Following]:
+        """The shards this node follows from ``leader``, with their following records."""
+        return {k: f for k, f in self.following.items() if f.leader == leader}
+
     def _sync_fetchers(self) -> None:
         wanted = {f.leader for f in self.following.values()}
         for leader, fetcher in self._fetchers.items():
             inflight = fetcher.inflight
             if inflight is None:
                 continue
-            now = {k: f for k, f in self.following.items() if f.leader == leader}
+            now = self._followed_from(leader)
+            # A new following record (by identity: a new leader epoch) is a change too.
             if now.keys() != inflight.keys() or any(now[k] is not f for k, f in inflight.items()):
                 fetcher.wake.set()
         for leader in [n for n in self._fetchers if n not in wanted or n not in self.nodes]:
@@ -805,7 +804,7 @@ class ClusterNode:
 
     async def _fetch_once(self, fetcher: _Fetcher) -> None:
         fetcher.wake.clear()  # before reading the set: a change from here on cuts the fetch short
-        mine = {k: f for k, f in self.following.items() if f.leader == fetcher.leader}
+        mine = self._followed_from(fetcher.leader)
         if not mine:
             await asyncio.sleep(RETRY_DELAY_S)
             return
@@ -857,7 +856,7 @@ class ClusterNode:
                 # The set changed (or this task is being cancelled): nothing of this fetch was
                 # stored, so dropping its reply loses nothing; the next round asks again.
                 post.cancel()
-                post.add_done_callback(_retrieve)
+                post.add_done_callback(lambda f: f.cancelled() or f.exception())
         if post not in done:
             return
         reply = post.result()
