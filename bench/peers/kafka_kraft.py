@@ -131,6 +131,10 @@ class KafkaPeer:
                 f"share.coordinator.state.topic.min.isr={internal_isr}",
                 "group.initial.rebalance.delay.ms=0",
                 "log.flush.interval.messages=1",
+                # The workloads' record timestamps lie in 2023, past the 7-day default: the
+                # broker's first retention check (30 s after start) deleted whole partitions
+                # before a later consume row read them ("read 0 of 1000000").
+                "log.retention.ms=-1",
                 f"message.max.bytes={MAX_MESSAGE_BYTES}",
                 f"replica.fetch.max.bytes={MAX_MESSAGE_BYTES}",
                 "num.network.threads=2",
