@@ -484,6 +484,7 @@ class Store:
 
         Raises:
             ConfigMismatch: The database exists with different immutable settings.
+            StorageError: Its directory could not be made (e.g. a file holds its path).
         """
         self._check_open()
         validate_db_name(name)
@@ -504,7 +505,10 @@ class Store:
                 return await self._open_db_locked(name, config)
             config = DbConfig(**requested).validate()
             self._check_tier_engine(name, config)
-            await asyncio.to_thread(self._create_blocking, name, config)
+            try:
+                await asyncio.to_thread(self._create_blocking, name, config)
+            except OSError as exc:
+                raise StorageError(f"cannot create database {name!r} in {directory.parent}") from exc
             return await self._open_db_locked(name, config)
 
     def _create_blocking(self, name: str, config: DbConfig) -> None:
@@ -513,10 +517,14 @@ class Store:
         shutil.rmtree(staging, ignore_errors=True)
         if final.exists():  # a crashed earlier create that never got its config
             shutil.rmtree(final)
-        staging.mkdir(parents=True)
-        atomic_write(staging / DB_CONFIG_FILE, json.dumps(config.to_json(), indent=2).encode())
-        db_id(staging)
-        os.replace(staging, final)
+        try:
+            staging.mkdir(parents=True)
+            atomic_write(staging / DB_CONFIG_FILE, json.dumps(config.to_json(), indent=2).encode())
+            db_id(staging)
+            os.replace(staging, final)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
         fsync_dir(final.parent)
 
     def _write_config(self, name: str, config: DbConfig) -> None:

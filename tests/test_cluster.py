@@ -841,3 +841,54 @@ def test_a_new_database_is_replicated_while_a_follower_fetch_waits(
                 await s.close()
 
     run(main())
+
+
+def test_the_metadata_watch_outlives_a_database_it_cannot_create_here(
+    server_factory: ServerFactory, etcd: EtcdProcess, run: Run[None]
+) -> None:
+    """A node that cannot create a new database's local copy (a file holds its directory's
+    path) logs it and keeps re-reading the metadata: once the path is free it creates the
+    copy and takes its replicas, and it still follows databases created after. Before, the
+    error ended the node's metadata watch, so it never followed anything again (a race of a
+    drop with the watch's refresh did the same in the cluster benchmark)."""
+    nodes = start_cluster(server_factory, etcd)
+    blocked, later = "blocked", "later"
+    blocker = nodes[3].data / "dbs" / blocked
+    blocker.write_bytes(b"in the way")
+
+    def full(view: dict[str, Any], name: str, shards: int) -> bool:
+        states = view["dbs"].get(name, {}).get("state", [])
+        return len(states) == shards and all(s["leader"] > 0 and len(s["isr"]) == 3 for s in states)
+
+    async def led_here(sessions: dict[int, NodeSession], name: str, shards: int) -> bool:
+        """Every shard of ``name`` led, with all three replicas in the ISR, by its leader's account."""
+        led = 0
+        for session in sessions.values():
+            view = await cluster_view(session)
+            led += sum(1 for p in view["leading"] if p["db"] == name and len(p["isr"]) == 3)
+        return led == shards
+
+    async def main() -> None:
+        sessions = {i: NodeSession(p.url) for i, p in nodes.items()}
+        try:
+            body = {"name": blocked, "shards": 3, "replication_factor": 3, "min_insync": 2}
+            await sessions[1].request("POST", "/v1/dbs", json_body=body)
+            marker = "applying the metadata failed"
+
+            async def node3_failed() -> bool:
+                return any(marker in line for line in nodes[3].output)
+
+            await until(node3_failed, "node 3 to fail creating its copy")
+            assert not (await led_here(sessions, blocked, 3))  # node 3's replicas are missing
+            blocker.unlink()
+            await until(lambda: led_here(sessions, blocked, 3), f"{blocked}: every shard fully replicated")
+            assert (nodes[3].data / "dbs" / blocked).is_dir()
+            body = {"name": later, "shards": 3, "replication_factor": 3, "min_insync": 3}
+            await sessions[2].request("POST", "/v1/dbs", json_body=body)
+            await until(lambda: led_here(sessions, later, 3), f"{later}: every shard fully replicated")
+            assert full(await cluster_view(sessions[3]), later, 3)
+        finally:
+            for s in sessions.values():
+                await s.close()
+
+    run(main())

@@ -135,3 +135,25 @@ def test_index_lookup_failures_are_storage_errors(tmp_path: Path) -> None:
     ):
         with pytest.raises(errors.StorageError):
             call()
+
+
+def test_create_db_over_a_file_is_a_storage_error_and_keeps_the_file(run, data_dir: Path) -> None:
+    """A file where the database's directory goes: ``StorageError`` (not a raw ``OSError``),
+    the file untouched, no staging directory left, and the name free once the file is gone."""
+
+    async def main() -> None:
+        async with seglog.open(data_dir) as store:
+            blocker = data_dir / "dbs" / "blocked"
+            blocker.write_bytes(b"not a database")
+            with pytest.raises(errors.StorageError, match="cannot create database 'blocked'") as info:
+                await store.create_db("blocked", shards=1, exist_ok=True)
+            assert isinstance(info.value.__cause__, OSError)
+            assert blocker.read_bytes() == b"not a database"
+            assert sorted(p.name for p in (data_dir / "dbs").iterdir()) == ["blocked"]
+            assert store.list_dbs() == []
+            blocker.unlink()
+            db = await store.create_db("blocked", shards=1)
+            await db.append([seglog.Record(topic="t/1", value=b"v")], shard=0)
+            assert store.list_dbs() == ["blocked"]
+
+    run(main())

@@ -140,6 +140,10 @@ class ClusterNode:
         self._fetchers: dict[int, _Fetcher] = {}
         # Local databases of cluster databases, opened by the metadata watch.
         self._open: dict[str, Database] = {}
+        # One change of the local state from the metadata at a time: the watch's refresh and
+        # a drop request on this node both create, open and drop local databases, and one
+        # interleaved with the other could open a database the other just dropped.
+        self._apply_lock = asyncio.Lock()
         self._lease: NodeLease | None = None
         self._controller: Controller | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -381,9 +385,19 @@ class ClusterNode:
                 log.warning("node %d: metadata watch: %s; re-reading", self.node_id, exc)
                 # A back-off after a failure, not synchronisation.
                 await asyncio.sleep(RETRY_DELAY_S)
+            except Exception:
+                # This loop is how the node learns every database, leader and ISR change: a
+                # local failure while applying one (a database that cannot be created here)
+                # must not end it, or the node would never follow anything again.
+                log.exception("node %d: applying the metadata failed; re-reading", self.node_id)
+                await asyncio.sleep(RETRY_DELAY_S)
 
     async def _refresh(self) -> None:
         """Re-read the metadata and move every shard to the role it gives this node."""
+        async with self._apply_lock:
+            await self._refresh_locked()
+
+    async def _refresh_locked(self) -> None:
         self.nodes = await self.meta.live_nodes()
         dbs = {}
         shards: dict[ShardKey, ShardState] = {}
@@ -401,7 +415,7 @@ class ClusterNode:
         gone = set(self.dbs) - set(dbs)
         self.dbs, self.shards = dbs, shards
         for name in gone:
-            await self.dropped(name)
+            await self._dropped_locked(name)
         for name, meta in dbs.items():
             if any(self.node_id in shards[(name, s)].replicas for s in range(meta.shards)):
                 await self.store.create_db(name, meta.shards, exist_ok=True, **meta.options)
@@ -464,6 +478,10 @@ class ClusterNode:
 
     async def dropped(self, name: str) -> None:
         """A cluster database left the metadata: resign its shards, drop the local copy."""
+        async with self._apply_lock:
+            await self._dropped_locked(name)
+
+    async def _dropped_locked(self, name: str) -> None:
         self.dbs.pop(name, None)
         for key in [k for k in self.leading if k[0] == name]:
             self.leading.pop(key).resign(NO_LEADER, 0)
@@ -668,7 +686,11 @@ class ClusterNode:
             # A periodic check (Kafka's isr-expiration task), not synchronisation.
             await asyncio.sleep(period_s)
             for key, lead in list(self.leading.items()):
-                await self._maybe_change_isr(key, lead)
+                try:
+                    await self._maybe_change_isr(key, lead)
+                except Exception:
+                    # One shard's failed check must not end the checks of every shard.
+                    log.exception("node %d: %s/%d: ISR check failed", self.node_id, *key)
 
     def _expand_soon(self, key: ShardKey, lead: ShardLeaderState) -> None:
         """Propose the ISR change now (a follower's fetch reached the high watermark).
