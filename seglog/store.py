@@ -74,10 +74,19 @@ def is_open_in_this_process(path: str | os.PathLike[str]) -> bool:
 
 
 async def _every(interval_s: float, job: Callable[[], Awaitable[object]]) -> None:
-    """Run ``job`` every ``interval_s`` seconds until cancelled (the store's background work)."""
+    """Run ``job`` every ``interval_s`` seconds until cancelled (the store's background work).
+
+    A run that raises is logged and the next one runs on time: one failure must not end
+    retention or tiering for the life of the store.
+    """
     while True:
         await asyncio.sleep(interval_s)
-        await job()
+        try:
+            await job()
+        except Exception:
+            log.exception(
+                "background %s failed; it runs again in %g s", getattr(job, "__name__", job), interval_s
+            )
 
 
 def db_id(directory: Path) -> int:

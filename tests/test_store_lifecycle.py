@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -157,3 +158,33 @@ def test_create_db_over_a_file_is_a_storage_error_and_keeps_the_file(run, data_d
             assert store.list_dbs() == ["blocked"]
 
     run(main())
+
+
+def test_a_failed_retention_run_does_not_end_retention(
+    run, data_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The store runs retention every ``retention_interval_ms``: a run that raises something
+    unexpected is logged, and the next run still comes (the task used to end for good)."""
+    calls = 0
+    second_run = asyncio.Event()
+
+    async def flaky(self: seglog.Database) -> int:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("injected retention failure")
+        second_run.set()
+        return 0
+
+    monkeypatch.setattr(seglog.Database, "enforce_retention", flaky)
+
+    async def main() -> None:
+        async with seglog.open(data_dir, retention_interval_ms=10) as store:
+            await store.create_db("t", shards=1)
+            async with asyncio.timeout(10):
+                await second_run.wait()
+
+    with caplog.at_level("ERROR", logger="seglog.store"):
+        run(main())
+    assert calls >= 2
+    assert any("injected retention failure" in str(r.exc_info[1]) for r in caplog.records if r.exc_info)
