@@ -87,9 +87,6 @@ BENCH_NET_ARGS ?=
 bench-net: venv peer-kafka
 	$(BIN)/python -m bench.net --cache $(CACHE) $(BENCH_NET_ARGS)
 
-# CPU per tick of the node's store work in bench-net's 16-shard end-to-end shape (no network,
-# no Kafka; bench/net_tick.py): `make bench-net-tick BEFORE=/path/to/a/worktree` also runs
-# that checkout's seglog in alternating runs and prints the ratio.
 # This machine's costs that every write-heavy or hand-off-heavy figure pays: page-cache writes
 # into recycled pages against fresh guest memory, and a loop -> thread -> loop wake-up
 # (bench/machine.py; results in bench/results/machine-<date>.md).
@@ -97,6 +94,9 @@ bench-net: venv peer-kafka
 bench-machine: venv
 	$(BIN)/python -m bench.machine
 
+# CPU per tick of the node's store work in bench-net's 16-shard end-to-end shape (no network,
+# no Kafka; bench/net_tick.py): `make bench-net-tick BEFORE=/path/to/a/worktree` also runs
+# that checkout's seglog in alternating runs and prints the ratio.
 .PHONY: bench-net-tick
 bench-net-tick: venv
 	$(BIN)/python -m bench.net_tick $(if $(BEFORE),--before $(BEFORE)) $(BENCH_NET_TICK_ARGS)
