@@ -3,6 +3,7 @@ processes, each command run as the installed ``seglog`` script in a subprocess."
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import queue
@@ -17,7 +18,7 @@ from typing import Any, Final
 import pytest
 import trustme
 
-from tests.etcd_fixtures import EtcdProcess
+from tests.etcd_fixtures import EtcdProcess, not_etcd
 from tests.helpers import ChildLines
 from tests.server_fixtures import ServerFactory, ServerProcess
 
@@ -355,6 +356,36 @@ def test_demo_network_step(tmp_path: Path) -> None:
     r = sh("demo", str(tmp_path / "x"), "--records", "1000", "--no-spark")
     assert r.returncode == 1 and b"x-node" in r.stderr and not (tmp_path / "x").exists()
     assert sorted(os.listdir(tmp_path / "x-node")) == ["keep"]
+
+
+def test_serve_with_an_etcd_url_that_is_not_etcd_says_what_answered(tmp_path: Path) -> None:
+    """``--etcd`` pointing at some web page: one line naming the page's reply, exit 1."""
+
+    async def main() -> tuple[int, bytes]:
+        async with not_etcd("html") as page:
+            proc = await asyncio.create_subprocess_exec(
+                SEGLOG,
+                "serve",
+                str(tmp_path / "n"),
+                "--listen",
+                "127.0.0.1:0",
+                "--etcd",
+                page,
+                "--node-id",
+                "1",
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                env=_env(),
+            )
+            _, err = await asyncio.wait_for(proc.communicate(), WAIT_S)
+            assert proc.returncode is not None
+            return proc.returncode, err
+
+    code, err = asyncio.run(main())
+    text = err.decode()
+    assert code == 1, text
+    assert text.count("\n") == 1 and "Traceback" not in text, text
+    assert text.startswith("seglog: error: etcd ") and "not etcd's" in text and "a web page" in text, text
 
 
 def test_replicated_database_on_a_cluster_node(server_factory: ServerFactory, etcd: EtcdProcess) -> None:

@@ -10,7 +10,7 @@ import pytest
 
 from seglog.cluster.etcd import EtcdClient, WatchEvent, WatchEventType, prefix_end
 from seglog.errors import InvalidArgument, LeaseNotFound, MetadataError
-from tests.etcd_fixtures import EtcdProcess, _free_port
+from tests.etcd_fixtures import NOT_ETCD_REPLIES, EtcdProcess, _free_port, not_etcd
 
 T = TypeVar("T")
 Run = Callable[[Coroutine[Any, Any, T]], T]
@@ -143,3 +143,50 @@ def test_endpoints_fail_over_and_errors(etcd: EtcdProcess, run: Run[None]) -> No
         EtcdClient("")
     with pytest.raises(InvalidArgument):
         EtcdClient("127.0.0.1:2379")
+
+
+@pytest.mark.parametrize("kind", sorted(NOT_ETCD_REPLIES))
+def test_an_endpoint_that_is_not_etcd_is_skipped(etcd: EtcdProcess, run: Run[None], kind: str) -> None:
+    """A wrong URL in the endpoint list (a web page, another JSON API, a member without a
+    leader) is passed over like a dead one; alone it is a MetadataError naming what answered."""
+
+    async def main() -> None:
+        async with not_etcd(kind) as bogus:
+            async with EtcdClient(f"{bogus},{etcd.url}", request_timeout_s=2) as client:
+                revision = await client.put(b"k", b"v")
+                kv = await client.get(b"k")
+                assert kv is not None and kv.value == b"v" and kv.mod_revision == revision
+                kvs, _ = await client.get_prefix(b"k")
+                assert [k.key for k in kvs] == [b"k"]
+                assert await client.cas(b"k", revision, b"w")
+                lease = await client.lease_grant(30)
+                assert 0 < await client.lease_keepalive(lease) <= 30
+                assert await client.lease_ttl(lease) > 0
+                await client.lease_revoke(lease)
+                assert await client.delete(b"k")
+            async with EtcdClient(bogus, request_timeout_s=2) as alone:
+                with pytest.raises(MetadataError, match="no endpoint") as err:
+                    await alone.get(b"k")
+                assert err.value.__cause__ is not None
+                if kind != "unavailable":
+                    assert "not etcd's" in str(err.value.__cause__)
+                else:
+                    assert "no leader" in str(err.value.__cause__)
+                with pytest.raises(MetadataError):
+                    await alone.lease_keepalive(1)
+
+    run(main())
+
+
+def test_a_watch_line_that_is_not_etcd_is_a_metadata_error() -> None:
+    from seglog.cluster.etcd import _watch_line
+
+    result, events = _watch_line(
+        b'{"result": {"events": [{"type": "DELETE", "kv": {"key": "YQ==", "mod_revision": "7"}}]}}'
+    )
+    assert result["events"] and [(e.type, e.kv.key, e.kv.mod_revision) for e in events] == [
+        (WatchEventType.DELETE, b"a", 7)
+    ]
+    for line in (b"<html>", b'{"result": {"events": [{"type": "RENAME", "kv": {}}]}}', b"[1, 2]"):
+        with pytest.raises(MetadataError, match="not etcd's"):
+            _watch_line(line)

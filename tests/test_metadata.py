@@ -29,7 +29,7 @@ from seglog.errors import (
     NodeIdInUse,
     StaleMetadata,
 )
-from tests.etcd_fixtures import EtcdProcess
+from tests.etcd_fixtures import EtcdProcess, not_etcd
 
 T = TypeVar("T")
 Run = Callable[[Coroutine[Any, Any, T]], T]
@@ -143,6 +143,34 @@ def test_keepalive_rides_out_an_etcd_restart(etcd: EtcdProcess, run: Run[None]) 
             down = time.monotonic()
             await asyncio.wait_for(node.lost.wait(), 6 + 2)
             assert time.monotonic() - down <= 6 + 0.5
+            await node.close(revoke=False)
+
+    run(main())
+
+
+def test_keepalive_rides_out_an_etcd_restart_with_a_wrong_url_listed(
+    etcd: EtcdProcess, run: Run[None]
+) -> None:
+    """``--etcd GOOD,WRONG`` where WRONG is some web page: while etcd is down each refresh
+    falls through to that page. The keepalive must keep retrying (it used to end on the
+    page's HTML, leaving the node registered in its own eyes and expired in etcd's)."""
+
+    async def main() -> None:
+        async with not_etcd("html") as page, EtcdClient(f"{etcd.url},{page}", request_timeout_s=2) as client:
+            meta = ClusterMetadata(client)
+            node = await meta.register_node(NodeInfo(5, "http://n5"), ttl_s=6)
+            node.start_keepalive()
+            etcd.kill()
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(node.lost.wait(), 2.5)
+            assert node.unreachable_since is not None, "the keepalive stopped refreshing"
+            etcd.start()
+            deadline = time.monotonic() + WAIT_S
+            while node.unreachable_since is not None:
+                assert time.monotonic() < deadline, "the keepalive never reached etcd again"
+                await asyncio.sleep(0.05)  # polling the keepalive's state with a deadline
+            assert not node.lost.is_set()
+            assert 5 in await meta.live_nodes()
             await node.close(revoke=False)
 
     run(main())

@@ -18,10 +18,10 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import aiohttp
 
@@ -42,8 +42,13 @@ __all__ = [
 # The gateway's path prefix; etcd 3.4 also serves /v3beta, 3.3 only /v3beta.
 GATEWAY_PREFIX: Final = "/v3"
 DEFAULT_REQUEST_TIMEOUT_S: Final = 5.0
+# Every JSON reply of etcd's gateway carries one of these (its response header, a streamed
+# call's result, or an error): a 200 without any came from something else.
+_ETCD_REPLY_KEYS: Final = frozenset({"header", "result", "error"})
 # A watch stream stays open indefinitely; only connecting is bounded.
 WATCH_CONNECT_TIMEOUT_S: Final = 5.0
+
+T = TypeVar("T")
 
 
 def _b64(data: bytes) -> str:
@@ -52,6 +57,11 @@ def _b64(data: bytes) -> str:
 
 def _unb64(text: str | None) -> bytes:
     return base64.b64decode(text) if text else b""
+
+
+def _revision(reply: dict[str, Any]) -> int:
+    """The store revision in a reply's header."""
+    return int(reply["header"]["revision"])
 
 
 def prefix_end(prefix: bytes) -> bytes:
@@ -161,6 +171,23 @@ class WatchEvent:
     kv: KeyValue
 
 
+def _watch_line(line: bytes) -> tuple[dict[str, Any], list[WatchEvent]]:
+    """One line of a watch stream: its ``result`` and the events in it.
+
+    Raises:
+        MetadataError: The line is not etcd's (the stream cannot be trusted past it).
+    """
+    try:
+        result = json.loads(line).get("result", {})
+        events = [
+            WatchEvent(WatchEventType(e.get("type", "PUT")), KeyValue._from(e["kv"]))
+            for e in result.get("events") or []
+        ]
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise MetadataError(f"etcd watch: a reply line that is not etcd's: {line[:120]!r}") from exc
+    return result, events
+
+
 class EtcdClient:
     """An etcd client for one or more endpoints (tried in order until one answers).
 
@@ -207,21 +234,46 @@ class EtcdClient:
         n = len(self.endpoints)
         return [(self._preferred + i) % n for i in range(n)]
 
-    async def _call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    async def _call(self, path: str, body: dict[str, Any], parse: Callable[[dict[str, Any]], T]) -> T:
+        """POST ``body`` to ``path`` on the endpoints in turn; ``parse(reply)`` of the first that
+        answers as etcd.
+
+        An endpoint that cannot be reached, answers 5xx (a member without a leader, one
+        shutting down) or answers 200 with something that is not etcd's JSON (a wrong URL in
+        the list: another HTTP service) is skipped for the next. A 4xx reply is etcd's answer.
+        """
         last: BaseException | None = None
         for index in self._order():
             url = self.endpoints[index] + GATEWAY_PREFIX + path
             try:
                 async with self._http().post(url, json=body) as resp:
-                    text = await resp.text()
-                    if resp.status != 200:
-                        raise self._error(path, resp.status, text)
-                    self._preferred = index
-                    reply: dict[str, Any] = json.loads(text)
-                    return reply
+                    status = resp.status
+                    text = await resp.text(errors="replace")
             except (TimeoutError, aiohttp.ClientError, OSError) as exc:
                 last = exc
-        raise MetadataError(f"etcd {path}: no endpoint of {list(self.endpoints)} answered") from last
+                continue
+            if status != 200:
+                error = self._error(path, status, text)
+                if status < 500 or isinstance(error, LeaseNotFound):
+                    raise error
+                last = error
+                continue
+            try:
+                reply = json.loads(text)
+                if not isinstance(reply, dict) or not _ETCD_REPLY_KEYS.intersection(reply):
+                    raise TypeError("no etcd response header")
+                result = parse(reply)
+            except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
+                last = MetadataError(
+                    f"etcd {path}: {self.endpoints[index]} answered HTTP 200 with a reply that is not"
+                    f" etcd's ({type(exc).__name__}: {exc}): {text[:120]!r}"
+                )
+                last.__cause__ = exc
+                continue
+            self._preferred = index
+            return result
+        reason = "" if last is None else f" (last: {str(last) or type(last).__name__})"
+        raise MetadataError(f"etcd {path}: no endpoint of {list(self.endpoints)} answered{reason}") from last
 
     @staticmethod
     def _error(path: str, status: int, text: str) -> MetadataError:
@@ -238,42 +290,46 @@ class EtcdClient:
 
     async def get(self, key: bytes) -> KeyValue | None:
         """The key, or ``None`` when absent."""
-        reply = await self._call("/kv/range", {"key": _b64(key)})
-        kvs = reply.get("kvs") or []
-        return KeyValue._from(kvs[0]) if kvs else None
+
+        def parse(reply: dict[str, Any]) -> KeyValue | None:
+            kvs = reply.get("kvs") or []
+            return KeyValue._from(kvs[0]) if kvs else None
+
+        return await self._call("/kv/range", {"key": _b64(key)}, parse)
 
     async def get_prefix(self, prefix: bytes) -> tuple[list[KeyValue], int]:
         """Every key under ``prefix`` in key order, and the store revision they were read at."""
-        reply = await self._call("/kv/range", {"key": _b64(prefix), "range_end": _b64(prefix_end(prefix))})
-        revision = int(reply["header"]["revision"])
-        return [KeyValue._from(kv) for kv in reply.get("kvs") or []], revision
+
+        def parse(reply: dict[str, Any]) -> tuple[list[KeyValue], int]:
+            return [KeyValue._from(kv) for kv in reply.get("kvs") or []], _revision(reply)
+
+        body = {"key": _b64(prefix), "range_end": _b64(prefix_end(prefix))}
+        return await self._call("/kv/range", body, parse)
 
     async def put(self, key: bytes, value: bytes, *, lease: int = 0) -> int:
         """Write ``key`` unconditionally; returns the new store revision."""
         body: dict[str, Any] = {"key": _b64(key), "value": _b64(value)}
         if lease:
             body["lease"] = str(lease)
-        reply = await self._call("/kv/put", body)
-        return int(reply["header"]["revision"])
+        return await self._call("/kv/put", body, _revision)
 
     async def delete(self, key: bytes) -> bool:
         """Delete ``key``; whether it existed."""
-        reply = await self._call("/kv/deleterange", {"key": _b64(key)})
-        return int(reply.get("deleted", 0)) > 0
+        return await self._call("/kv/deleterange", {"key": _b64(key)}, lambda r: int(r.get("deleted", 0)) > 0)
 
     async def txn(
         self, compares: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op] = ()
     ) -> TxnResult:
         """One atomic transaction: if every compare holds run ``success``, else ``failure``."""
-        reply = await self._call(
+        return await self._call(
             "/kv/txn",
             {
                 "compare": [c._json() for c in compares],
                 "success": [op._json() for op in success],
                 "failure": [op._json() for op in failure],
             },
+            lambda r: TxnResult(bool(r.get("succeeded", False)), _revision(r)),
         )
-        return TxnResult(bool(reply.get("succeeded", False)), int(reply["header"]["revision"]))
 
     async def cas(self, key: bytes, mod_revision: int, value: bytes | None, *, lease: int = 0) -> bool:
         """Write (or delete, ``value=None``) ``key`` only if its ``mod_revision`` is unchanged.
@@ -289,10 +345,13 @@ class EtcdClient:
         """A new lease of ``ttl_s`` seconds; its id."""
         if ttl_s < 1:
             raise InvalidArgument("a lease TTL is at least 1 s")
-        reply = await self._call("/lease/grant", {"TTL": str(ttl_s)})
-        if reply.get("error"):
-            raise MetadataError(f"etcd lease grant: {reply['error']}")
-        return int(reply["ID"])
+
+        def parse(reply: dict[str, Any]) -> int:
+            if reply.get("error"):
+                raise MetadataError(f"etcd lease grant: {reply['error']}")
+            return int(reply["ID"])
+
+        return await self._call("/lease/grant", {"TTL": str(ttl_s)}, parse)
 
     async def lease_keepalive(self, lease: int) -> int:
         """Refresh the lease once; its remaining TTL in seconds.
@@ -300,9 +359,12 @@ class EtcdClient:
         Raises:
             LeaseNotFound: The lease expired or was revoked (its keys are gone).
         """
-        reply = await self._call("/lease/keepalive", {"ID": str(lease)})
-        result = reply.get("result", reply)
-        ttl = int(result.get("TTL", 0))
+
+        def parse(reply: dict[str, Any]) -> int:
+            result = reply.get("result", reply)
+            return int(result.get("TTL", 0))
+
+        ttl = await self._call("/lease/keepalive", {"ID": str(lease)}, parse)
         if ttl <= 0:
             raise LeaseNotFound(f"etcd lease {lease} expired or was revoked")
         return ttl
@@ -310,12 +372,11 @@ class EtcdClient:
     async def lease_revoke(self, lease: int) -> None:
         """Revoke the lease, deleting every key attached to it (absent leases are ignored)."""
         with contextlib.suppress(LeaseNotFound):
-            await self._call("/lease/revoke", {"ID": str(lease)})
+            await self._call("/lease/revoke", {"ID": str(lease)}, lambda r: None)
 
     async def lease_ttl(self, lease: int) -> int:
         """Remaining TTL in seconds; -1 when the lease does not exist."""
-        reply = await self._call("/lease/timetolive", {"ID": str(lease)})
-        return int(reply.get("TTL", -1))
+        return await self._call("/lease/timetolive", {"ID": str(lease)}, lambda r: int(r.get("TTL", -1)))
 
     # --- watches ------------------------------------------------------------------------
 
@@ -342,14 +403,10 @@ class EtcdClient:
                 async for line in resp.content:
                     if not line.strip():
                         continue
-                    result = json.loads(line).get("result", {})
+                    result, events = _watch_line(line)
                     if result.get("canceled"):
                         reason = result.get("cancel_reason", "canceled")
                         raise MetadataError(f"etcd watch canceled: {reason}")
-                    events = [
-                        WatchEvent(WatchEventType(e.get("type", "PUT")), KeyValue._from(e["kv"]))
-                        for e in result.get("events") or []
-                    ]
                     if events:
                         yield events
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:

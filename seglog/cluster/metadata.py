@@ -240,12 +240,15 @@ class NodeLease:
                 log.warning("node %d: etcd says lease %x is gone", self.info.node_id, self.lease)
                 self.lost.set()
                 return
-            except (MetadataError, TimeoutError):
+            except Exception as exc:
                 # etcd unreachable (down, restarting): the lease may well survive (etcd renews
                 # every lease when it comes back), so keep trying until it has expired by our
                 # own clock, not a moment before. Until then the node keeps its roles: a
                 # leader keeps acknowledging acks="all" appends with the ISR it has, which it
-                # cannot change without etcd.
+                # cannot change without etcd. Anything else is retried the same way: this task
+                # ending would leave the node registered in its own eyes and expired in etcd's.
+                if not isinstance(exc, (MetadataError, TimeoutError)):
+                    log.exception("node %d: refreshing lease %x failed", self.info.node_id, self.lease)
                 now = loop.time()
                 self.unreachable_since = self.unreachable_since or now
                 # A back-off before the next attempt, not synchronisation.
