@@ -10,13 +10,11 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
 
 import pytest
-from aiohttp import web
 
 START_TIMEOUT_S: Final = 30.0
 STOP_TIMEOUT_S: Final = 15.0
@@ -98,34 +96,3 @@ def etcd(tmp_path: Path) -> Iterator[EtcdProcess]:
         yield proc
     finally:
         proc.stop()
-
-
-# What a wrong URL in an ``--etcd`` list may answer: another web service's page, some other
-# JSON API, or a member that cannot serve (etcd's 503 without a leader).
-NOT_ETCD_REPLIES: Final = {
-    "html": (200, "text/html", "<html><body>a web page, not etcd</body></html>"),
-    "json": (200, "application/json", '{"status": "ok", "service": "something else"}'),
-    "unavailable": (503, "application/json", '{"error": "etcdserver: no leader", "code": 14}'),
-}
-
-
-@asynccontextmanager
-async def not_etcd(kind: str) -> AsyncIterator[str]:
-    """A loopback HTTP server that answers every request with ``NOT_ETCD_REPLIES[kind]``; its URL."""
-    status, content_type, text = NOT_ETCD_REPLIES[kind]
-
-    async def answer(request: web.Request) -> web.Response:
-        await request.read()
-        return web.Response(status=status, text=text, content_type=content_type)
-
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", answer)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    port = _free_port()
-    site = web.TCPSite(runner, "127.0.0.1", port)
-    await site.start()
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()

@@ -8,8 +8,12 @@ import struct
 import termios
 import threading
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import IO
+from typing import IO, Final
+
+from aiohttp import web
 
 import seglog
 
@@ -77,3 +81,34 @@ def wait_pipe_drained(fd: int, timeout_s: float = 60) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError("the child did not read its input")
         time.sleep(0.005)
+
+
+# What a wrong URL (an ``--etcd`` list's, a client's) may answer: another web service's page,
+# some other JSON API, or a member that cannot serve (etcd's 503 without a leader).
+FOREIGN_REPLIES: Final = {
+    "html": (200, "text/html", "<html><body>a web page of another service</body></html>"),
+    "json": (200, "application/json", '{"status": "ok", "service": "something else"}'),
+    "unavailable": (503, "application/json", '{"error": "etcdserver: no leader", "code": 14}'),
+}
+
+
+@asynccontextmanager
+async def foreign_server(kind: str) -> AsyncIterator[str]:
+    """A loopback HTTP server that answers every request with ``FOREIGN_REPLIES[kind]``; its URL."""
+    status, content_type, text = FOREIGN_REPLIES[kind]
+
+    async def answer(request: web.Request) -> web.Response:
+        await request.read()
+        return web.Response(status=status, text=text, content_type=content_type)
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", answer)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()

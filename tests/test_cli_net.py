@@ -18,8 +18,8 @@ from typing import Any, Final
 import pytest
 import trustme
 
-from tests.etcd_fixtures import EtcdProcess, not_etcd
-from tests.helpers import ChildLines
+from tests.etcd_fixtures import EtcdProcess
+from tests.helpers import ChildLines, foreign_server
 from tests.server_fixtures import ServerFactory, ServerProcess
 
 SEGLOG: Final = str(Path(sys.executable).parent / "seglog")
@@ -362,7 +362,7 @@ def test_serve_with_an_etcd_url_that_is_not_etcd_says_what_answered(tmp_path: Pa
     """``--etcd`` pointing at some web page: one line naming the page's reply, exit 1."""
 
     async def main() -> tuple[int, bytes]:
-        async with not_etcd("html") as page:
+        async with foreign_server("html") as page:
             proc = await asyncio.create_subprocess_exec(
                 SEGLOG,
                 "serve",
@@ -385,7 +385,28 @@ def test_serve_with_an_etcd_url_that_is_not_etcd_says_what_answered(tmp_path: Pa
     text = err.decode()
     assert code == 1, text
     assert text.count("\n") == 1 and "Traceback" not in text, text
-    assert text.startswith("seglog: error: etcd ") and "not etcd's" in text and "a web page" in text, text
+    assert (
+        text.startswith("seglog: error: etcd ")
+        and "not etcd's" in text
+        and "a web page of another service" in text
+    ), text
+
+
+def test_a_url_that_is_not_a_node_is_one_remote_error_line() -> None:
+    """``--url`` of some other web service: its 200 page is not misread as a reply."""
+
+    async def main() -> list[subprocess.CompletedProcess[bytes]]:
+        async with foreign_server("json") as page:
+            return [
+                await asyncio.to_thread(sh, "admin", "--url", page, "list"),
+                await asyncio.to_thread(
+                    sh, "produce", "--url", page, "t", stdin=b'{"topic": "a", "value": "v"}\n'
+                ),
+            ]
+
+    for r in asyncio.run(main()):
+        err = one_error_line(r, "RemoteError")
+        assert "not a seglog node" in err and "something else" in err, err
 
 
 def test_replicated_database_on_a_cluster_node(server_factory: ServerFactory, etcd: EtcdProcess) -> None:

@@ -14,13 +14,14 @@ import pytest
 from aiohttp import web
 
 from seglog.client._metadata import LeaderCache
+from seglog.cluster import protocol
 from seglog.errors import DatabaseNotFound
 
 
 @asynccontextmanager
 async def _node(view: dict[str, Any]) -> AsyncIterator[str]:
     async def cluster(_request: web.Request) -> web.Response:
-        return web.json_response(view)
+        return web.json_response(view, headers={protocol.HEADER_NODE: protocol.WIRE_VERSION})
 
     app = web.Application()
     app.router.add_get("/v1/cluster", cluster)

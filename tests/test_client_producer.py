@@ -37,9 +37,11 @@ from seglog.errors import (
     InvalidTopic,
     InvalidValue,
     RecordTooLarge,
+    RemoteError,
     ServerUnavailable,
 )
 from seglog.record import Record, RecordMeta, records_to_batch, validate_record
+from tests.helpers import FOREIGN_REPLIES, foreign_server
 from tests.server_fixtures import ServerFactory, ServerProcess
 
 DB = "p"
@@ -240,6 +242,28 @@ def test_invalid_records_are_rejected_at_send_with_nothing_sent(server: ServerPr
             await p.flush()
             assert p.sent_requests == 0
         assert await _read_all(server.url) == []
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("kind", ["html", "json"])
+def test_a_url_that_is_not_a_node_is_a_remote_error(kind: str) -> None:
+    """A Producer, a Consumer and a group member given another service's URL fail at start with
+    RemoteError naming what answered (they used to raise its JSONDecodeError or KeyError)."""
+    assert FOREIGN_REPLIES[kind][0] == 200
+
+    async def main() -> None:
+        async with foreign_server(kind) as url:
+            openers = [
+                lambda: Producer(url, "db"),
+                lambda: Consumer(url, "db"),
+                lambda: Consumer(url, "db", group="g"),
+            ]
+            for opener in openers:
+                with pytest.raises(RemoteError, match="not a seglog node") as err:
+                    async with opener():
+                        pass
+                assert FOREIGN_REPLIES[kind][2][:20] in str(err.value)
 
     asyncio.run(main())
 

@@ -10,7 +10,8 @@ import pytest
 
 from seglog.cluster.etcd import EtcdClient, WatchEvent, WatchEventType, prefix_end
 from seglog.errors import InvalidArgument, LeaseNotFound, MetadataError
-from tests.etcd_fixtures import NOT_ETCD_REPLIES, EtcdProcess, _free_port, not_etcd
+from tests.etcd_fixtures import EtcdProcess, _free_port
+from tests.helpers import FOREIGN_REPLIES, foreign_server
 
 T = TypeVar("T")
 Run = Callable[[Coroutine[Any, Any, T]], T]
@@ -145,13 +146,13 @@ def test_endpoints_fail_over_and_errors(etcd: EtcdProcess, run: Run[None]) -> No
         EtcdClient("127.0.0.1:2379")
 
 
-@pytest.mark.parametrize("kind", sorted(NOT_ETCD_REPLIES))
+@pytest.mark.parametrize("kind", sorted(FOREIGN_REPLIES))
 def test_an_endpoint_that_is_not_etcd_is_skipped(etcd: EtcdProcess, run: Run[None], kind: str) -> None:
     """A wrong URL in the endpoint list (a web page, another JSON API, a member without a
     leader) is passed over like a dead one; alone it is a MetadataError naming what answered."""
 
     async def main() -> None:
-        async with not_etcd(kind) as bogus:
+        async with foreign_server(kind) as bogus:
             async with EtcdClient(f"{bogus},{etcd.url}", request_timeout_s=2) as client:
                 revision = await client.put(b"k", b"v")
                 kv = await client.get(b"k")

@@ -29,7 +29,8 @@ from seglog.errors import (
     NodeIdInUse,
     StaleMetadata,
 )
-from tests.etcd_fixtures import EtcdProcess, not_etcd
+from tests.etcd_fixtures import EtcdProcess
+from tests.helpers import foreign_server
 
 T = TypeVar("T")
 Run = Callable[[Coroutine[Any, Any, T]], T]
@@ -156,7 +157,10 @@ def test_keepalive_rides_out_an_etcd_restart_with_a_wrong_url_listed(
     page's HTML, leaving the node registered in its own eyes and expired in etcd's)."""
 
     async def main() -> None:
-        async with not_etcd("html") as page, EtcdClient(f"{etcd.url},{page}", request_timeout_s=2) as client:
+        async with (
+            foreign_server("html") as page,
+            EtcdClient(f"{etcd.url},{page}", request_timeout_s=2) as client,
+        ):
             meta = ClusterMetadata(client)
             node = await meta.register_node(NodeInfo(5, "http://n5"), ttl_s=6)
             node.start_keepalive()

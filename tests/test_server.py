@@ -21,6 +21,7 @@ DB = "t"
 async def _create(session: aiohttp.ClientSession, url: str, shards: int = 2) -> dict[str, Any]:
     async with session.post(f"{url}/v1/dbs", json={"name": DB, "shards": shards}) as r:
         assert r.status == 201, await r.text()
+        assert r.headers[protocol.HEADER_NODE] == protocol.WIRE_VERSION
         body: dict[str, Any] = await r.json()
         return body
 
@@ -39,6 +40,7 @@ async def _fetch(
     async with session.get(f"{url}/v1/dbs/{DB}/shards/{shard}/frames", params=params) as r:
         assert r.status == 200, await r.text()
         assert r.content_type == protocol.FRAMES
+        assert r.headers[protocol.HEADER_NODE] == protocol.WIRE_VERSION  # long polls too
         marks = {
             "start": int(r.headers[protocol.HEADER_LOG_START]),
             "end": int(r.headers[protocol.HEADER_LOG_END]),
@@ -89,6 +91,35 @@ def test_json_and_arrow_round_trip_and_stored_frames(server: ServerProcess) -> N
             assert len(values) == 151
 
     asyncio.run(check())
+
+
+def test_every_reply_says_it_comes_from_a_node(server: ServerProcess) -> None:
+    """The client tells a node's 2xx reply from another service's by this header (errors,
+    unknown paths, metrics and long polls included)."""
+
+    async def main() -> None:
+        async with aiohttp.ClientSession() as s:
+            await _create(s, server.url, shards=1)
+            requests: list[tuple[str, str, Any]] = [
+                ("GET", "/healthz", None),
+                ("GET", "/metrics", None),
+                ("GET", "/v1/dbs", None),
+                ("GET", f"/v1/dbs/{DB}", None),
+                ("GET", "/v1/dbs/nope", None),
+                ("GET", "/no/such/path", None),
+                ("PUT", "/v1/dbs", None),
+                ("POST", f"/v1/dbs/{DB}/fetch", {"shards": {"0": 0}, "wait_ms": 50, "max_bytes": 1 << 20}),
+                ("POST", f"/v1/dbs/{DB}/groups/g/join", {"session_timeout_ms": 10_000}),
+            ]
+            statuses = []
+            for method, path, body in requests:
+                async with s.request(method, server.url + path, json=body) as r:
+                    await r.read()
+                    assert r.headers.get(protocol.HEADER_NODE) == protocol.WIRE_VERSION, (method, path)
+                    statuses.append(r.status)
+            assert statuses == [200, 200, 200, 200, 404, 404, 405, 200, 200]
+
+    asyncio.run(main())
 
 
 def test_long_poll_is_woken_by_an_append(server: ServerProcess) -> None:

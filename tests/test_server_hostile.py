@@ -48,6 +48,7 @@ async def _expect(r: aiohttp.ClientResponse, status: int, error: str, what: obje
     text = await r.text()
     assert "Traceback" not in text and 'File "' not in text, (what, text)
     assert r.content_type == protocol.JSON, (what, r.content_type, text)
+    assert r.headers.get(protocol.HEADER_NODE) == protocol.WIRE_VERSION, what
     payload: dict[str, Any] = json.loads(text)
     assert (r.status, payload["error"]) == (status, error), (what, r.status, payload)
     assert isinstance(payload["message"], str) and payload["message"]

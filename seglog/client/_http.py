@@ -12,7 +12,7 @@ import aiohttp
 from multidict import CIMultiDictProxy
 
 from seglog.cluster import protocol
-from seglog.errors import ClosedResourceError, InvalidArgument, SeglogError, ServerUnavailable
+from seglog.errors import ClosedResourceError, InvalidArgument, RemoteError, SeglogError, ServerUnavailable
 
 __all__ = ["DEFAULT_REQUEST_TIMEOUT_S", "NodeSession", "Reply"]
 
@@ -114,6 +114,12 @@ class NodeSession:
                 if response.status >= 400:
                     raise protocol.error_from_reply(
                         response.status, body, response.headers.get("Retry-After")
+                    )
+                if protocol.HEADER_NODE not in response.headers:
+                    raise RemoteError(
+                        f"{method} {self.url}{path}: HTTP {response.status} from something that is not a"
+                        f" seglog node (no {protocol.HEADER_NODE} header; {response.content_type}):"
+                        f" {body[:120]!r}"
                     )
                 return Reply(response.status, response.headers, body, response.content_type)
         except SeglogError:

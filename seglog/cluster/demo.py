@@ -23,7 +23,6 @@ import argparse
 import asyncio
 import contextlib
 import functools
-import json
 import shutil
 import signal
 import socket
@@ -38,6 +37,7 @@ from typing import Any, Final, TypeVar
 from seglog.client import Consumer, Producer
 from seglog.client._http import NodeSession
 from seglog.cluster import protocol
+from seglog.cluster.etcd import EtcdClient
 from seglog.errors import InvalidArgument, SeglogError
 from seglog.record import RecordMeta
 
@@ -189,12 +189,10 @@ class _Cluster:
 
     async def _etcd_healthy(self) -> bool:
         self.etcd.check_running()
-        session = NodeSession(self.etcd_url, timeout_s=1)
-        try:
-            reply = await session.request("GET", "/health")
-            return bool(json.loads(reply.body).get("health") == "true")
-        finally:
-            await session.close()
+        # A read served is the readiness that matters (MetadataError until then).
+        async with EtcdClient(self.etcd_url, request_timeout_s=1) as etcd:
+            await etcd.get(b"/seglog-demo/ready")
+        return True
 
     async def _all_registered(self) -> bool:
         for node in self.nodes.values():

@@ -84,8 +84,10 @@ __all__ = [
     "HEADER_HIGH_WATERMARK",
     "HEADER_LOG_END",
     "HEADER_LOG_START",
+    "HEADER_NODE",
     "JSON",
     "NDJSON",
+    "WIRE_VERSION",
     "error_from_payload",
     "error_from_reply",
     "error_payload",
@@ -105,6 +107,11 @@ FRAMES: Final = "application/vnd.seglog.frames"
 HEADER_LOG_START: Final = "Seglog-Log-Start"
 HEADER_LOG_END: Final = "Seglog-Log-End"
 HEADER_HIGH_WATERMARK: Final = "Seglog-High-Watermark"
+# On every reply of a node (errors included), the wire version: a 2xx reply without it came
+# from something else (a wrong URL, a proxy's page), and the client says so instead of
+# misreading its body.
+HEADER_NODE: Final = "Seglog-Node"
+WIRE_VERSION: Final = "1"
 
 # Status per error class; the most specific class listed wins (searched along the MRO).
 _STATUS: Final[dict[type[errors.SeglogError], int]] = {

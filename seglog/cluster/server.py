@@ -28,7 +28,7 @@ from seglog.cluster.connections import ConnectionGuard, GuardedSite
 from seglog.cluster.context import NODE, NodeContext, ServerLimits
 from seglog.cluster.http_errors import error_middleware
 from seglog.cluster.node import ClusterConfig, ClusterNode
-from seglog.cluster.protocol import API_PREFIX, DEFAULT_PORT
+from seglog.cluster.protocol import API_PREFIX, DEFAULT_PORT, HEADER_NODE, WIRE_VERSION
 from seglog.errors import ClosedResourceError, InvalidArgument
 from seglog.store import Store
 from seglog.store import open as open_store
@@ -68,6 +68,11 @@ async def metrics_text(request: web.Request) -> web.Response:
     response = web.Response(body=body)
     response.headers["Content-Type"] = metrics.CONTENT_TYPE
     return response
+
+
+async def _mark_reply(request: web.Request, response: web.StreamResponse) -> None:
+    """Every reply says it comes from a node (see :data:`~seglog.cluster.protocol.HEADER_NODE`)."""
+    response.headers[HEADER_NODE] = WIRE_VERSION
 
 
 async def health(request: web.Request) -> web.Response:
@@ -183,6 +188,7 @@ class NodeServer:
             middlewares.append(auth_middleware(self.tokens, ROUTE_NEEDS))
         app = web.Application(middlewares=middlewares, client_max_size=self.limits.max_body_bytes)
         app[NODE] = node
+        app.on_response_prepare.append(_mark_reply)
         db = API_PREFIX + "/dbs/{db}"
         app.router.add_get("/healthz", health)
         app.router.add_get("/metrics", metrics_text)
