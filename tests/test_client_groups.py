@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -318,6 +319,74 @@ def test_the_server_expires_silent_sessions_without_any_request(tmp_path: Path) 
                     assert r.status == 409 and (await r.json())["error"] == "UnknownMember"
                 async with s.post(join, json={"session_timeout_ms": 10}) as r:
                     assert r.status == 400 and (await r.json())["error"] == "InvalidArgument"
+
+    asyncio.run(main())
+
+
+def test_the_expiry_timer_outlives_a_failed_pass(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """One failing expiry pass (injected: the coordinator's ``due`` raises once) is logged and
+    the timer goes on; before, its task ended and no silent member of any group expired again."""
+
+    async def main() -> None:
+        async with serve(tmp_path / "node", port=0) as node:
+            await _create(node.url, 2)
+            assert node._runner is not None
+            service = node._runner.app[GROUPS]
+            coordinator = service.coordinator
+            due = coordinator.due  # only the timer asks what is due (requests expire their own group)
+            failures = []
+
+            def due_failing_once() -> Any:
+                if not failures:
+                    failures.append(1)
+                    raise RuntimeError("injected expiry failure")
+                return due()
+
+            coordinator.due = due_failing_once  # type: ignore[method-assign]
+            service.deadlines_changed()  # the timer's next pass: the one that fails
+            async with aiohttp.ClientSession() as s:
+                join = f"{node.url}/v1/dbs/{DB}/groups/quiet/join"
+                async with s.post(join, json={"session_timeout_ms": 300}) as r:
+                    assert r.status == 200
+                await asyncio.wait_for(service.timer_expired.wait(), WAIT_S)
+            assert failures == [1]
+            assert coordinator.describe((DB, "quiet")) == {"generation": 2, "members": {}}
+
+    with caplog.at_level(logging.ERROR, logger="seglog.server"):
+        asyncio.run(main())
+    assert any("expiring group sessions failed" in r.getMessage() for r in caplog.records)
+
+
+def test_heartbeats_outlive_a_failed_beat(tmp_path: Path) -> None:
+    """A beat that fails with something unexpected (injected) is logged and the next beats go
+    on: the member outlives several session timeouts. Before, the heartbeat task ended and the
+    node expired the member while it kept reading its shards."""
+
+    async def main() -> None:
+        async with serve(tmp_path / "node", port=0) as node:
+            await _create(node.url, 2)
+            assert node._runner is not None
+            coordinator = node._runner.app[GROUPS].coordinator
+            opts: dict[str, Any] = {"group": "hb", "session_timeout_ms": 500, "heartbeat_interval_ms": 50}
+            async with Consumer(node.url, DB, **opts) as c:
+                post = c._post
+                beats = 0
+                enough = asyncio.Event()
+
+                async def failing_first_beat(action: str, body: dict[str, Any]) -> Any:
+                    nonlocal beats
+                    if action == "heartbeat":
+                        beats += 1
+                        if beats == 1:
+                            raise RuntimeError("injected heartbeat failure")
+                        if beats >= 40:  # 40 x 50 ms: four session timeouts after the failure
+                            enough.set()
+                    return await post(action, body)
+
+                c._post = failing_first_beat  # type: ignore[method-assign]
+                await asyncio.wait_for(enough.wait(), WAIT_S)
+                members = coordinator.describe((DB, "hb"))["members"]
+                assert list(members) == [c.member_id] and sorted(c.assignment()) == [0, 1]
 
     asyncio.run(main())
 

@@ -361,6 +361,10 @@ class Consumer:
             except SeglogError as exc:
                 # The next beat retries; the session outlives a few missed ones.
                 log.warning("group %s: heartbeat failed: %s", self.group, exc)
+            except Exception:
+                # Not ours to end: without heartbeats the session expires and the group gives
+                # this consumer's shards to others while it goes on reading them.
+                log.exception("group %s: heartbeat failed", self.group)
 
     # --- positions ---------------------------------------------------------------------
 

@@ -29,6 +29,8 @@ __all__ = ["GROUPS", "GroupService", "add_routes"]
 log = logging.getLogger("seglog.server")
 
 _MAX_OFFSET: Final = 2**63 - 1
+# After a failed expiry pass, the next one runs this much later (logged each time).
+_EXPIRY_RETRY_S: Final = 0.5
 
 
 class GroupService:
@@ -58,13 +60,19 @@ class GroupService:
         loop = asyncio.get_running_loop()
         while True:
             self._wake.clear()
-            for key in coordinator.due():
-                async with self.lock(key):
-                    gone = coordinator.expire(key)
-                if gone:
-                    self.timer_expired.set()
-                    log.info("group %s/%s: sessions expired: %s", key[0], key[1], ", ".join(gone))
-            deadline = coordinator.next_deadline()
+            try:
+                for key in coordinator.due():
+                    async with self.lock(key):
+                        gone = coordinator.expire(key)
+                    if gone:
+                        self.timer_expired.set()
+                        log.info("group %s/%s: sessions expired: %s", key[0], key[1], ", ".join(gone))
+                deadline = coordinator.next_deadline()
+            except Exception:
+                # This timer alone expires silent members (their shards move on): it must not
+                # end with one failure, or no group on this node would rebalance again.
+                log.exception("expiring group sessions failed; retrying in %g s", _EXPIRY_RETRY_S)
+                deadline = loop.time() + _EXPIRY_RETRY_S
             # The coordinator's clock is loop.time()'s (both monotonic seconds) when served.
             timeout = None if deadline is None else max(0.0, deadline - loop.time()) + 0.001
             with contextlib.suppress(TimeoutError):
