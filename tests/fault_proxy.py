@@ -4,6 +4,8 @@ Runs its own event loop in a thread so it serves while the test blocks. ``cut()`
 every open connection and refuses new ones (a partition); ``heal()`` forwards again.
 ``drop_replies()`` forwards requests but throws away what the target answers (a request that
 is carried out and whose reply is lost: the ambiguous failure a retry must not duplicate).
+``corrupt_replies(marker)`` flips a bit of ``marker`` wherever a reply chunk carries it (a
+mangling middlebox: the bytes arrive, wrong).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ class FaultProxy:
         self._thread.start()
         self._cut = False
         self._drop_replies = False
+        self._corrupt = None
+        self._corrupt: bytes | None = None
         self._writers: set[asyncio.StreamWriter] = set()
         self._server: asyncio.Server = self._call(asyncio.start_server(self._handle, "127.0.0.1", 0))
         self.port = int(self._server.sockets[0].getsockname()[1])
@@ -57,6 +61,8 @@ class FaultProxy:
                 while not self._cut and (data := await src.read(CHUNK_BYTES)):
                     if reply and self._drop_replies:
                         continue
+                    if reply and self._corrupt is not None and (at := data.find(self._corrupt)) >= 0:
+                        data = data[:at] + bytes([data[at] ^ 1]) + data[at + 1 :]
                     dst.write(data)
                     await dst.drain()
             except (ConnectionError, OSError):
@@ -81,10 +87,15 @@ class FaultProxy:
         """Forward again (both ways)."""
         self._cut = False
         self._drop_replies = False
+        self._corrupt = None
 
     def drop_replies(self) -> None:
         """Forward requests, throw away the replies (until :meth:`heal`)."""
         self._drop_replies = True
+
+    def corrupt_replies(self, marker: bytes) -> None:
+        """Flip a bit of ``marker`` in the replies that carry it (until :meth:`heal`)."""
+        self._corrupt = marker
 
     def close(self) -> None:
         """Stop the proxy and its thread."""

@@ -12,8 +12,9 @@ import pytest
 
 from seglog.client import Consumer
 from seglog.cluster import protocol
-from seglog.errors import InvalidArgument, UnknownMember
+from seglog.errors import CorruptFrame, InvalidArgument, UnknownMember
 from seglog.record import READ_SCHEMA
+from tests.fault_proxy import FaultProxy
 from tests.server_fixtures import ServerProcess
 
 DB = "c"
@@ -197,3 +198,34 @@ def test_commits_survive_a_server_restart(server: ServerProcess) -> None:
                     await manual.commit({0: 2})  # the group has a member now
 
     asyncio.run(main_after())
+
+
+def test_a_frame_corrupted_on_the_way_fails_the_consumer_instead_of_stalling_it(
+    server: ServerProcess,
+) -> None:
+    """A fetch reply whose frame a middlebox mangled (a bit flipped after the node's own CRC
+    check) is refused by the client's CRC check and raised from ``getmany``. Before, the check
+    raised inside the fetch task and ended it: the consumer waited forever, silent."""
+    marker = b"needle-7f3a"
+    proxy = FaultProxy()
+    proxy.set_target(server.url)
+
+    async def main() -> None:
+        await _setup(server.url)
+        await _produce(server.url, 1, [{"topic": "s1", "value": marker.decode(), "ts": TS0 + 10**6}])
+        proxy.corrupt_replies(marker)
+        async with Consumer(proxy.url, DB, shards=[1], auto_offset_reset="earliest") as c:
+            with pytest.raises(CorruptFrame):
+                async with asyncio.timeout(WAIT_S):
+                    while True:
+                        await c.getmany(timeout_ms=None)
+        # The same shard through an honest link reads whole.
+        proxy.heal()
+        async with Consumer(proxy.url, DB, shards=[1], auto_offset_reset="earliest") as c:
+            got = await _drain(c, PER_SHARD + 1)
+            assert got[1][-1].value == marker
+
+    try:
+        asyncio.run(main())
+    finally:
+        proxy.close()

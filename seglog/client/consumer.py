@@ -43,6 +43,7 @@ from seglog.errors import (
     InvalidArgument,
     NotLeader,
     OffsetOutOfRange,
+    RemoteError,
     SeglogError,
     ServerUnavailable,
     StaleGeneration,
@@ -623,7 +624,16 @@ class Consumer:
                 if part.error is not None:
                     self._fail(part.error)
                     return
-                table = _decode(part, offset)
+                try:
+                    table = _decode(part, offset)
+                except SeglogError as exc:  # CorruptFrame: the bytes changed after the node checked them
+                    self._fail(exc)
+                    return
+                except Exception as exc:  # an Arrow body that does not decode
+                    failure = RemoteError(f"shard {shard}: fetched records that do not decode: {exc}")
+                    failure.__cause__ = exc
+                    self._fail(failure)
+                    return
                 if table.num_rows:
                     self._chunks[shard].append(table)
                     self._fetch_at[shard] = int(table.column("offset")[-1].as_py()) + 1
