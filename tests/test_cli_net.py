@@ -130,6 +130,11 @@ def test_admin_create_list_describe_configure_drop(server: ServerProcess) -> Non
     assert [s["shard"] for s in stats["orders"]] == [0, 1, 2]
     one_error_line(sh("admin", "--url", url, "describe", "../x"), "InvalidName")
     one_error_line(sh("admin", "list"), "InvalidArgument")  # no --url
+    # A URL that cannot name a node is refused before any request (a non-numeric port used to
+    # reach aiohttp and come back as a ServerUnavailable that repeated the URL).
+    for bad in ("ftp://x", "http://127.0.0.1:notaport", "http://127.0.0.1:70000", "http://:7070"):
+        err = one_error_line(sh("admin", "--url", bad, "list"), "InvalidArgument")
+        assert "url must be http://HOST:PORT" in err, err
 
 
 def test_produce_file_then_consume_returns_the_same_records(server: ServerProcess, tmp_path: Path) -> None:
