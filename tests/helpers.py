@@ -103,6 +103,13 @@ async def foreign_server(kind: str) -> AsyncIterator[str]:
 
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", answer)
+    async with serve_app(app) as url:
+        yield url
+
+
+@asynccontextmanager
+async def serve_app(app: web.Application) -> AsyncIterator[str]:
+    """Serve ``app`` on a free loopback port for the block; its ``http://127.0.0.1:PORT``."""
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)

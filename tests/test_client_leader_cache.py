@@ -16,6 +16,7 @@ from aiohttp import web
 from seglog.client._metadata import LeaderCache
 from seglog.cluster import protocol
 from seglog.errors import DatabaseNotFound
+from tests.helpers import serve_app
 
 
 @asynccontextmanager
@@ -25,15 +26,8 @@ async def _node(view: dict[str, Any]) -> AsyncIterator[str]:
 
     app = web.Application()
     app.router.add_get("/v1/cluster", cluster)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()
+    async with serve_app(app) as url:
+        yield url
 
 
 def _view(dbs: dict[str, Any]) -> dict[str, Any]:
