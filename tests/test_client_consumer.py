@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any
 
 import aiohttp
 import pyarrow as pa
 import pytest
 
-from seglog.client import Consumer
+from seglog.client import Consumer, Producer
 from seglog.cluster import protocol
-from seglog.errors import CorruptFrame, InvalidArgument, UnknownMember
+from seglog.errors import CorruptFrame, DatabaseNotFound, InvalidArgument, UnknownMember
 from seglog.record import READ_SCHEMA
+from tests.etcd_fixtures import EtcdProcess
 from tests.fault_proxy import FaultProxy
-from tests.server_fixtures import ServerProcess
+from tests.server_fixtures import ServerFactory, ServerProcess
 
 DB = "c"
 SHARDS = 3
@@ -224,6 +226,53 @@ def test_a_frame_corrupted_on_the_way_fails_the_consumer_instead_of_stalling_it(
         async with Consumer(proxy.url, DB, shards=[1], auto_offset_reset="earliest") as c:
             got = await _drain(c, PER_SHARD + 1)
             assert got[1][-1].value == marker
+
+    try:
+        asyncio.run(main())
+    finally:
+        proxy.close()
+
+
+def test_a_database_dropped_while_a_bootstrap_consumer_reroutes_is_raised(
+    server_factory: ServerFactory, etcd: EtcdProcess
+) -> None:
+    """A cluster consumer cut off from its leader re-routes; if the database is dropped
+    meanwhile, the re-route finds no leader to ask and ``getmany`` raises DatabaseNotFound.
+    Before, that error ended the routing task and the consumer waited forever."""
+    proxy = FaultProxy()  # every client byte goes through it: the node advertises it
+    node = server_factory("--etcd", etcd.url, "--node-id", "1", "--node-ttl-s", "2", "--advertise", proxy.url)
+    proxy.set_target(node.url)
+
+    async def main() -> None:
+        async with aiohttp.ClientSession() as s:
+            body = {"name": "r", "shards": 2, "replication_factor": 1, "min_insync": 1}
+            async with s.post(f"{node.url}/v1/dbs", json=body) as r:
+                assert r.status == 201, await r.text()
+            deadline = time.monotonic() + WAIT_S
+            while True:  # the node creates its copy and leads asynchronously
+                async with s.get(f"{node.url}/v1/cluster") as r:
+                    state = (await r.json())["dbs"].get("r", {}).get("state", [])
+                if len(state) == 2 and all(x["leader"] == 1 for x in state):
+                    break
+                assert time.monotonic() < deadline, state
+                await asyncio.sleep(0.05)  # polling the metadata with a deadline
+            async with Producer(proxy.url, "r", bootstrap=[proxy.url]) as p:
+                await p.send_and_wait("a", b"1")
+            async with Consumer(proxy.url, "r", bootstrap=[proxy.url], auto_offset_reset="earliest") as c:
+                assert [r.value for rs in (await c.getmany(timeout_ms=None)).values() for r in rs] == [b"1"]
+                proxy.cut()
+                async with s.delete(f"{node.url}/v1/dbs/r") as r:
+                    assert r.status == 200, await r.text()
+                # Healed once the consumer is between attempts (each a growing pause): its next
+                # step is a metadata refresh that no longer lists the database.
+                async with asyncio.timeout(WAIT_S):
+                    while c._reroutes < 3:
+                        await asyncio.sleep(0.01)  # polling the consumer's state with a deadline
+                proxy.heal()
+                with pytest.raises(DatabaseNotFound):
+                    async with asyncio.timeout(WAIT_S):
+                        while True:
+                            await c.getmany(timeout_ms=None)
 
     try:
         asyncio.run(main())

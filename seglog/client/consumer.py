@@ -546,6 +546,11 @@ class Consumer:
             except (NotLeader, ServerUnavailable):
                 unled.append(shard)
                 continue
+            except SeglogError as exc:
+                # DatabaseNotFound (dropped while the consumer was re-routing), a refused token:
+                # getmany raises it (this task ending in silence left the consumer waiting).
+                self._fail(exc)
+                return
             by_url.setdefault(url, []).append(shard)
         for url, shards in by_url.items():
             self._spawn(self._fetch_loop(shards, self._leaders.session(url)), f"seglog-fetch-{url}")
@@ -560,8 +565,13 @@ class Consumer:
         pause = min(_RETRY_MIN_S * 2 ** (self._reroutes - 1), _RETRY_MAX_S)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stopping.wait(), pause)
-        with contextlib.suppress(ServerUnavailable):
+        try:
             await self._leaders.refresh(force=True)
+        except ServerUnavailable:
+            pass  # no node answered: the loops find out again, after a longer pause
+        except SeglogError as exc:
+            self._fail(exc)
+            return
         self._restart_fetchers()
 
     async def _fetch_loop(self, shards: list[int], session: NodeSession) -> None:
