@@ -144,6 +144,9 @@ def test_endpoints_fail_over_and_errors(etcd: EtcdProcess, run: Run[None]) -> No
         EtcdClient("")
     with pytest.raises(InvalidArgument):
         EtcdClient("127.0.0.1:2379")
+    for bad in ("http://127.0.0.1:notaport", "http://127.0.0.1:70000", "http://:2379"):
+        with pytest.raises(InvalidArgument, match="etcd endpoint must be http"):
+            EtcdClient(bad)
 
 
 @pytest.mark.parametrize("kind", sorted(FOREIGN_REPLIES))

@@ -7,13 +7,12 @@ import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
-from urllib.parse import urlsplit
 
 import aiohttp
 from multidict import CIMultiDictProxy
 
 from seglog.cluster import protocol
-from seglog.errors import ClosedResourceError, InvalidArgument, RemoteError, SeglogError, ServerUnavailable
+from seglog.errors import ClosedResourceError, RemoteError, SeglogError, ServerUnavailable
 
 __all__ = ["DEFAULT_REQUEST_TIMEOUT_S", "NodeSession", "Reply"]
 
@@ -36,20 +35,6 @@ class Reply:
         return json.loads(self.body)
 
 
-def _check_url(url: object) -> None:
-    """``http[s]://HOST[:PORT][/...]`` with a host and a valid port, or InvalidArgument."""
-    usage = f"url must be http://HOST:PORT or https://HOST:PORT, not {url!r}"
-    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-        raise InvalidArgument(usage)
-    try:
-        parts = urlsplit(url)
-        port = parts.port  # ValueError for a port that is not a number in 0..65535
-    except ValueError as exc:
-        raise InvalidArgument(f"{usage}: {exc}") from None
-    if not parts.hostname or port == 0:
-        raise InvalidArgument(usage)
-
-
 class NodeSession:
     """HTTP to one node: ``await session.request("GET", "/v1/dbs")``.
 
@@ -67,7 +52,7 @@ class NodeSession:
         timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
         pool_connections: int = DEFAULT_POOL_CONNECTIONS,
     ) -> None:
-        _check_url(url)
+        protocol.check_http_url(url)
         self.url = url.rstrip("/")
         self._headers = {} if token is None else {"Authorization": f"Bearer {token}"}
         self._ssl = ssl_context

@@ -25,6 +25,7 @@ from typing import Any, Final, TypeVar
 
 import aiohttp
 
+from seglog.cluster.protocol import check_http_url
 from seglog.errors import InvalidArgument, LeaseNotFound, MetadataError
 
 __all__ = [
@@ -203,8 +204,7 @@ class EtcdClient:
         if not urls:
             raise InvalidArgument("no etcd endpoint given")
         for url in urls:
-            if not url.startswith(("http://", "https://")):
-                raise InvalidArgument(f"etcd endpoint must be http(s)://host:port, not {url!r}")
+            check_http_url(url, "etcd endpoint")
         if request_timeout_s <= 0:
             raise InvalidArgument("request_timeout_s must be positive")
         self.endpoints: tuple[str, ...] = tuple(urls)

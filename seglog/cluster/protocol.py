@@ -73,6 +73,7 @@ from __future__ import annotations
 import base64
 import json
 from typing import Any, Final
+from urllib.parse import urlsplit
 
 from seglog import errors
 
@@ -88,6 +89,7 @@ __all__ = [
     "JSON",
     "NDJSON",
     "WIRE_VERSION",
+    "check_http_url",
     "error_from_payload",
     "error_from_reply",
     "error_payload",
@@ -234,6 +236,25 @@ def _fallback_class(status: int) -> type[errors.SeglogError]:
     if 400 <= status < 500:
         return errors.UsageError
     return errors.RemoteError
+
+
+def check_http_url(url: object, what: str = "url") -> None:
+    """``http[s]://HOST[:PORT][/...]`` with a host and a valid port (a node's or an etcd
+    endpoint's URL).
+
+    Raises:
+        InvalidArgument: Anything else, naming ``what``.
+    """
+    usage = f"{what} must be http://HOST:PORT or https://HOST:PORT, not {url!r}"
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        raise errors.InvalidArgument(usage)
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # ValueError for a port that is not a number in 0..65535
+    except ValueError as exc:
+        raise errors.InvalidArgument(f"{usage}: {exc}") from None
+    if not parts.hostname or port == 0:
+        raise errors.InvalidArgument(usage)
 
 
 def is_retriable(exc: BaseException) -> bool:
