@@ -29,7 +29,8 @@ import ssl
 import sys
 import time
 from collections import Counter, deque
-from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import IO, Any, Final
 
@@ -71,6 +72,8 @@ DEMO_PRODUCERS = 4
 DEMO_NET_RECORDS = 100_000
 # Written into the directories ``seglog demo`` makes: only those may be wiped by a rerun.
 DEMO_MARK: Final = ".seglog-demo"
+# `seglog serve --tier`: a node tiers on its own, once a minute unless told otherwise.
+DEFAULT_SERVE_TIER_INTERVAL_MS: Final = 60_000
 READ_CHUNK_BYTES: Final = 1 << 16
 _RECORD_PREFIX: Final = re.compile(r"^record \d+: ")
 
@@ -545,16 +548,27 @@ async def _tier(args: argparse.Namespace) -> int:
         if args.seal:
             await db.seal()
         entries = await db.tier_now()
-        for e in entries:
-            print(
-                f"committed {e.key}: offsets {e.base_offset}..{e.end_offset}, {e.rows:,} rows, {e.bytes:,} bytes"
-            )
-        for t in db.tier_stats():
-            print(
-                f"shard {t.shard}: hot {t.hot_bytes:,} B, warm {t.warm_bytes:,} B, cold {t.cold_bytes:,} B "
-                f"({t.tier_objects} objects)"
-            )
+        lines = tier_report_lines([e.to_json() for e in entries], [asdict(t) for t in db.tier_stats()])
+        print("\n".join(lines))
     return 0
+
+
+def tier_report_lines(
+    committed: Sequence[Mapping[str, Any]], shards: Sequence[Mapping[str, Any]]
+) -> list[str]:
+    """What ``seglog tier`` and ``seglog admin tier`` print: one line per object committed
+    (manifest entries as JSON), then one per shard (``Database.tier_stats`` as dicts)."""
+    lines = [
+        f"committed {e['key']}: offsets {e['base_offset']}..{e['end_offset']}, {e['rows']:,} rows, "
+        f"{e['bytes']:,} bytes"
+        for e in committed
+    ]
+    lines += [
+        f"shard {t['shard']}: hot {t['hot_bytes']:,} B, warm {t['warm_bytes']:,} B, "
+        f"cold {t['cold_bytes']:,} B ({t['tier_objects']} objects)"
+        for t in shards
+    ]
+    return lines
 
 
 # --- produce ---------------------------------------------------------------------------
@@ -1403,6 +1417,17 @@ def _add_other_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     sv.add_argument("--idle-timeout-s", type=float, help="close a client that stalls this long (default 60)")
     sv.add_argument("--quota-bytes", type=int, help="soft cap on the store's bytes; appends past it get 429")
+    sv.add_argument(
+        "--tier",
+        help="tier sealed segments as Parquet: file:///abs/dir or s3://bucket/prefix (not with --etcd)",
+    )
+    sv.add_argument("--s3-endpoint", help="S3 endpoint of --tier (credentials from the AWS_* environment)")
+    sv.add_argument(
+        "--tier-interval-ms",
+        type=int,
+        help=f"tier every database this often (default {DEFAULT_SERVE_TIER_INTERVAL_MS}; 0: only on "
+        "`seglog admin tier`)",
+    )
     sv.add_argument("--etcd", help="join a cluster: etcd endpoints http://HOST:PORT[,...] (needs --node-id)")
     sv.add_argument("--node-id", type=int, help="this node's id in the cluster (unique, >= 0)")
     sv.add_argument(
@@ -1465,6 +1490,7 @@ def _serve(args: argparse.Namespace) -> int:
     )
     data = _writable_data_dir(args.data)
     cluster = _cluster_config(args)
+    tiering = _serve_tier_options(args)
     server = NodeServer(
         data,
         host=host,
@@ -1476,8 +1502,22 @@ def _serve(args: argparse.Namespace) -> int:
         quota_bytes=args.quota_bytes,
         thp=args.thp,
         cluster=cluster,
+        **tiering,
     )
     return run(server)
+
+
+def _serve_tier_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The store options of ``serve --tier ...`` (empty without ``--tier``)."""
+    if args.tier is None:
+        for flag in ("s3_endpoint", "tier_interval_ms"):
+            if getattr(args, flag) is not None:
+                raise InvalidArgument(f"--{flag.replace('_', '-')} needs --tier")
+        return {}
+    interval = DEFAULT_SERVE_TIER_INTERVAL_MS if args.tier_interval_ms is None else args.tier_interval_ms
+    if interval < 0:
+        raise InvalidArgument("--tier-interval-ms must be >= 0 (0: tier only on `seglog admin tier`)")
+    return {"tier": args.tier, "s3_endpoint": args.s3_endpoint, "tier_interval_ms": interval or None}
 
 
 def _cluster_config(args: argparse.Namespace) -> Any:

@@ -32,7 +32,15 @@ from typing import IO, TYPE_CHECKING, Any, Final
 
 import pyarrow as pa
 
-from seglog.cli import _RECORD_PREFIX, _BadLine, _Input, _int_at_least, _parse_time, _write
+from seglog.cli import (
+    _RECORD_PREFIX,
+    _BadLine,
+    _Input,
+    _int_at_least,
+    _parse_time,
+    _write,
+    tier_report_lines,
+)
 from seglog.cluster import protocol
 from seglog.db_config import validate_db_name
 from seglog.errors import (
@@ -225,7 +233,7 @@ def add_consume_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None
 
 
 def add_admin_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
-    """``seglog admin --url URL create|list|describe|configure|drop|stats ...``."""
+    """``seglog admin --url URL create|list|describe|configure|drop|stats|tier ...``."""
     ad = sub.add_parser(
         "admin",
         parents=parents,
@@ -276,6 +284,9 @@ def add_admin_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     _set_option(cf)
     leaf("drop", "delete a database and its data").add_argument("db")
     leaf("stats", "offsets, segments and bytes per shard").add_argument("--json", action="store_true")
+    ti = leaf("tier", "upload sealed segments to the node's tier now (a node started with --tier)")
+    ti.add_argument("db")
+    ti.add_argument("--seal", action="store_true", help="seal the active segments first")
 
 
 def _set_option(parser: argparse.ArgumentParser) -> None:
@@ -427,6 +438,9 @@ async def _admin_action(session: NodeSession, args: argparse.Namespace) -> int:
             raise InvalidArgument("configure needs --set NAME=VALUE")
         desc = (await session.request("PATCH", path, json_body=changes)).json()
         print(json.dumps({k: desc["config"][k] for k in changes if k in desc["config"]}))
+    elif action == "tier":
+        reply = (await session.request("POST", path + "/tier", json_body={"seal": args.seal})).json()
+        print("\n".join(tier_report_lines(reply["committed"], reply["tier"])))
     else:  # drop
         await session.request("DELETE", path)
         print(f"dropped {args.db}")

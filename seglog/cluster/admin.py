@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 from aiohttp import web
@@ -11,14 +12,24 @@ from seglog.cluster.context import NODE
 from seglog.cluster.metadata import DbMeta
 from seglog.cluster.params import json_body, query_int, shard_param
 from seglog.db import Database
-from seglog.errors import DatabaseExists, InvalidRequest
+from seglog.errors import DatabaseExists, InvalidArgument, InvalidRequest
 
-__all__ = ["configure_db", "create_db", "describe_db", "drop_db", "list_dbs", "offset_for_time", "stats"]
+__all__ = [
+    "configure_db",
+    "create_db",
+    "describe_db",
+    "drop_db",
+    "list_dbs",
+    "offset_for_time",
+    "stats",
+    "tier_db",
+]
 
 
 def describe(db: Database) -> dict[str, Any]:
-    """A database's config and, per shard, its start, end and high watermark."""
-    return {
+    """A database's config; per shard, its start, end and high watermark; and, when it
+    tiers, where each shard's bytes are (``tier``, see :func:`tier_report`)."""
+    out: dict[str, Any] = {
         "name": db.name,
         "shards": db.shards,
         "config": db.config.to_json(),
@@ -31,7 +42,16 @@ def describe(db: Database) -> dict[str, Any]:
             }
             for s in range(db.shards)
         ],
+        "tiered": db.tiered,
     }
+    if db.tiered:
+        out["tier"] = tier_report(db)
+    return out
+
+
+def tier_report(db: Database) -> list[dict[str, Any]]:
+    """Per shard: hot, warm and cold bytes, tier objects, and the local and logical starts."""
+    return [asdict(t) for t in db.tier_stats()]
 
 
 async def list_dbs(request: web.Request) -> web.Response:
@@ -171,3 +191,27 @@ async def stats(request: web.Request) -> web.Response:
             for s in db.stats()
         ]
     return web.json_response({"dbs": out})
+
+
+async def tier_db(request: web.Request) -> web.Response:
+    """``POST /v1/dbs/{db}/tier`` with ``{"seal"?: bool}``: (seal the active segments, then)
+    upload every sealed segment not yet in the tier and apply local retention, now.
+
+    Replies ``{"committed": [manifest entries], "tier": [per-shard stats]}``; a node without
+    a tier answers 400 (``InvalidArgument``), a failing tier 500 (``TierError``: nothing local
+    is lost, call again).
+    """
+    node = request.app[NODE]
+    db = await node.database(request.match_info["db"])
+    body = await json_body(request)
+    seal = body.pop("seal", False)
+    if not isinstance(seal, bool) or body:
+        raise InvalidRequest('tier takes {"seal": true|false} and nothing else')
+    if not db.tiered:
+        raise InvalidArgument(
+            f"database {db.name!r} does not tier: start the node with --tier URI (segment engine only)"
+        )
+    if seal:
+        await db.seal()
+    committed = await db.tier_now()
+    return web.json_response({"committed": [e.to_json() for e in committed], "tier": tier_report(db)})

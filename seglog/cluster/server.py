@@ -108,6 +108,7 @@ ROUTE_NEEDS: Final[dict[tuple[str, str], Need]] = {
     ("GET", _DB + "/shards/{shard}/frames"): _READ,
     ("POST", _DB + "/fetch"): _READ,
     ("GET", _DB + "/shards/{shard}/offset"): _READ,
+    ("POST", _DB + "/tier"): _ADMIN,
     ("POST", _GROUP + "/join"): _READ,
     ("POST", _GROUP + "/heartbeat"): _READ,
     ("POST", _GROUP + "/leave"): _READ,
@@ -166,6 +167,15 @@ class NodeServer:
         self.port = port
         self.limits = limits or ServerLimits()
         self.ssl_context = ssl_context
+        if cluster is not None and (
+            store_options.get("tier") is not None or (store is not None and store.tier)
+        ):
+            # Every replica of a shard would upload it and rewrite the one manifest of its
+            # database: tiering needs a single writer per shard first (README, Limits).
+            raise InvalidArgument(
+                "a cluster node does not tier yet (replicated databases are not tiered): "
+                "serve with --tier or with --etcd, not both"
+            )
         self._store = store if store is not None else open_store(self.data, **store_options)
         self._node: NodeContext | None = None
         self._runner: web.AppRunner | None = None
@@ -203,6 +213,7 @@ class NodeServer:
         app.router.add_get(db + "/shards/{shard}/frames", fetch.fetch)
         app.router.add_post(db + "/fetch", fetch.fetch_many)
         app.router.add_get(db + "/shards/{shard}/offset", admin.offset_for_time)
+        app.router.add_post(db + "/tier", admin.tier_db)
         group_routes.add_routes(app, db)
         replica_routes.add_routes(app, db)
         return app
