@@ -27,6 +27,7 @@ from __future__ import annotations
 import base64
 import builtins
 import contextlib
+import fcntl
 import hashlib
 import io
 import logging
@@ -38,7 +39,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar, runtime_checkable
 from urllib.parse import unquote, urlsplit
 
 from seglog._fs import TMP_PREFIX, atomic_writer, fsync_dir
@@ -54,6 +55,7 @@ __all__ = [
     "ObjectInfo",
     "ObjectMismatch",
     "ObjectNotFound",
+    "PreconditionFailed",
     "PutData",
     "S3Target",
     "S3Tuning",
@@ -107,6 +109,11 @@ class ObjectMismatch(TierError):
     """A stored object's size or content differs from what was expected (or cannot be checked)."""
 
 
+class PreconditionFailed(TierError):
+    """A conditional put found the object changed since it was read (or present when it was
+    to be created): another writer got there first. Read it again and retry."""
+
+
 @runtime_checkable
 class TierTarget(Protocol):
     """A flat key -> bytes store holding tiered segments and manifests."""
@@ -126,6 +133,20 @@ class TierTarget(Protocol):
 
     def head(self, key: str) -> ObjectInfo | None:
         """Returns the object's info, or ``None`` if it does not exist."""
+        ...
+
+    def get_versioned(self, key: str) -> tuple[bytes, str]:
+        """Returns the whole object and its version, an opaque token that changes with every
+        put; raises :class:`ObjectNotFound` if missing."""
+        ...
+
+    def put_if(self, key: str, data: bytes, version: str | None) -> str:
+        """Stores ``data`` only if the object is still at ``version`` (``None``: only if it
+        does not exist), atomically with that check; returns the new version.
+
+        Raises:
+            PreconditionFailed: The object is at another version (or exists, or is missing).
+        """
         ...
 
     def list(self, prefix: str = "") -> builtins.list[str]:
@@ -276,6 +297,41 @@ class LocalTarget:
         except OSError as exc:
             raise TierError(f"get {key!r} from {self.uri} failed: {exc}") from exc
 
+    def get_versioned(self, key: str) -> tuple[bytes, str]:
+        """Reads the whole object; its version is the sha256 of its bytes."""
+        data = self.get(key)
+        return data, hashlib.sha256(data).hexdigest()
+
+    def put_if(self, key: str, data: bytes, version: str | None) -> str:
+        """Writes atomically and durably if the object's sha256 is still ``version``.
+
+        The check and the write hold an exclusive ``flock`` on the object's directory, so
+        processes sharing the directory (nodes of one machine) take turns.
+        """
+        path = self._path(key)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError as exc:
+            raise TierError(f"put {key!r} to {self.uri} failed: {exc}") from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                current: str | None = hashlib.sha256(path.read_bytes()).hexdigest()
+            except FileNotFoundError:
+                current = None
+            if current != version:
+                raise PreconditionFailed(
+                    f"put {key!r} to {self.uri}: the object is at {current or 'nothing'}, not {version or 'nothing'}"
+                )
+            with atomic_writer(path) as f:
+                f.write(data)
+        except OSError as exc:
+            raise TierError(f"put {key!r} to {self.uri} failed: {exc}") from exc
+        finally:
+            os.close(fd)  # releases the lock
+        return hashlib.sha256(data).hexdigest()
+
     def head(self, key: str) -> ObjectInfo | None:
         """Returns size and (recomputed) sha256, or ``None`` if missing."""
         path = self._path(key)
@@ -396,6 +452,11 @@ _TRANSIENT_CODES = frozenset(
     }
 )
 _NOT_FOUND_CODES = frozenset({"404", "NoSuchKey", "NotFound"})
+
+
+# A conditional write lost: the object changed (412), or another conditional write to it
+# was in progress (AWS answers 409 ConditionalRequestConflict).
+_CONDITION_CODES: Final = frozenset({"PreconditionFailed", "ConditionalRequestConflict"})
 
 
 def _client_error_code(exc: BaseException) -> tuple[str, int]:
@@ -552,7 +613,7 @@ class S3Target:
         for attempt in range(1, attempts + 1):
             try:
                 return op()
-            except (ObjectNotFound, InvalidArgument):
+            except (ObjectNotFound, InvalidArgument, PreconditionFailed):
                 raise
             except Exception as exc:
                 if not _is_transient(exc):
@@ -631,6 +692,48 @@ class S3Target:
             return data
 
         return self._retry(f"get s3://{self._bucket}/{full}", download)
+
+    def get_versioned(self, key: str) -> tuple[bytes, str]:
+        """Downloads the whole object; its version is its ETag."""
+        full = self._full(key)
+
+        def download() -> tuple[bytes, str]:
+            resp = self._get_object(full)
+            return resp["Body"].read(), str(resp["ETag"])
+
+        return self._retry(f"get s3://{self._bucket}/{full}", download)
+
+    def put_if(self, key: str, data: bytes, version: str | None) -> str:
+        """One ``PutObject`` with ``If-Match: version`` (``If-None-Match: *`` for ``None``).
+
+        A retried put whose first attempt landed fails its condition: callers that see
+        :class:`PreconditionFailed` read the object again and compare (the manifest does).
+        """
+        full = self._full(key)
+        condition = {"IfNoneMatch": "*"} if version is None else {"IfMatch": version}
+
+        def put() -> str:
+            try:
+                resp = self._client.put_object(
+                    Bucket=self._bucket,
+                    Key=full,
+                    Body=bytes(data),
+                    ChecksumAlgorithm="SHA256",
+                    Metadata={CHECKSUM_META_KEY: hashlib.sha256(data).hexdigest()},
+                    **condition,  # type: ignore[arg-type]
+                )
+            except Exception as exc:
+                code, status = _client_error_code(exc)
+                # If-Match on a missing object: 404 (MinIO) or 412 (AWS).
+                if status in (409, 412) or code in _CONDITION_CODES or code in _NOT_FOUND_CODES:
+                    raise PreconditionFailed(f"put s3://{self._bucket}/{full}: {code or status}") from exc
+                raise
+            return str(resp["ETag"])
+
+        etag = self._retry(f"put s3://{self._bucket}/{full}", put)
+        with self._sent_lock:
+            self._sent.pop(full, None)
+        return etag
 
     def head(self, key: str) -> ObjectInfo | None:
         """Returns size and the sha256 metadata (``""`` if absent), or ``None`` if missing.
