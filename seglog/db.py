@@ -6,7 +6,7 @@ import asyncio
 import datetime as dt
 import functools
 import logging
-from collections.abc import AsyncGenerator, Callable, Iterable, Iterator, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any, Final, overload
 
@@ -986,6 +986,13 @@ class Database:
             )
         return self._tier
 
+    def tier_leads(self, leads: Callable[[], Mapping[int, int]] | None) -> None:
+        """In a store opened with ``tier_shared=True`` (a cluster node): ``leads()`` names the
+        shards this node leads, ``{shard: leader epoch}``; :meth:`tier_now` uploads only
+        those, each up to its high watermark. Without a tier this does nothing."""
+        if self._tier is not None:
+            self._tier.follow_leads(leads)
+
     async def tier_now(self) -> list[ManifestEntry]:
         """Upload every sealed, not yet committed local segment, then apply local retention.
 
@@ -1177,6 +1184,33 @@ class Database:
         if self._subscriptions is not None:
             self._subscriptions.truncated(shard, end)
         return end
+
+    async def restart_at(self, shard: int, offset: int) -> int:
+        """Empty ``shard`` and start it over at ``offset``, at or past its end offset (Kafka's
+        ``truncateFullyAndStartAt``): a follower whose log ends below its leader's start
+        (retention, or local copies dropped after tiering) cannot fetch what it misses, and
+        takes the leader's start instead. Crash-safe; the shard's epoch cache, index and
+        producer state go; its high watermark becomes ``offset``. With a tier, offsets below
+        ``offset`` stay readable from the tier when its objects cover them.
+
+        Returns:
+            ``offset``.
+
+        Raises:
+            InvalidArgument: ``offset`` is below the end offset, or the engine has no segments.
+            BusyResourceError: The shard is being truncated.
+            StorageError: A step failed (the next open finds the shard empty).
+        """
+        self._check()
+        engine = self._segmented
+        if engine is None:
+            raise InvalidArgument(f"the {self.config.engine!r} engine cannot restart a shard")
+        self._check_shard(shard)
+        _check_int("offset", offset)
+        try:
+            return await engine.restart_at(shard, offset)
+        finally:
+            self._producers.forget(shard)
 
     def end_offset_for_epoch(self, shard: int, epoch: int) -> tuple[int, int]:
         """Kafka's OffsetsForLeaderEpoch: ``(largest known epoch <= epoch, the offset it ends at)``.

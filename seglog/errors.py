@@ -66,6 +66,7 @@ __all__ = [
     "StreamFilterMismatch",
     "SubackOutOfRange",
     "TierError",
+    "TierFenced",
     "UnknownGeneration",
     "UnknownMember",
     "UnknownStream",
@@ -394,6 +395,12 @@ class CorruptLTS(StorageError):
 
 class TierError(StorageError):
     """The tier (S3/MinIO or a directory) failed; the cause is chained."""
+
+
+class TierFenced(TierError):
+    """A shard's tier manifest entries are written by another node now: it claimed the shard
+    at a higher leader epoch (this node's leadership ended). Nothing this node had not saved
+    reaches the manifest."""
 
 
 # --- the network -----------------------------------------------------------------------

@@ -207,6 +207,7 @@ class Store:
         self._s3 = (config.s3_endpoint, config.s3_access_key, config.s3_secret_key, config.s3_region)
         self.tier_interval_ms = config.tier_interval_ms
         self._tier_cache_bytes = config.tier_cache_bytes
+        self.tier_shared = config.tier_shared
         self._tier_service: TierService | None = None
         self._tier_task: asyncio.Task[None] | None = None
 
@@ -597,7 +598,9 @@ class Store:
             uid = await asyncio.to_thread(db_id, self._db_dir(name))
             groups = await asyncio.to_thread(GroupStore, self._db_dir(name))
             if self._tier_service is not None:
-                tier = await self._tier_service.open_db(name, self._db_dir(name), engine, self.clock_us)
+                tier = await self._tier_service.open_db(
+                    name, self._db_dir(name), engine, self.clock_us, shared=self.tier_shared
+                )
         except BaseException:
             await engine.close()
             raise
@@ -640,7 +643,7 @@ class Store:
                 # objects. If the tier is down this raises and nothing local is touched.
                 config = await asyncio.to_thread(self._read_config, name)
                 if get_engine(config.engine).tiering:
-                    await self._tier_service.drop_db(name, self._db_dir(name))
+                    await self._tier_service.drop_db(name, self._db_dir(name), shared=self.tier_shared)
             await asyncio.to_thread(self._drop_blocking, name)
         await self._remeasure()
 
@@ -676,6 +679,7 @@ def open(
     s3_region: str | None = None,
     tier_interval_ms: int | None = None,
     tier_cache_bytes: int = DEFAULT_TIER_CACHE_BYTES,
+    tier_shared: bool = False,
     buffer_ms: int = DEFAULT_BUFFER_MS,
     journal_bytes: int = DEFAULT_JOURNAL_BYTES,
     thp: ThpPolicy = "disable",
@@ -715,6 +719,10 @@ def open(
             objects and decoded row groups, least recently used out first): a reader going
             through a tiered segment downloads its object once, not once per call. 0 keeps
             nothing (every read below the local start downloads its object again).
+        tier_shared: Other stores (the nodes of a cluster) tier into the same databases:
+            each shard is uploaded only by the store that leads it
+            (``Database.tier_leads``), and every manifest save is a conditional put merged
+            with theirs. ``seglog serve --tier --etcd`` sets it.
         buffer_ms: ``segment`` engine: how long rows of an append that reached several
             shards of one I/O worker may wait (durable in the worker's journal, readable in
             this process) before they are written into their shards' segments, where
@@ -746,6 +754,7 @@ def open(
             s3_region=s3_region,
             tier_interval_ms=tier_interval_ms,
             tier_cache_bytes=tier_cache_bytes,
+            tier_shared=tier_shared,
             buffer_ms=buffer_ms,
             journal_bytes=journal_bytes,
             thp=thp,

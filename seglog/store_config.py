@@ -54,6 +54,7 @@ class StoreConfig:
     s3_region: str | None = None
     tier_interval_ms: int | None = None
     tier_cache_bytes: int = DEFAULT_TIER_CACHE_BYTES
+    tier_shared: bool = False
     buffer_ms: int = DEFAULT_BUFFER_MS
     journal_bytes: int = DEFAULT_JOURNAL_BYTES
     thp: ThpPolicy = "disable"
@@ -74,6 +75,8 @@ class StoreConfig:
             raise InvalidArgument("tier_interval_ms needs tier=...")
         if type(self.tier_cache_bytes) is not int or self.tier_cache_bytes < 0:
             raise InvalidArgument("tier_cache_bytes must be an int >= 0")
+        if not isinstance(self.tier_shared, bool):
+            raise InvalidArgument("tier_shared must be True or False")
         if self.quota_bytes is not None and (type(self.quota_bytes) is not int or self.quota_bytes < 0):
             raise InvalidArgument("quota_bytes must be None or an int >= 0")
         if self.retention_interval_ms is not None and (

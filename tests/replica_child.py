@@ -1,6 +1,7 @@
 """Child process for replica-log crash tests (killed with SIGKILL by the parent or itself).
 
 ``truncate DATA OFFSET``: open the ``r`` database, ``truncate_to(0, OFFSET)``, print the new end.
+``restart DATA OFFSET``: open the ``r`` database, ``restart_at(0, OFFSET)``, print "restarted".
 ``epoch DATA EPOCH``: keyed appends over every shard stamped with leader epoch EPOCH (rows
 wait in the journal), print "appended", then SIGKILL itself.
 ``journal DATA OFFSET``: keyed appends over every shard (rows wait in the journal), truncate
@@ -23,6 +24,14 @@ async def truncate(data: str, offset: int) -> None:
     end = await db.truncate_to(0, offset)
     print("truncated", end, flush=True)
     os._exit(0)  # no close: the cut must be durable on its own
+
+
+async def restart(data: str, offset: int) -> None:
+    store = await seglog.open(data)
+    db = await store.open_db("r")
+    await db.restart_at(0, offset)
+    print("restarted", flush=True)
+    os._exit(0)  # no close: the restart must be durable on its own
 
 
 async def journal(data: str, offset: int) -> None:
@@ -56,5 +65,5 @@ async def epoch(data: str, leader_epoch: int) -> None:
 
 if __name__ == "__main__":
     mode, data, arg = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    modes = {"truncate": truncate, "journal": journal, "epoch": epoch}
+    modes = {"truncate": truncate, "restart": restart, "journal": journal, "epoch": epoch}
     asyncio.run(modes[mode](data, arg))

@@ -128,14 +128,18 @@ def test_tiering_a_node_without_a_tier_and_bad_bodies_are_clear_errors(tmp_path:
     asyncio.run(main())
 
 
-def test_a_cluster_node_refuses_a_tier(tmp_path: Path) -> None:
-    """Every replica would upload its shards and rewrite one manifest: refused, not half-done."""
+def test_a_cluster_nodes_tier_is_shared(tmp_path: Path) -> None:
+    """Replicas of a shard must not all upload it: a cluster node's store tiers in shared mode
+    (each shard by its leader, tests/test_cluster_tier.py), and refuses to tier otherwise."""
     from seglog.cluster.node import ClusterConfig
 
     cluster = ClusterConfig(node_id=1, advertise_url="", etcd=("http://127.0.0.1:1",))
-    with pytest.raises(InvalidArgument, match="does not tier yet"):
-        serve(tmp_path / "n", port=0, cluster=cluster, tier=(tmp_path / "tier").as_uri())
-    assert not (tmp_path / "n").exists()  # refused before the store was created
+    tier = (tmp_path / "tier").as_uri()
+    node = serve(tmp_path / "n", port=0, cluster=cluster, tier=tier)
+    assert node._store.tier_shared is True
+    with pytest.raises(InvalidArgument, match="tier_shared=True"):
+        serve(tmp_path / "n2", port=0, cluster=cluster, tier=tier, tier_shared=False)
+    assert serve(tmp_path / "n3", port=0, tier=tier)._store.tier_shared is False
 
 
 def test_serve_tier_and_admin_tier_from_the_command_line(
@@ -172,10 +176,6 @@ def test_serve_tier_flags_are_checked(tmp_path: Path) -> None:
         (
             ("--tier", (tmp_path / "t").as_uri(), "--tier-interval-ms", "-1"),
             "--tier-interval-ms must be >= 0",
-        ),
-        (
-            ("--tier", (tmp_path / "t").as_uri(), "--etcd", "http://127.0.0.1:1", "--node-id", "1"),
-            "a cluster node does not tier yet",
         ),
         (("--tier", "relative/dir"), "must be absolute"),
     ):

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 from dataclasses import dataclass, field, replace
@@ -419,7 +420,8 @@ class ClusterNode:
         for name, meta in dbs.items():
             if any(self.node_id in shards[(name, s)].replicas for s in range(meta.shards)):
                 await self.store.create_db(name, meta.shards, exist_ok=True, **meta.options)
-                self._open[name] = await self.store.open_db(name)
+                db = self._open[name] = await self.store.open_db(name)
+                db.tier_leads(functools.partial(self._tier_leads, name))
         for key, state in shards.items():
             await self._apply(key, state)
         for key in [k for k in self.leading if k not in shards]:
@@ -475,6 +477,13 @@ class ClusterNode:
                 self.following[key] = _Following(state.leader, state.leader_epoch)
         else:
             self.following.pop(key, None)
+
+    def _tier_leads(self, name: str) -> dict[int, int]:
+        """The shards of ``name`` this node leads now, with their leader epochs: the ones its
+        tier uploads (a store opened with ``tier_shared``)."""
+        if not self._registered.is_set():
+            return {}
+        return {shard: lead.leader_epoch for (db, shard), lead in self.leading.items() if db == name}
 
     async def dropped(self, name: str) -> None:
         """A cluster database left the metadata: resign its shards, drop the local copy."""
@@ -892,6 +901,8 @@ class ClusterNode:
         if following is None or following is not mine.get(key):
             return  # the role changed while the fetch was out
         if part.error is not None:
+            if isinstance(part.error, OffsetOutOfRange) and await self._restart_below_leader(part):
+                return
             if isinstance(part.error, NotLeader | OffsetOutOfRange):
                 following.truncated = False  # re-learn and re-truncate at the next round
             log.info("node %d: %s/%d: %s", self.node_id, part.db, part.shard, part.error)
@@ -905,6 +916,31 @@ class ClusterNode:
                 return
         if db.update_high_watermark(part.shard, min(part.high_watermark, db.end_offset(part.shard))):
             self.waiters.wake(part.db, part.shard)
+
+    async def _restart_below_leader(self, part: FetchPart) -> bool:
+        """The leader's log starts past this copy's end (retention, or local copies it dropped
+        once tiered): what lies between is gone from it, so this copy starts over, empty, at
+        the leader's start (Kafka's ``truncateFullyAndStartAt``) and fetches on from there.
+        Everything it drops is below the leader's start, so below what the leader still
+        serves; its own records there were committed (and tiered, if the leader tiers) or
+        never were. Returns whether it restarted."""
+        error = part.error
+        assert isinstance(error, OffsetOutOfRange)
+        db = await self.store.open_db(part.db)
+        leader_start = error.start
+        end = db.end_offset(part.shard)
+        if leader_start is None or leader_start <= end:
+            return False
+        await db.restart_at(part.shard, leader_start)
+        log.warning(
+            "node %d: %s/%d ended at %d, below the leader's start %d: restarted empty there",
+            self.node_id,
+            part.db,
+            part.shard,
+            end,
+            leader_start,
+        )
+        return True
 
     # --- describe ---------------------------------------------------------------------------
 

@@ -167,15 +167,15 @@ class NodeServer:
         self.port = port
         self.limits = limits or ServerLimits()
         self.ssl_context = ssl_context
+        if cluster is not None and store_options.get("tier") is not None:
+            # Every replica holds the shards it replicates: only a shard's leader uploads it,
+            # and the nodes share each database's manifest (conditional puts, epoch fencing).
+            store_options.setdefault("tier_shared", True)
         if cluster is not None and (
-            store_options.get("tier") is not None or (store is not None and store.tier)
+            store_options.get("tier_shared") is False
+            or (store is not None and store.tier and not store.tier_shared)
         ):
-            # Every replica of a shard would upload it and rewrite the one manifest of its
-            # database: tiering needs a single writer per shard first (README, Limits).
-            raise InvalidArgument(
-                "a cluster node does not tier yet (replicated databases are not tiered): "
-                "serve with --tier or with --etcd, not both"
-            )
+            raise InvalidArgument("a cluster node's tier is shared by its nodes: it needs tier_shared=True")
         self._store = store if store is not None else open_store(self.data, **store_options)
         self._node: NodeContext | None = None
         self._runner: web.AppRunner | None = None

@@ -370,6 +370,10 @@ class SegmentedEngine(Engine, Protocol):
     async def seal(self, shard: int) -> bool:
         """Seal the active segment of ``shard`` if it holds data; whether it did."""
 
+    async def restart_at(self, shard: int, offset: int) -> int:
+        """Empty ``shard`` and start it over at ``offset`` (at or past its end), crash-safely;
+        its epoch cache and index go, its high watermark becomes ``offset``. Returns ``offset``."""
+
 
 class StreamRead(NamedTuple):
     """What one :meth:`StreamEngine.read_stream` asks for."""

@@ -1069,6 +1069,76 @@ class SegmentEngine(GenerationLookups):
         s.next_offset = new_end
         return new_end
 
+    async def restart_at(self, shard: int, offset: int) -> int:
+        """Empty ``shard`` and start it over at ``offset``, at or past its end (Kafka's
+        ``truncateFullyAndStartAt``): for a follower whose log ends below its leader's start.
+
+        Like :meth:`truncate_to` it runs on the shard's I/O worker after every append queued
+        before it, checkpoints the journal first, and refuses appends while it runs. The log
+        goes crash-safely (:meth:`~seglog.segment.ShardLog.restart_at`); the epoch cache, the
+        index entries and the high watermark go with it (the high watermark is ``offset``).
+
+        Returns:
+            ``offset``, the shard's new start and end.
+
+        Raises:
+            InvalidArgument: ``offset`` is below the end offset.
+            BusyResourceError: The shard is being truncated.
+            StorageError: A step failed; the next open finds an empty log (at the old start
+                or at ``offset``).
+        """
+        s = self._shard(shard)
+        s.check_writable()
+        if offset < s.next_offset:
+            raise InvalidArgument(
+                f"shard {shard}: restart_at({offset}) is below the end offset {s.next_offset} "
+                "(truncate_to or truncate_before move within the log)"
+            )
+        if shard in self._truncating:
+            raise BusyResourceError(f"shard {shard} is already being truncated")
+        writer = s.writer
+        assert writer is not None
+
+        def restart() -> int:
+            writer.checkpoint()
+            writer.index_barrier()
+            if s.streams is not None and s.snap_end < s.durable_end:
+                s.save_snapshot()  # the topics learned so far outlive the records
+            try:
+                s.log.restart_at(offset)
+            except OSError as exc:
+                writer.make_read_only(exc, ReadOnlyReason.TRUNCATION_FAILED)
+                raise StorageError(f"shard {shard}: restarting the log at {offset} failed") from exc
+            s.durable_end = offset
+            try:
+                s.epochs.clear()
+                s.hw.reset(offset)
+            except StorageError as exc:
+                writer.make_read_only(exc, ReadOnlyReason.EPOCH_CACHE_FAILED)
+                raise
+            finally:
+                writer.refresh_epoch_floor()
+            try:
+                s.index.truncate_from(0)
+            except StorageError as exc:
+                s.suspect(f"emptying it after a restart failed: {exc}")
+            if s.streams is not None:
+                try:
+                    s.save_snapshot(offset)  # learning goes on from the new start
+                except OSError as exc:
+                    log.warning(
+                        "shard %d: LTS snapshot after the restart at %d failed: %s", shard, offset, exc
+                    )
+            return offset
+
+        self._truncating.add(shard)
+        try:
+            await self._io_pool.submit(s.number, s.maintenance, restart)
+        finally:
+            self._truncating.discard(shard)
+        s.next_offset = offset
+        return offset
+
     def end_offset_for_epoch(self, shard: int, epoch: int) -> tuple[int, int]:
         """Kafka's OffsetsForLeaderEpoch for ``shard``: the largest epoch at or below ``epoch``
         this log knows and the offset where it ends (``(-1, -1)`` when there is none)."""

@@ -291,6 +291,43 @@ class ShardLog:
         self.publish_durable_end(sync=True)
         return new_end
 
+    def restart_at(self, offset: int) -> None:
+        """Drop every record and start the log over, empty, at ``offset`` (past the end):
+        Kafka's ``truncateFullyAndStartAt``, for a follower whose log ends below its leader's
+        start. Durable and crash-safe at every step: a crash leaves the whole log, the log
+        emptied at its old start, or the empty log at ``offset``.
+
+        Steps: :meth:`truncate_to` the log start (crash-safe on its own: a fenced marker
+        first); the one segment left is removed and the directory fsynced (a crash here opens
+        as an empty log at the old start, which the next fetch restarts again); the checkpoint
+        moves the start to ``offset`` (a crash here opens as an empty log there:
+        :func:`~seglog.segment.log_loader.open_shard_log` creates its segment); the new empty
+        active segment is created and the durable end published. The caller must have synced
+        the journal's entries for this shard into the segments first.
+
+        Raises:
+            ValueError: ``offset`` is below the log end.
+            OSError: A step failed; the next open finds one of the states above.
+        """
+        if offset < self.next_offset:
+            raise ValueError(f"restart_at({offset}) is below the log end {self.next_offset}")
+        self.truncate_to(self.log_start_offset)
+        segments, _bases = self._snap
+        for doomed in reversed(segments):
+            doomed.retire()  # readers holding it keep reading through its mapping
+        fsync_dir(self.directory)
+        self.log_start_offset = offset
+        atomic_write(
+            self.directory / CHECKPOINT_FILE,
+            json.dumps(
+                {"version": _CHECKPOINT_VERSION, "log_start_offset": offset, "recovery_base": offset}
+            ).encode(),
+        )
+        new = LogSegment.create(self.directory, offset)
+        new.created_ms = self._clock_ms()
+        self._snap = ([new], [offset])
+        self.publish_durable_end(sync=True)
+
     def write_checkpoint(self) -> None:
         """Record durably the log start and that every segment before the active one is sealed."""
         active = self.active

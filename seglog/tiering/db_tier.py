@@ -8,7 +8,7 @@ The :class:`~seglog.db.Database` of a ``segment``-engine database in a store ope
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Final
 
@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 
 from seglog.engines.base import READ_SCHEMA, StreamBatch, StreamRead
 from seglog.engines.streams import stream_rows
-from seglog.errors import TierError
+from seglog.errors import TierError, TierFenced
 from seglog.tiering.manifest import EntryState, Manifest, ManifestEntry, manifest_key
 from seglog.tiering.ops import delete_tiered, recover_manifest, upload_segment
 from seglog.tiering.parquet import StreamStructures
@@ -65,11 +65,20 @@ class DbTier:
     """
 
     def __init__(
-        self, target: TierTarget, db: str, directory: Path, cache: TierReadCache | None = None
+        self,
+        target: TierTarget,
+        db: str,
+        directory: Path,
+        cache: TierReadCache | None = None,
+        *,
+        shared: bool = False,
     ) -> None:
         self.target = target
         self.db = db
         self.local_manifest = directory / LOCAL_MANIFEST_FILE
+        # Shared: a replicated database, whose shards are tiered by their leaders
+        # (Manifest.load_shared); this node writes only the shards it claimed.
+        self.shared = shared
         self.manifest = Manifest(db)
         self.recovered = False
         self.cache = cache if cache is not None else TierReadCache()
@@ -83,6 +92,15 @@ class DbTier:
             TierError: The tier is unreachable; :meth:`open_blocking` then falls back to the
                 local copy and :meth:`upload` retries recovery first.
         """
+        if self.shared:
+            # Nothing to resolve for the whole database: a shard's half-done steps are its
+            # next writer's to finish, when it claims the shard (Manifest.claim).
+            if self.manifest.shared:
+                self.manifest.refresh(self.target)
+            else:
+                self.manifest = Manifest.load_shared(self.target, self.db)
+            self.recovered = True
+            return []
         manifest, actions = recover_manifest(self.target, self.db, local_manifest=self.local_manifest)
         self.manifest = manifest
         self.recovered = True
@@ -92,21 +110,59 @@ class DbTier:
 
     @classmethod
     def open_blocking(
-        cls, target: TierTarget, db: str, directory: Path, cache: TierReadCache | None = None
+        cls,
+        target: TierTarget,
+        db: str,
+        directory: Path,
+        cache: TierReadCache | None = None,
+        *,
+        shared: bool = False,
     ) -> DbTier:
         """Opens and recovers; if the tier is down, serves reads from the local manifest copy."""
-        tier = cls(target, db, directory, cache)
+        tier = cls(target, db, directory, cache, shared=shared)
         try:
             tier.recover()
         except TierError as exc:
             log.warning("tier of %r unreachable at open (%s); using the local manifest copy", db, exc)
             try:
-                tier.manifest = Manifest.from_json(tier.local_manifest.read_bytes(), db=db)
+                tier.manifest = Manifest.from_json(tier.local_manifest.read_bytes(), db=db, shared=shared)
             except FileNotFoundError:
                 pass
             except (OSError, TierError) as exc2:
                 log.warning("unreadable local manifest %s: %s", tier.local_manifest, exc2)
         return tier
+
+    # --- leaders (shared) ------------------------------------------------------------------
+
+    def sync_leads(self, leads: Mapping[int, int]) -> None:
+        """Shared: take in other leaders' saves, then write exactly the shards this node leads
+        now (``{shard: leader epoch}``): release the others, claim the new ones.
+
+        A claim the tier refuses (a newer leader claimed it) or cannot take now is logged and
+        left for the next call.
+
+        Raises:
+            TierError: The tier could not be read (nothing changed; call again).
+        """
+        self.recover()  # refresh: the newest copy, and the shards lost to newer leaders
+        owned = self.manifest.owned()
+        for shard, epoch in owned.items():
+            if leads.get(shard) != epoch:
+                self.manifest.release(shard)
+        for shard, epoch in sorted(leads.items()):
+            if owned.get(shard) == epoch:
+                continue
+            try:
+                for action in self.manifest.claim(self.target, shard, epoch):
+                    log.info("tier of %r, shard %d claimed at epoch %d: %s", self.db, shard, epoch, action)
+            except TierFenced as exc:
+                log.info("tier of %r: not claiming shard %d: %s", self.db, shard, exc)
+            except TierError as exc:
+                log.warning("tier of %r: claiming shard %d failed (%s); retrying later", self.db, shard, exc)
+
+    def writes(self, shard: int) -> bool:
+        """Whether this node uploads and deletes ``shard``'s objects (always, unless shared)."""
+        return not self.shared or shard in self.manifest.owned()
 
     # --- upload --------------------------------------------------------------------------
 
@@ -139,6 +195,8 @@ class DbTier:
         Returns:
             Bytes of the objects deleted.
         """
+        if not self.writes(shard):
+            return 0  # the shard's leader moves the floor and deletes its objects
         moved = self.manifest.raise_log_start(shard, offset)
         floor = self.manifest.log_start(shard)
         freed = 0
@@ -168,9 +226,11 @@ class DbTier:
         Raises:
             TierError: The tier failed; call again (it is idempotent).
         """
-        for e in self.manifest.entries(EntryState.COMMITTED):
-            self.manifest.mark_deleting(e.key)
-        self.manifest.save(self.target, local_path=self.local_manifest)
+        if not self.shared:
+            # Shared: every replica's drop deletes everything; there is nothing to claim.
+            for e in self.manifest.entries(EntryState.COMMITTED):
+                self.manifest.mark_deleting(e.key)
+            self.manifest.save(self.target, local_path=self.local_manifest)
         manifest = manifest_key(self.db)
         keys = [k for k in self.target.list(f"{self.db}/") if k != manifest]
         for key in keys:

@@ -43,6 +43,18 @@ Crash recovery (:meth:`Manifest.recover`, run when the DB opens):
 An object is only ever written after its ``uploading`` entry is durable, and an entry is
 only dropped after its object is deleted, so the tier holds no unreferenced objects;
 :meth:`Manifest.orphans` finds any left by other writers or a lost local manifest.
+
+Shared manifests (:meth:`Manifest.load_shared`; a replicated database, whose shards are led
+by different nodes): each shard has one writer at a time, the node leading it, which
+claims with its leader epoch (:meth:`Manifest.claim`). The document records each shard's
+writer epoch (``writer_epochs``). Every save is a conditional put
+(:meth:`~seglog.tiering.targets.TierTarget.put_if`) of the version last read: on a conflict
+the writer reads the tier copy again, takes every other shard's entries from it, keeps its
+own shards' entries, and puts again. A writer whose shard was claimed at a higher epoch
+(a leader that was replaced) finds that on its next save or refresh and loses the shard:
+its save fails, so it never overwrites the new leader's entries. Recovery of half-done
+uploads and deletes runs per shard, when a writer claims it. The local copy is then only a
+cache, read when the tier is unreachable at open.
 """
 
 from __future__ import annotations
@@ -58,9 +70,9 @@ from pathlib import Path
 from typing import Any
 
 from seglog._fs import atomic_writer
-from seglog.errors import InvalidArgument, TierError
+from seglog.errors import InvalidArgument, TierError, TierFenced
 from seglog.tiering.parquet import SegmentStats, parse_object_key
-from seglog.tiering.targets import ObjectInfo, ObjectMismatch, ObjectNotFound, TierTarget
+from seglog.tiering.targets import ObjectInfo, ObjectMismatch, ObjectNotFound, PreconditionFailed, TierTarget
 
 __all__ = [
     "MANIFEST_NAME",
@@ -75,6 +87,9 @@ log = logging.getLogger("seglog.tiering")
 
 MANIFEST_VERSION = 1
 MANIFEST_NAME = "_manifest.json"
+# Conditional puts of a shared manifest lost to other writers in a row before a save gives up
+# (each loss means another writer saved: with a few leaders per database, a handful at most).
+_SHARED_SAVE_ATTEMPTS = 32
 
 
 def manifest_key(db: str) -> str:
@@ -204,15 +219,23 @@ class Manifest:
         *,
         seq: int = 0,
         log_starts: dict[int, int] | None = None,
+        writer_epochs: dict[int, int] | None = None,
     ) -> None:
         """Args: db: database name; entries: initial entries; seq: save counter;
-        log_starts: per-shard retention floors (see :meth:`log_start`)."""
+        log_starts: per-shard retention floors (see :meth:`log_start`); writer_epochs: per
+        shard, the epoch of its last writer (shared manifests)."""
         manifest_key(db)  # validates
         self._db = db
         self._seq = seq
         self._log_starts: dict[int, int] = dict(log_starts or {})
+        self._writer_epochs: dict[int, int] = dict(writer_epochs or {})
         self._entries: dict[str, ManifestEntry] = {}
         self._lock = threading.RLock()
+        # Shared mode: the shards this process writes, with its epoch for each, and the tier
+        # copy's version this state was last merged with (None: there was none).
+        self._shared = False
+        self._owned: dict[int, int] = {}
+        self._version: str | None = None
         for entry in entries:
             self._add(entry)
 
@@ -238,11 +261,14 @@ class Manifest:
                 "entries": [e.to_json() for e in self._sorted()],
                 "log_starts": {str(k): v for k, v in sorted(self._log_starts.items())},
             }
+            if self._writer_epochs:
+                doc["writer_epochs"] = {str(k): v for k, v in sorted(self._writer_epochs.items())}
         return json.dumps(doc, indent=1, sort_keys=True) + "\n"
 
     @classmethod
-    def from_json(cls, text: str | bytes, *, db: str | None = None) -> Manifest:
-        """Parses a manifest document.
+    def from_json(cls, text: str | bytes, *, db: str | None = None, shared: bool = False) -> Manifest:
+        """Parses a manifest document (``shared``: as :meth:`load_shared` would, for a copy
+        read while the tier is unreachable; its first save merges with the tier's).
 
         Raises:
             TierError: If it is malformed, of an unknown version, or for another database.
@@ -260,7 +286,10 @@ class Manifest:
             entries = [ManifestEntry.from_json(e) for e in doc["entries"]]
             # Absent in manifests written before retention reached the tier.
             starts = {int(k): int(v) for k, v in doc.get("log_starts", {}).items()}
-            return cls(doc["db"], entries, seq=seq, log_starts=starts)
+            epochs = {int(k): int(v) for k, v in doc.get("writer_epochs", {}).items()}
+            manifest = cls(doc["db"], entries, seq=seq, log_starts=starts, writer_epochs=epochs)
+            manifest._shared = shared
+            return manifest
         except TierError:
             raise
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
@@ -295,9 +324,16 @@ class Manifest:
     def save(self, target: TierTarget, *, local_path: Path | None = None) -> None:
         """Makes the current state durable: local copy first (atomically), then the tier.
 
+        A shared manifest (:meth:`load_shared`) is put conditionally, merged with other
+        writers' saves as needed, and its local copy written after the tier's.
+
         Raises:
             TierError: If either write fails (``seq`` stays incremented; save again).
+            WriterFenced: Shared: a shard this process wrote was claimed at a higher epoch.
         """
+        if self._shared:
+            self._save_shared(target, local_path)
+            return
         with self._lock:
             self._seq += 1
             text = self.to_json().encode()
@@ -308,6 +344,152 @@ class Manifest:
                 except OSError as exc:
                     raise TierError(f"cannot write local manifest {local_path}: {exc}") from exc
             target.put(manifest_key(self._db), text)
+
+    # --- shared manifests (one writer per shard) ------------------------------------------
+
+    @classmethod
+    def load_shared(cls, target: TierTarget, db: str) -> Manifest:
+        """Loads ``db``'s manifest for writing shard by shard (see the module docstring).
+
+        It writes nothing until a shard is claimed (:meth:`claim`).
+
+        Raises:
+            TierError: If the tier fails or its copy is malformed.
+        """
+        manifest = cls(db)
+        manifest._shared = True
+        manifest.refresh(target)
+        return manifest
+
+    @property
+    def shared(self) -> bool:
+        """Whether each shard is written by the process that claimed it (:meth:`load_shared`)."""
+        return self._shared
+
+    def owned(self) -> dict[int, int]:
+        """The shards this process writes, with its epoch for each (shared manifests)."""
+        with self._lock:
+            return dict(self._owned)
+
+    def writer_epoch(self, shard: int) -> int:
+        """The epoch of the shard's last writer as this copy knows it (-1: none)."""
+        return self._writer_epochs.get(shard, -1)
+
+    def refresh(self, target: TierTarget) -> list[int]:
+        """Takes in other writers' saves: every shard this process does not write is replaced
+        by the tier copy's; its own shards are kept unless claimed at a higher epoch.
+
+        Returns:
+            The shards this process lost that way (it no longer writes them).
+
+        Raises:
+            TierError: If the tier fails or its copy is malformed.
+        """
+        remote, version = self._read_remote(target)
+        with self._lock:
+            return self._merge(remote, version)
+
+    def claim(self, target: TierTarget, shard: int, epoch: int) -> list[str]:
+        """Becomes the writer of ``shard`` at ``epoch`` (a leader epoch): takes the tier
+        copy's entries of the shard, resolves the uploads and deletes its previous writer
+        left half-done, and saves, which records the epoch and fences older writers.
+
+        Returns:
+            The recovery actions taken (as :meth:`recover`).
+
+        Raises:
+            TierFenced: The shard was claimed at a higher epoch already.
+            TierError: The tier failed (nothing is claimed; call again).
+        """
+        if not self._shared:
+            raise InvalidArgument("only a shared manifest (load_shared) is written shard by shard")
+        self.refresh(target)
+        with self._lock:
+            if self._writer_epochs.get(shard, -1) > epoch:
+                raise TierFenced(
+                    f"shard {shard} of {self._db!r} is written at epoch {self._writer_epochs[shard]} > {epoch}"
+                )
+            self._owned[shard] = epoch
+            self._writer_epochs[shard] = epoch
+        try:
+            actions = self._recover(target, shard)
+            self.save(target)
+        except BaseException:
+            with self._lock:
+                self._owned.pop(shard, None)
+            raise
+        return actions
+
+    def release(self, shard: int) -> None:
+        """Stops writing ``shard`` (its leadership ended); the next refresh takes the tier's view."""
+        with self._lock:
+            self._owned.pop(shard, None)
+
+    def _read_remote(self, target: TierTarget) -> tuple[Manifest, str | None]:
+        try:
+            data, version = target.get_versioned(manifest_key(self._db))
+        except ObjectNotFound:
+            return Manifest(self._db), None
+        return Manifest.from_json(data, db=self._db), version
+
+    def _merge(self, remote: Manifest, version: str | None) -> list[int]:
+        """Adopt ``remote`` (at ``version``) for every shard not written here (hold the lock)."""
+        lost = [s for s, epoch in self._owned.items() if remote._writer_epochs.get(s, -1) > epoch]
+        for shard in lost:
+            del self._owned[shard]
+            log.warning(
+                "tier manifest of %r: shard %d was claimed at epoch %d; this node no longer writes it",
+                self._db,
+                shard,
+                remote._writer_epochs[shard],
+            )
+        mine = set(self._owned)
+        entries = {k: e for k, e in self._entries.items() if e.shard in mine}
+        entries.update({k: e for k, e in remote._entries.items() if e.shard not in mine})
+        self._entries = entries
+        starts = {s: v for s, v in remote._log_starts.items() if s not in mine}
+        starts.update({s: v for s, v in self._log_starts.items() if s in mine})
+        self._log_starts = starts
+        self._writer_epochs = {**remote._writer_epochs, **self._owned}
+        self._seq = remote._seq
+        self._version = version
+        return lost
+
+    def _save_shared(self, target: TierTarget, local_path: Path | None) -> None:
+        key = manifest_key(self._db)
+        for _ in range(_SHARED_SAVE_ATTEMPTS):
+            with self._lock:
+                if not self._owned:
+                    raise TierFenced(f"tier manifest of {self._db!r}: this node writes no shard of it")
+                self._seq += 1
+                text = self.to_json().encode()
+                version = self._version
+            try:
+                new_version = target.put_if(key, text, version)
+            except PreconditionFailed:
+                remote, found = self._read_remote(target)
+                if found is not None and remote.to_json().encode() == text:
+                    new_version = found  # a retried put whose first attempt landed
+                else:
+                    with self._lock:
+                        lost = self._merge(remote, found)
+                    if lost:
+                        raise TierFenced(
+                            f"tier manifest of {self._db!r}: shards {lost} were claimed by a newer leader"
+                        ) from None
+                    continue
+            with self._lock:
+                self._version = new_version
+            if local_path is not None:
+                try:
+                    with atomic_writer(local_path, make_parents=True) as f:
+                        f.write(text)
+                except OSError as exc:  # a cache: the tier copy is the manifest
+                    log.warning("cannot write local manifest cache %s: %s", local_path, exc)
+            return
+        raise TierError(
+            f"tier manifest of {self._db!r}: {_SHARED_SAVE_ATTEMPTS} conditional puts lost in a row"
+        )
 
     # --- retention floor -----------------------------------------------------------------
 
@@ -322,12 +504,19 @@ class Manifest:
     def raise_log_start(self, shard: int, offset: int) -> bool:
         """Moves the floor of ``shard`` up to ``offset`` (never down); True if it moved."""
         with self._lock:
+            self._check_writer(shard)
             if offset <= self._log_starts.get(shard, 0):
                 return False
             self._log_starts[shard] = offset
             return True
 
     # --- mutations -----------------------------------------------------------------------
+
+    def _check_writer(self, shard: int) -> None:
+        if self._shared and shard not in self._owned:
+            raise InvalidArgument(
+                f"shard {shard} of {self._db!r}: this process does not write it (claim it first)"
+            )
 
     def _add(self, entry: ManifestEntry) -> None:
         db, shard, base, end = parse_object_key(entry.key)
@@ -352,6 +541,7 @@ class Manifest:
                 entry's db/shard/range, or the range overlaps another object of the shard.
         """
         with self._lock:
+            self._check_writer(entry.shard)
             old = self._entries.get(entry.key)
             if old is not None and old.state is not EntryState.UPLOADING:
                 raise InvalidArgument(f"{entry.key!r} is already {old.state}")
@@ -364,6 +554,7 @@ class Manifest:
             entry = self._entries.get(key)
             if entry is None:
                 raise InvalidArgument(f"{key!r} is not in the manifest of {self._db!r}")
+            self._check_writer(entry.shard)
             if entry.state is to:
                 return entry
             if _NEXT_STATE.get(entry.state) is not to:
@@ -386,6 +577,7 @@ class Manifest:
             entry = self._entries.get(key)
             if entry is None:
                 return
+            self._check_writer(entry.shard)
             if entry.state is EntryState.COMMITTED:
                 raise InvalidArgument(f"{key!r} is committed: mark it deleting first")
             del self._entries[key]
@@ -462,9 +654,16 @@ class Manifest:
         Raises:
             TierError: If the tier fails (the manifest is then partly recovered; retry).
         """
+        if self._shared:
+            return [a for shard in sorted(self._owned) for a in self._recover(target, shard)]
+        return self._recover(target, None)
+
+    def _recover(self, target: TierTarget, shard: int | None) -> list[str]:
         actions: list[str] = []
         with self._lock:
             for entry in self.entries():
+                if shard is not None and entry.shard != shard:
+                    continue
                 if entry.state is EntryState.UPLOADING:
                     try:
                         target.verify(entry.key, entry.object_info)

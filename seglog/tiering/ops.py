@@ -1,7 +1,8 @@
 """The tiering protocol as functions: upload a sealed segment, read through, delete, recover.
 
 These follow the crash-safe steps documented in :mod:`seglog.tiering.manifest`. They block
-(call them from a worker thread) and expect one writer per database manifest.
+(call them from a worker thread) and expect one writer per database manifest, or per shard
+of a shared one (:meth:`~seglog.tiering.manifest.Manifest.load_shared`).
 """
 
 from __future__ import annotations

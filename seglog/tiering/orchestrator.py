@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Mapping
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -26,13 +27,15 @@ from seglog.engines.base import (
     StreamRead,
     retention_start,
 )
-from seglog.errors import InvalidArgument, OffsetOutOfRange
+from seglog.errors import InvalidArgument, OffsetOutOfRange, TierFenced
 from seglog.tiering.db_tier import DbTier
 from seglog.tiering.manifest import Manifest, ManifestEntry
 from seglog.tiering.parquet import StreamStructures
 from seglog.tiering.seam import ColdStats, Release
 
 __all__ = ["TierOrchestrator"]
+
+log = logging.getLogger("seglog.tiering")
 
 # Reads that keep finding the local start moved under them fall back to the engine (whose
 # error then names the current range) rather than loop while retention runs.
@@ -55,6 +58,13 @@ class TierOrchestrator:
         # One upload, truncation or retention pass at a time: each reads the manifest and the
         # segment list, then changes both, and two interleaved would tier or delete twice.
         self._lock = asyncio.Lock()
+        # Shared tiers: the shards this node leads, {shard: leader epoch}, asked at each pass.
+        self._leads: Callable[[], Mapping[int, int]] | None = None
+
+    def follow_leads(self, leads: Callable[[], Mapping[int, int]] | None) -> None:
+        """Shared tiers (a replicated database): ``leads()`` names the shards this node leads
+        and their leader epochs; only those are uploaded, each up to its high watermark."""
+        self._leads = leads
 
     @property
     def manifest(self) -> Manifest:
@@ -92,29 +102,49 @@ class TierOrchestrator:
         """
         engine, tier = self._engine, self._tier
         async with self._lock:
-            if not tier.recovered:
+            if tier.shared:
+                leads = dict(self._leads()) if self._leads is not None else {}
+                await asyncio.to_thread(tier.sync_leads, leads)
+            elif not tier.recovered:
                 await asyncio.to_thread(tier.recover)
             done: list[ManifestEntry] = []
             for shard in range(config.shards):
-                for seg in engine.segment_ranges(shard):
-                    if not seg.sealed or seg.end <= seg.start:
-                        continue
-                    lo = tier.covered_end(shard, seg.start)
-                    if lo >= seg.end:
-                        continue
-                    try:
-                        table = await engine.read_arrow(shard, lo, seg.end - lo)
-                    except OffsetOutOfRange:
-                        continue  # retention removed it meanwhile
-                    if table.num_rows:
-                        streams = self._stream_structures(shard, table)
-                        done.append(await asyncio.to_thread(tier.upload, shard, table, streams))
+                if not tier.writes(shard):
+                    continue
+                # Shared: only records every in-sync replica has, which no leader change can
+                # take back, so whichever replica leads next holds the same ones.
+                bound = engine.high_watermark(shard) if tier.shared else None
+                try:
+                    done += await self._upload_shard(shard, bound)
+                except TierFenced as exc:
+                    log.info("tier of %r: shard %d: %s", tier.db, shard, exc)
             freed = 0
             for shard in range(config.shards):
                 freed += await self._local_retention(config, shard)
             if freed:
                 release(freed)
             return done
+
+    async def _upload_shard(self, shard: int, bound: int | None) -> list[ManifestEntry]:
+        """Upload the sealed segments of ``shard`` not yet committed, up to ``bound`` (hold the lock)."""
+        engine, tier = self._engine, self._tier
+        done = []
+        for seg in engine.segment_ranges(shard):
+            if not seg.sealed or seg.end <= seg.start:
+                continue
+            if bound is not None and seg.end > bound:
+                break
+            lo = tier.covered_end(shard, seg.start)
+            if lo >= seg.end:
+                continue
+            try:
+                table = await engine.read_arrow(shard, lo, seg.end - lo)
+            except OffsetOutOfRange:
+                continue  # retention removed it meanwhile
+            if table.num_rows:
+                streams = self._stream_structures(shard, table)
+                done.append(await asyncio.to_thread(tier.upload, shard, table, streams))
+        return done
 
     def _stream_structures(self, shard: int, table: pa.Table) -> StreamStructures | None:
         """The learned structure of each stream in ``table`` (None: the database has no streams)."""

@@ -18,7 +18,7 @@ type that crosses the seam: ``Database.tier_now`` returns the entries it committ
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Protocol
@@ -101,6 +101,10 @@ class TieredStorage(Protocol):
             TierError: The tier failed (nothing local is lost; call again later).
         """
 
+    def follow_leads(self, leads: Callable[[], Mapping[int, int]] | None) -> None:
+        """Shared tiers (a replicated database): ``leads()`` names the shards this node leads
+        and their leader epochs; only those are uploaded, each up to its high watermark."""
+
     async def read_arrow(self, shard: int, offset: int, max_records: int) -> pa.Table:
         """Records from ``offset``: from the tier below the local start, else from the engine.
 
@@ -153,7 +157,7 @@ class TierService(Protocol):
     """The tier of a store: one target shared by the store's tiered databases."""
 
     async def open_db(
-        self, name: str, directory: Path, engine: Engine, clock_us: Callable[[], int]
+        self, name: str, directory: Path, engine: Engine, clock_us: Callable[[], int], *, shared: bool = False
     ) -> TieredStorage:
         """Open (and recover) the tier of database ``name`` stored in ``directory``.
 
@@ -162,12 +166,14 @@ class TierService(Protocol):
             directory: The database directory (the local manifest copy lives there).
             engine: The database's engine; it must be able to seal segments.
             clock_us: The store clock, for time-based retention.
+            shared: Its shards are tiered by their leaders on several nodes
+                (:meth:`TieredStorage.follow_leads`).
 
         Raises:
             ConfigMismatch: The engine has no segments to tier.
         """
 
-    async def drop_db(self, name: str, directory: Path) -> int:
+    async def drop_db(self, name: str, directory: Path, *, shared: bool = False) -> int:
         """Delete every object and the manifest of database ``name`` from the tier.
 
         Returns:

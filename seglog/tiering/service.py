@@ -39,7 +39,7 @@ class TargetTierService:
         self.cache = TierReadCache(cache_bytes)
 
     async def open_db(
-        self, name: str, directory: Path, engine: Engine, clock_us: Callable[[], int]
+        self, name: str, directory: Path, engine: Engine, clock_us: Callable[[], int], *, shared: bool = False
     ) -> TieredStorage:
         """Open (and recover) the tier of database ``name`` stored in ``directory``.
 
@@ -51,10 +51,12 @@ class TargetTierService:
         """
         if not isinstance(engine, SegmentedEngine):
             raise ConfigMismatch(f"database {name!r}: tiering needs an engine with segments")
-        tier = await asyncio.to_thread(DbTier.open_blocking, self.target, name, directory, self.cache)
+        tier = await asyncio.to_thread(
+            functools.partial(DbTier.open_blocking, self.target, name, directory, self.cache, shared=shared)
+        )
         return TierOrchestrator(tier, engine, clock_us)
 
-    async def drop_db(self, name: str, directory: Path) -> int:
+    async def drop_db(self, name: str, directory: Path, *, shared: bool = False) -> int:
         """Delete every object and the manifest of database ``name`` from the tier.
 
         Returns:
@@ -63,10 +65,10 @@ class TargetTierService:
         Raises:
             TierError: The tier failed; call again (it is idempotent).
         """
-        return await asyncio.to_thread(self._drop_blocking, name, directory)
+        return await asyncio.to_thread(self._drop_blocking, name, directory, shared)
 
-    def _drop_blocking(self, name: str, directory: Path) -> int:
-        tier = DbTier(self.target, name, directory)
+    def _drop_blocking(self, name: str, directory: Path, shared: bool) -> int:
+        tier = DbTier(self.target, name, directory, shared=shared)
         tier.recover()  # the newest manifest; raises TierError when the tier is down
         count = tier.drop_all()
         log.info("dropped %d tier objects of database %r", count, name)

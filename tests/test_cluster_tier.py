@@ -1,0 +1,177 @@
+"""Tiering a replicated database on a 3-node cluster (real etcd, real node processes, one
+shared tier directory): each shard is uploaded once, by its leader, up to the high watermark;
+followers drop their local copies once the leader's objects are committed; after a leader is
+SIGKILLed the new one takes the shard over at its epoch and goes on from where the old one
+stopped; every record stays readable from offset 0."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+from pathlib import Path
+from typing import Any
+
+from seglog.client import Consumer, Producer
+from seglog.client._http import NodeSession
+from seglog.tiering import Manifest, open_target
+from tests.etcd_fixtures import EtcdProcess
+from tests.server_fixtures import ServerFactory, ServerProcess
+from tests.test_cluster import DB, WAIT_S, Run, cluster_view, create_replicated, start_cluster, until
+
+SHARDS = 2
+PER_WAVE = 300
+
+
+async def _tier(url: str) -> dict[str, Any]:
+    session = NodeSession(url)
+    try:
+        reply = await session.request("POST", f"/v1/dbs/{DB}/tier", json_body={"seal": True})
+        out: dict[str, Any] = reply.json()
+        return out
+    finally:
+        await session.close()
+
+
+async def _leaders(admin: NodeSession) -> dict[int, tuple[int, int]]:
+    """``{shard: (leader node, leader epoch)}`` once every shard has a leader."""
+
+    async def led() -> dict[int, tuple[int, int]] | None:
+        view = await cluster_view(admin)
+        states = view["dbs"].get(DB, {}).get("state", [])
+        if len(states) != SHARDS or any(s["leader"] <= 0 for s in states):
+            return None
+        return {i: (int(s["leader"]), int(s["leader_epoch"])) for i, s in enumerate(states)}
+
+    return await until(led, "leaders")
+
+
+async def _send(urls: list[str], wave: bytes) -> dict[int, list[bytes]]:
+    sent: dict[int, list[bytes]] = {s: [] for s in range(SHARDS)}
+    async with Producer(urls[0], DB, bootstrap=urls[1:], acks="all", retries=None) as producer:
+        futs = [await producer.send("t", wave + b"%04d" % i, key=b"k%d" % i) for i in range(PER_WAVE)]
+        for i, meta in enumerate(await asyncio.wait_for(asyncio.gather(*futs), WAIT_S)):
+            sent[meta.shard].append(wave + b"%04d" % i)
+    return sent
+
+
+async def _read_all(url: str, others: list[str], want: int) -> dict[int, list[tuple[int, bytes]]]:
+    got: dict[int, list[tuple[int, bytes]]] = {s: [] for s in range(SHARDS)}
+    async with Consumer(url, DB, bootstrap=others, max_wait_ms=500) as consumer, asyncio.timeout(WAIT_S):
+        while sum(len(v) for v in got.values()) < want:
+            for shard, records in (await consumer.getmany(timeout_ms=None)).items():
+                got[shard] += [(r.offset or 0, r.value) for r in records]
+    return got
+
+
+def _manifest(tier: Path) -> Manifest:
+    return Manifest.load_shared(open_target(tier.as_uri()), DB)
+
+
+def _check_manifest(tier: Path, ends: dict[int, int]) -> Manifest:
+    """Every shard's committed objects run from 0 to its end without gap or overlap, and
+    nothing else is in the tier (no replica uploaded a second copy)."""
+    manifest = _manifest(tier)
+    for shard, end in ends.items():
+        ranges = [(e.base_offset, e.end_offset) for e in manifest.committed(shard)]
+        assert ranges and ranges[0][0] == 0 and ranges[-1][1] == end - 1, (shard, ranges)
+        assert all(a[1] + 1 == b[0] for a, b in itertools.pairwise(ranges)), (shard, ranges)
+    objects = sorted(p.relative_to(tier).as_posix() for p in tier.rglob("*.parquet"))
+    assert objects == sorted(e.key for e in manifest.entries()), objects
+    return manifest
+
+
+def test_a_replicated_database_is_tiered_by_its_leaders(
+    server_factory: ServerFactory, etcd: EtcdProcess, tmp_path: Path, run: Run[None]
+) -> None:
+    tier = tmp_path / "tier"
+    nodes: dict[int, ServerProcess] = start_cluster(
+        server_factory, etcd, extra=("--tier", tier.as_uri(), "--tier-interval-ms", "0")
+    )
+    urls = {i: p.url for i, p in nodes.items()}
+
+    async def main() -> None:
+        admin = NodeSession(urls[1])
+        try:
+            await create_replicated(
+                admin, SHARDS, 3, 2, segment_bytes=4096, local_retention_bytes=0, exist_ok=False
+            )
+            leaders = await _leaders(admin)
+            sent = await _send(list(urls.values()), b"a")
+            ends = {s: len(v) for s, v in sent.items()}
+            # Followers first: they have nothing committed to drop yet, and upload nothing.
+            for i in nodes:
+                if i not in {n for n, _ in leaders.values()}:
+                    reply = await _tier(urls[i])
+                    assert reply["committed"] == [], reply
+            committed: dict[int, list[dict[str, Any]]] = {}
+            for i in sorted({n for n, _ in leaders.values()}):
+                reply = await _tier(urls[i])
+                for e in reply["committed"]:
+                    committed.setdefault(e["shard"], []).append(e)
+                    assert leaders[e["shard"]][0] == i, (e, leaders)  # only a shard's leader uploads it
+            assert sorted(committed) == list(range(SHARDS))
+            manifest = _check_manifest(tier, ends)
+            assert {s: manifest.writer_epoch(s) for s in range(SHARDS)} == {
+                s: epoch for s, (_, epoch) in leaders.items()
+            }
+            # Every node now keeps no local copy of the tiered records, and still serves them.
+            for i in nodes:
+                for t in (await _tier(urls[i]))["tier"]:
+                    assert t["local_start_offset"] == t["end_offset"] == ends[t["shard"]], (i, t)
+                    assert t["start_offset"] == 0, (i, t)
+            got = await _read_all(urls[1], [u for i, u in urls.items() if i != 1], sum(ends.values()))
+            for s in range(SHARDS):
+                assert got[s] == list(enumerate(sent[s])), s
+
+            # The leader of shard 0 dies; the new one claims the shard at its epoch and tiers on
+            # from where the old one stopped.
+            victim, old_epoch = leaders[0]
+            nodes[victim].kill()
+            alive = [u for i, u in urls.items() if i != victim]
+            admin2 = NodeSession(alive[0])
+            try:
+
+                async def moved() -> dict[int, tuple[int, int]] | None:
+                    now = await _leaders(admin2)
+                    return now if now[0][0] != victim else None
+
+                leaders = await until(moved, "a new leader of shard 0")
+            finally:
+                await admin2.close()
+            more = await _send(alive, b"b")
+            for s in range(SHARDS):
+                sent[s] += more[s]
+                ends[s] += len(more[s])
+            for i in sorted({n for n, _ in leaders.values()}):
+                await _tier(urls[i])
+            manifest = _check_manifest(tier, ends)
+            assert manifest.writer_epoch(0) == leaders[0][1] > old_epoch
+            nodes[victim].restart()  # comes back as a follower: it uploads nothing of shard 0
+
+            async def rejoined() -> bool:
+                view = await cluster_view(admin)
+                states = view["dbs"].get(DB, {}).get("state", [])
+                return bool(states) and all(victim in s["isr"] for s in states)
+
+            await until(rejoined, "the restarted node back in every ISR")
+
+            # Its copy ended below the new leader's start (the leader dropped its local copies
+            # once tiered): it could only rejoin by starting over there.
+            async def restarted() -> bool:
+                return any(
+                    f"{DB}/0 ended at" in x and "restarted empty there" in x for x in nodes[victim].output
+                )
+
+            await until(restarted, "the restarted node's log line")
+            reply = await _tier(urls[victim])
+            assert all(e["shard"] != 0 for e in reply["committed"]), reply
+            _check_manifest(tier, ends)
+            got = await _read_all(alive[0], alive[1:], sum(ends.values()))
+            for s in range(SHARDS):
+                assert got[s] == list(enumerate(sent[s])), s
+        finally:
+            await admin.close()
+
+    run(main())
+    print(json.dumps({"tier objects": len(list(tier.rglob("*.parquet")))}))
