@@ -19,12 +19,17 @@ import pytest
 START_TIMEOUT_S: Final = 30.0
 STOP_TIMEOUT_S: Final = 15.0
 HEALTH_POLL_S: Final = 0.05
+PORT_ATTEMPTS: Final = 5
 
 
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+class PortTaken(RuntimeError):
+    """A port picked as free was taken before etcd bound it (another process's connection)."""
 
 
 class EtcdProcess:
@@ -59,7 +64,10 @@ class EtcdProcess:
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"etcd exited with {self.proc.returncode}: {self.log.read_text()[-2000:]}")
+                text = self.log.read_text()[-2000:]
+                if "address already in use" in text:
+                    raise PortTaken(text)
+                raise RuntimeError(f"etcd exited with {self.proc.returncode}: {text}")
             try:
                 with urllib.request.urlopen(self.url + "/health", timeout=1) as resp:
                     if json.loads(resp.read()).get("health") == "true":
@@ -90,8 +98,14 @@ class EtcdProcess:
 
 @pytest.fixture
 def etcd(tmp_path: Path) -> Iterator[EtcdProcess]:
-    """A fresh etcd for one test."""
-    proc = EtcdProcess(tmp_path / "etcd").start()
+    """A fresh etcd for one test (on other ports when one picked as free was taken meanwhile)."""
+    for attempt in range(PORT_ATTEMPTS):
+        try:
+            proc = EtcdProcess(tmp_path / f"etcd-{attempt}" if attempt else tmp_path / "etcd").start()
+            break
+        except PortTaken:
+            if attempt == PORT_ATTEMPTS - 1:
+                raise
     try:
         yield proc
     finally:

@@ -18,6 +18,7 @@ import re
 import shutil
 import struct
 import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -160,3 +161,42 @@ def strace_events(log: Path) -> list[Syscall]:
 def strace_command() -> list[str]:
     """The strace prefix every trace test uses (threads followed, fd paths, µs timestamps)."""
     return [_need("strace"), "-f", "-y", "-ttt", "-qq"]
+
+
+def kill_at_each_call(
+    template: Path,
+    work: Path,
+    syscalls: tuple[str, ...],
+    child: list[str],
+    *,
+    cwd: Path,
+    max_calls: int = 200,
+) -> Iterator[tuple[str, int, Path, bool]]:
+    """Run ``child`` (argv after the Python executable; ``{data}`` stands for its data directory)
+    on a fresh copy of ``template`` once per call of each syscall, SIGKILLed at that call by
+    strace, until a run completes. Yields ``(syscall, call number, data, completed)``; each
+    copy is removed after the caller's check."""
+    for syscall in syscalls:
+        kill_at = 1
+        while True:
+            data = work / f"{syscall}-{kill_at}"
+            shutil.copytree(template, data)
+            cmd = [
+                *strace_command(),
+                "-o",
+                "/dev/null",
+                "-e",
+                f"trace={syscall}",
+                "-e",
+                f"inject={syscall}:signal=SIGKILL:when={kill_at}",
+                sys.executable,
+                *(arg.replace("{data}", str(data)) for arg in child),
+            ]
+            proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=120)
+            completed = proc.returncode == 0
+            yield syscall, kill_at, data, completed
+            shutil.rmtree(data)
+            if completed:
+                break
+            kill_at += 1
+            assert kill_at < max_calls, f"the child never completed ({syscall})"

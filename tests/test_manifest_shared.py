@@ -4,9 +4,7 @@ writers, fencing by epoch, and per-shard recovery at claim; on a local directory
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 
@@ -18,33 +16,20 @@ from seglog.tiering import (
     ObjectInfo,
     TierTarget,
     object_key,
-    open_target,
     segment_stats,
     segment_table_to_parquet,
     upload_segment,
 )
-from tests.tier_fixtures import MinioServer, make_segment_table
+from tests.tier_fixtures import make_segment_table
 
 DB = "shared"
 TS0 = 1_700_000_000_000_000
 ROWS = 50
 
 
-@pytest.fixture(params=["local", "s3"])
-def target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[TierTarget]:
-    if request.param == "local":
-        t = open_target((tmp_path / "tier").as_uri())
-    else:
-        minio: MinioServer = request.getfixturevalue("minio")
-        bucket: str = request.getfixturevalue("bucket")
-        t = open_target(
-            f"s3://{bucket}/p",
-            s3_endpoint=minio.endpoint,
-            access_key=minio.access_key,
-            secret_key=minio.secret_key,
-        )
-    yield t
-    t.close()
+@pytest.fixture
+def target(tier_target: TierTarget) -> TierTarget:
+    return tier_target
 
 
 def seg(k: int) -> object:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Coroutine
@@ -17,7 +16,7 @@ import seglog
 import seglog.record
 from seglog.errors import BusyResourceError, CorruptFrame, InvalidArgument, OffsetMismatch
 from seglog.record import parse_header
-from tests.faults import strace_command
+from tests.faults import kill_at_each_call
 from tests.helpers import read_all
 
 T = TypeVar("T")
@@ -211,37 +210,15 @@ def test_truncate_killed_at_every_step_reopens_consistent(tmp_path: Path) -> Non
     full = _make_template(template)
     offset = 175  # inside the second of several sealed segments
     outcomes: set[int] = set()
-    for syscall in ("pwrite64", "fsync", "fdatasync", "unlink", "rename", "copy_file_range"):
-        kill_at = 1
-        while True:
-            data = tmp_path / f"{syscall}-{kill_at}"
-            shutil.copytree(template, data)
-            cmd = [
-                *strace_command(),
-                "-o",
-                "/dev/null",
-                "-e",
-                f"trace={syscall}",
-                "-e",
-                f"inject={syscall}:signal=SIGKILL:when={kill_at}",
-                sys.executable,
-                "-m",
-                "tests.replica_child",
-                "truncate",
-                str(data),
-                str(offset),
-            ]
-            proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
-            done = "truncated" in proc.stdout
-            end = asyncio_run(_verified_end(data, full))
-            assert end in (150, len(full)), (syscall, kill_at, end)
-            shutil.rmtree(data)
-            if done:
-                assert end == 150
-                break
+    child = ["-m", "tests.replica_child", "truncate", "{data}", str(offset)]
+    syscalls = ("pwrite64", "fsync", "fdatasync", "unlink", "rename", "copy_file_range")
+    for syscall, kill_at, data, done in kill_at_each_call(template, tmp_path, syscalls, child, cwd=ROOT):
+        end = asyncio_run(_verified_end(data, full))
+        assert end in (150, len(full)), (syscall, kill_at, end)
+        if done:
+            assert end == 150
+        else:
             outcomes.add(end)
-            kill_at += 1
-            assert kill_at < 200, f"the truncation never finished ({syscall})"
     assert outcomes == {150, len(full)}, outcomes  # killed both before and after the point of no return
 
 

@@ -3,16 +3,13 @@
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 import seglog
 from seglog.errors import InvalidArgument
-from tests.faults import strace_command
+from tests.faults import kill_at_each_call
 from tests.helpers import read_all
 from tests.test_replica_log import (
     ROOT,
@@ -86,37 +83,15 @@ def test_restart_killed_at_every_step_reopens_as_one_of_three_logs(tmp_path: Pat
     template = tmp_path / "template"
     full = _make_template(template)
     outcomes: set[tuple[int, int]] = set()
-    for syscall in ("unlink", "fsync", "fdatasync", "rename", "pwrite64", "write"):
-        kill_at = 1
-        while True:
-            data = tmp_path / f"{syscall}-{kill_at}"
-            shutil.copytree(template, data)
-            cmd = [
-                *strace_command(),
-                "-o",
-                "/dev/null",
-                "-e",
-                f"trace={syscall}",
-                "-e",
-                f"inject={syscall}:signal=SIGKILL:when={kill_at}",
-                sys.executable,
-                "-m",
-                "tests.replica_child",
-                "restart",
-                str(data),
-                str(RESTART_AT),
-            ]
-            proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
-            done = "restarted" in proc.stdout
-            state = asyncio_run(_verified_state(data, full))
-            assert state in ((0, len(full)), (0, 0), (RESTART_AT, RESTART_AT)), (syscall, kill_at, state)
-            shutil.rmtree(data)
-            if done:
-                assert state == (RESTART_AT, RESTART_AT)
-                break
+    child = ["-m", "tests.replica_child", "restart", "{data}", str(RESTART_AT)]
+    syscalls = ("unlink", "fsync", "fdatasync", "rename", "pwrite64", "write")
+    for syscall, kill_at, data, done in kill_at_each_call(template, tmp_path, syscalls, child, cwd=ROOT):
+        state = asyncio_run(_verified_state(data, full))
+        assert state in ((0, len(full)), (0, 0), (RESTART_AT, RESTART_AT)), (syscall, kill_at, state)
+        if done:
+            assert state == (RESTART_AT, RESTART_AT)
+        else:
             outcomes.add(state)
-            kill_at += 1
-            assert kill_at < 200, f"the restart never finished ({syscall})"
     # Killed before the point of no return and after it (the empty log at the old start).
     assert {(0, len(full)), (0, 0)} <= outcomes, outcomes
 

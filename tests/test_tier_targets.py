@@ -8,7 +8,6 @@ import io
 import logging
 import os
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -31,22 +30,9 @@ from tests.tier_fixtures import MinioServer, run_minio
 MiB = 1 << 20
 
 
-@pytest.fixture(params=["local", "s3"])
-def target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[TierTarget]:
-    if request.param == "local":
-        t = open_target((tmp_path / "tier").as_uri())
-    else:
-        minio: MinioServer = request.getfixturevalue("minio")
-        bucket: str = request.getfixturevalue("bucket")
-        t = open_target(
-            f"s3://{bucket}/some/prefix",
-            s3_endpoint=minio.endpoint,
-            access_key=minio.access_key,
-            secret_key=minio.secret_key,
-        )
-    assert isinstance(t, TierTarget)
-    yield t
-    t.close()
+@pytest.fixture
+def target(tier_target: TierTarget) -> TierTarget:
+    return tier_target
 
 
 def sha(data: bytes) -> str:

@@ -3,6 +3,8 @@
 * ``minio`` (session): a real MinIO server from ``.cache/bin/minio`` (``make minio``) on
   free loopback ports with generated root credentials; stopped by PID at the end.
 * ``bucket`` (function): a fresh, empty bucket on that server.
+* ``tier_target`` (function, twice): a tier target in a fresh local directory, then under a
+  prefix of a fresh MinIO bucket.
 * ``spark`` (session): one local[2] SparkSession for all Spark tests, with S3A pointed
   at the MinIO server and the ``seglog`` data source registered.
 """
@@ -194,6 +196,26 @@ def bucket(minio: MinioServer) -> Iterator[str]:
             for obj in page.get("Contents", []):
                 client.delete_object(Bucket=name, Key=obj["Key"])
         client.delete_bucket(Bucket=name)
+
+
+@pytest.fixture(params=["local", "s3"])
+def tier_target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
+    from seglog.tiering import TierTarget, open_target
+
+    if request.param == "local":
+        t = open_target((tmp_path / "tier").as_uri())
+    else:
+        minio: MinioServer = request.getfixturevalue("minio")
+        bucket: str = request.getfixturevalue("bucket")
+        t = open_target(
+            f"s3://{bucket}/some/prefix",
+            s3_endpoint=minio.endpoint,
+            access_key=minio.access_key,
+            secret_key=minio.secret_key,
+        )
+    assert isinstance(t, TierTarget)
+    yield t
+    t.close()
 
 
 @pytest.fixture(scope="session")
