@@ -84,7 +84,8 @@ def main() -> int:
             f"| {seed} | {status} | {fields.get('kills', '?')} | {fields.get('pauses', '?')} | "
             f"{fields.get('acked', '?')} | {fields.get('refused', '?')} | {fields.get('unknown', '?')} | "
             f"{fields.get('unknown_visible', '?')} | {fields.get('retries', '?')} | "
-            f"{fields.get('acked_after_retry', '?')} | {fields.get('final_log', '?')} | {wall:.0f} |"
+            f"{fields.get('acked_after_retry', '?')} | {fields.get('final_log', '?')} | "
+            f"{fields.get('tiered_objects', '?')} | {wall:.0f} |"
         )
         if not ok:
             failures.append((seed, f"(data kept in {workdir})\n" + output[-6000:]))
@@ -99,14 +100,16 @@ def main() -> int:
         "inconsistent-offsets, G1a, replica agreement). retries = attempts after an unknown outcome "
         "(timeouts, `NotEnoughReplicasAfterAppend`, a leader that resigned after writing); acked after "
         "retry = values acknowledged only by a retry (each stored once: the duplicate check); unknown = "
-        "the last value when the run ended mid-retry; unknown visible = those that did land.",
+        "the last value when the run ended mid-retry; unknown visible = those that did land. Every node "
+        "tiers into one shared directory every 300 ms; tier objects = committed objects at the end, checked "
+        "to run from offset 0 without gap or overlap and to hold exactly the final log's records.",
         "",
         f"Total: {args.runs} schedules, {totals['kills']} kills, {totals['pauses']} pauses, "
         f"{totals['acked']} acknowledged sends checked; {len(failures)} failed.",
         "",
         "| seed | result | kills | pauses | acked | refused | unknown | unknown visible | retries | "
-        "acked after retry | final log | wall s |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "acked after retry | final log | tier objects | wall s |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         *rows,
     ]
     for seed, output in failures:

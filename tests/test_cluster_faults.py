@@ -7,21 +7,30 @@ their lease. At the end every node is healed and the log is drained from each of
 Checked: no acknowledged value is lost (lost-write/unseen), no value sits at two offsets
 (duplicate), an acknowledged offset holds the acknowledged value (inconsistent-offsets), a
 send refused before writing never appears (G1a), and every replica holds the same log.
+
+Every node also tiers the database into one shared directory every 300 ms (small segments,
+so they seal often): each shard's leader uploads, kills and pauses land mid-upload, and a
+paused leader that wakes up is fenced by the newer leader's epoch. At the end the tier's
+committed objects must run from offset 0 without a gap or an overlap and hold exactly the
+final log's records at their offsets.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import os
 import random
 import signal
 import time
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Any, TypeVar
 
 from seglog.client._http import NodeSession
 from seglog.errors import NotEnoughReplicas, NotEnoughReplicasAfterAppend, NotLeader, SeglogError
+from seglog.tiering import Manifest, open_target, read_tiered
 from tests.etcd_fixtures import EtcdProcess
 from tests.queue_checker import check_queue
 from tests.server_fixtures import ServerFactory, ServerProcess
@@ -44,9 +53,10 @@ SEED = int(os.environ.get("SEGLOG_FAULT_SEED", "20261125"))
 
 
 def test_kills_and_pauses_lose_nothing_acknowledged(
-    server_factory: ServerFactory, etcd: EtcdProcess, run: Run[None]
+    server_factory: ServerFactory, etcd: EtcdProcess, run: Run[None], tmp_path: Path
 ) -> None:
-    nodes = start_cluster(server_factory, etcd)
+    tier = tmp_path / "tier"
+    nodes = start_cluster(server_factory, etcd, extra=("--tier", tier.as_uri(), "--tier-interval-ms", "300"))
     rng = random.Random(SEED)
 
     async def main() -> None:
@@ -58,7 +68,7 @@ def test_kills_and_pauses_lose_nothing_acknowledged(
         retried = {"retries": 0, "acked_after_retry": 0}
         stop = asyncio.Event()
         try:
-            await create_replicated(sessions[1], 1, 3, 2)
+            await create_replicated(sessions[1], 1, 3, 2, segment_bytes=4096)
 
             async def current_leader() -> int | None:
                 for i in (1, 2, 3):
@@ -169,12 +179,14 @@ def test_kills_and_pauses_lose_nothing_acknowledged(
                     print(f"node {i}: {d} {await cluster_view(sessions[i])}")
                     print("".join(nodes[i].output[-80:]))
             where = check_queue(final, logs, acked, refused, unknown)
+            tiered = await asyncio.to_thread(_check_tier, tier, final, hw)
             # One line tests/chaos.py parses (make chaos).
             print(
                 f"CHAOS seed={SEED} seconds={NEMESIS_S:g} kills={faults['kills']} pauses={faults['pauses']} "
                 f"acked={len(acked)} refused={len(refused)} unknown={len(unknown)} "
                 f"unknown_visible={len(unknown & set(where))} final_log={len(final)} "
-                f"retries={retried['retries']} acked_after_retry={retried['acked_after_retry']}"
+                f"retries={retried['retries']} acked_after_retry={retried['acked_after_retry']} "
+                f"tiered_objects={tiered}"
             )
         finally:
             for s in sessions.values():
@@ -198,3 +210,24 @@ def _alive(proc: ServerProcess) -> bool:
 async def _at_least(session: NodeSession, hw: int) -> tuple[list[tuple[int, bytes]], int] | None:
     records, got = await read_all(session, 0)
     return (records, got) if got >= hw else None
+
+
+def _check_tier(tier: Path, final: list[tuple[int, bytes]], hw: int) -> int:
+    """The tier agrees with the committed log: objects from 0, contiguous, below the high
+    watermark, each record the log's at its offset. Returns how many objects there are."""
+    target = open_target(tier.as_uri())
+    try:
+        manifest = Manifest.load_shared(target, DB)
+        entries = manifest.committed(0)
+        assert entries, "nothing was tiered during the run"
+        assert entries[0].base_offset == 0, entries[0]
+        for a, b in itertools.pairwise(entries):
+            assert a.end_offset + 1 == b.base_offset, (a.key, b.key)
+        assert entries[-1].end_offset < hw, (entries[-1].key, hw)
+        log = dict(final)
+        for table in read_tiered(target, manifest, 0, 0):
+            offsets = table.column("offset").to_pylist()
+            assert table.column("value").to_pylist() == [log[o] for o in offsets], offsets[:5]
+        return len(entries)
+    finally:
+        target.close()
