@@ -1159,7 +1159,8 @@ class Database:
 
         The cut is at a frame boundary: the new end is ``offset``, or the base offset of the
         frame holding it. It is durable and crash-safe at every step (an interrupted cut is
-        finished by the next open). Records already tiered are never cut.
+        finished by the next open). Records already tiered are never cut (in a shared tier, a
+        replica may cut its own records that diverged from what the leaders tiered).
 
         Returns:
             The shard's new end offset.

@@ -161,7 +161,13 @@ def test_kills_and_pauses_lose_nothing_acknowledged(
                 state = view["dbs"].get(DB, {}).get("state", [{}])[0]
                 return sorted(state.get("isr", [])) == [1, 2, 3]
 
-            await until(healed, "all three replicas back in the ISR", timeout_s=90)
+            try:
+                await until(healed, "all three replicas back in the ISR", timeout_s=90)
+            except AssertionError:
+                for i in (1, 2, 3):
+                    print(f"--- node {i} (alive: {_alive(nodes[i])})")
+                    print("".join(nodes[i].output[-60:]))
+                raise
             leader = await current_leader()
             assert leader is not None
             final, hw = await read_all(sessions[leader], 0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -20,6 +21,7 @@ from seglog.tiering import (
     segment_table_to_parquet,
     upload_segment,
 )
+from tests.helpers import read_all
 from tests.tier_fixtures import make_segment_table
 
 DB = "shared"
@@ -122,3 +124,37 @@ def test_concurrent_leaders_lose_no_entry(target: TierTarget) -> None:
     for shard in range(4):
         assert len(committed_ranges(final, shard)) == 5, shard
     assert final.seq >= 4 + 4 * 5 * 2  # every claim and both saves of every upload landed
+
+
+def test_a_deposed_leader_cuts_its_diverged_tail_below_what_the_new_leader_tiered(
+    run, tmp_path: Path
+) -> None:
+    """Store level, as two nodes would: the new leader (epoch 2) tiered offsets up to 150; the
+    old one (its unreplicated tail of epoch 1 at 100..110) must still cut that tail to follow,
+    though it lies below the shared tier's end (a standalone store refuses such a cut)."""
+    import seglog
+    from tests.test_replica_log import _append_epoch, _records
+
+    tier = (tmp_path / "tier").as_uri()
+
+    async def main() -> None:
+        opts = {"tier": tier, "tier_shared": True, "retention_interval_ms": None}
+        async with seglog.open(tmp_path / "new", **opts) as a, seglog.open(tmp_path / "old", **opts) as b:
+            new = await a.create_db(DB, shards=1, segment_bytes=4096)
+            old = await b.create_db(DB, shards=1, segment_bytes=4096)
+            await _append_epoch(old, _records(100), 0)
+            await new.append_frames(0, await old.read_frames(0, 0, max_bytes=1 << 20), expected_base=0)
+            await _append_epoch(old, _records(10, 100, prefix=b"lost"), 1)  # never replicated
+            await _append_epoch(new, _records(50, 100, prefix=b"kept"), 2)
+            await new.seal()
+            new.update_high_watermark(0, 150)
+            new.tier_leads(lambda: {0: 2})
+            old.tier_leads(lambda: {})
+            assert [e.end_offset for e in await new.tier_now()][-1] == 149
+            assert await old.tier_now() == []  # a follower uploads nothing; it reads the manifest
+            assert old.tier_stats()[0].tier_objects > 0
+            assert await old.truncate_to(0, 100, force=True) == 100
+            await old.append_frames(0, await new.read_frames(0, 100, max_bytes=1 << 20), expected_base=100)
+            assert [r.value for r in await read_all(old, 0)] == [r.value for r in await read_all(new, 0)]
+
+    run(main())

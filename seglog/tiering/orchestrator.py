@@ -305,7 +305,11 @@ class TierOrchestrator:
             InvalidArgument: ``offset`` is below what was tiered (or the engine's reasons).
         """
         async with self._lock:
-            tiered = self._tier.tiered_end(shard)
+            # Shared: the tier holds the leaders' committed records. A replica cutting records
+            # that diverged from them (a deposed leader's unreplicated tail, found below what
+            # the new leader tiered since) cuts only its own copy; a committed record is never
+            # cut, as replication guarantees.
+            tiered = 0 if self._tier.shared else self._tier.tiered_end(shard)
             if offset < tiered:
                 raise InvalidArgument(
                     f"shard {shard}: offsets below {tiered} are tiered; truncate_to({offset}) would cut them"
