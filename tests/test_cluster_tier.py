@@ -12,8 +12,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from seglog.client import Consumer, Producer
 from seglog.client._http import NodeSession
+from seglog.errors import InvalidArgument
 from seglog.tiering import Manifest, open_target
 from tests.etcd_fixtures import EtcdProcess
 from tests.server_fixtures import ServerFactory, ServerProcess
@@ -97,6 +100,9 @@ def test_a_replicated_database_is_tiered_by_its_leaders(
                 admin, SHARDS, 3, 2, segment_bytes=4096, local_retention_bytes=0, exist_ok=False
             )
             leaders = await _leaders(admin)
+            await admin.request("POST", "/v1/dbs", json_body={"name": "local-only"})
+            with pytest.raises(InvalidArgument, match="not replicated"):
+                await admin.request("POST", "/v1/dbs/local-only/tier")
             sent = await _send(list(urls.values()), b"a")
             ends = {s: len(v) for s, v in sent.items()}
             # Followers first: they have nothing committed to drop yet, and upload nothing.

@@ -211,6 +211,11 @@ async def tier_db(request: web.Request) -> web.Response:
         raise InvalidArgument(
             f"database {db.name!r} does not tier: start the node with --tier URI (segment engine only)"
         )
+    if node.cluster is not None and not node.cluster.replicated(db.name):
+        # Its name need not be unique across the nodes sharing the tier.
+        raise InvalidArgument(
+            f"database {db.name!r} is not replicated: a cluster node tiers replicated databases only"
+        )
     if seal:
         await db.seal()
     committed = await db.tier_now()
