@@ -182,6 +182,7 @@ class Database:
             )
         # Tiering lives behind the seam: every tier-aware operation below delegates to it.
         self._tier = tier
+        self._replicated = False  # set_replicated: retention stops at the high watermark
         self._wakeups: dict[int, asyncio.Event] = {}
         self._active_tails = 0
         self._subscriptions: SubscriptionManager | None = None  # made by the first subscribe
@@ -986,6 +987,12 @@ class Database:
             )
         return self._tier
 
+    def set_replicated(self) -> None:
+        """This database is a replica of a replicated database (a cluster node sets it):
+        retention then never deletes a segment holding offsets at or above a shard's high
+        watermark, as Kafka's does not, whatever ``retention_overrides_groups`` says."""
+        self._replicated = True
+
     def tier_leads(self, leads: Callable[[], Mapping[int, int]] | None) -> None:
         """In a store opened with ``tier_shared=True`` (a cluster node): ``leads()`` names the
         shards this node leads, ``{shard: leader epoch}``; :meth:`tier_now` uploads only
@@ -1293,6 +1300,11 @@ class Database:
         if not cfg.retention_overrides_groups and self._groups is not None:
             groups = self._groups
             floors = await asyncio.to_thread(lambda: [groups.min_committed(s) for s in range(cfg.shards)])
+        if self._replicated:
+            # Never past what every in-sync replica holds: a follower still fetching must find
+            # it (and records above the high watermark are not acknowledged to acks=all yet).
+            hws = [engine.high_watermark(s) for s in range(cfg.shards)]
+            floors = [hw if f is None else min(f, hw) for f, hw in zip(floors, hws, strict=True)]
         if self._tier is not None:
             return await self._tier.enforce_retention(cfg, floors, self._after_delete)
         freed = await engine.enforce_retention(

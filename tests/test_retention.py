@@ -107,6 +107,35 @@ def test_retention_respects_group_commits_unless_overridden(run, data_dir: Path,
     run(main())
 
 
+def test_a_replicas_retention_stops_at_its_high_watermark(run, data_dir: Path, clock) -> None:
+    """A replica (set_replicated) keeps every segment holding offsets at or above the high
+    watermark, even with retention_overrides_groups; an unreplicated database does not."""
+
+    async def main() -> None:
+        async with seglog.open(data_dir, clock_us=clock) as store:
+            for name, replicated in (("plain", False), ("replica", True)):
+                db = await store.create_db(
+                    name, segment_bytes=4096, retention_bytes=0, retention_overrides_groups=True
+                )
+                if replicated:
+                    db.set_replicated()
+                for i in range(0, 2000, 50):
+                    await db.append(make_records(50, start=i))
+                db.update_high_watermark(0, 300)
+                await db.enforce_retention()
+                start = db.start_offset(0)
+                if not replicated:
+                    assert start > 300
+                    continue
+                assert 0 < start <= 300
+                assert (await db.read(0, 300, 1))[0].offset == 300
+                db.update_high_watermark(0, 2000)
+                await db.enforce_retention()
+                assert db.start_offset(0) > 300
+
+    run(main())
+
+
 def test_truncate_before(run, data_dir: Path) -> None:
     async def main() -> None:
         async with seglog.open(data_dir) as store:

@@ -421,6 +421,7 @@ class ClusterNode:
             if any(self.node_id in shards[(name, s)].replicas for s in range(meta.shards)):
                 await self.store.create_db(name, meta.shards, exist_ok=True, **meta.options)
                 db = self._open[name] = await self.store.open_db(name)
+                db.set_replicated()
                 db.tier_leads(functools.partial(self._tier_leads, name))
         for key, state in shards.items():
             await self._apply(key, state)
