@@ -58,6 +58,10 @@ def test_cluster_demo_loses_nothing_acknowledged(tmp_path: Path) -> None:
     # had landed was answered with its first offsets (the idempotent producer). More read
     # back than acknowledged only from sends still unacknowledged when the demo stopped.
     assert read_back >= acked, output
+    # Read back through the tier: every shard's sealed segments were uploaded by its leader and
+    # the nodes kept no segment bytes of the database (the active segments are empty).
+    assert int(_field(output, "tiered")) >= 2, output
+    assert "with 0 bytes of segments left on the nodes" in output, output
     assert duplicates == 0, output
     assert _field(output, "failover") != "n/a", output
     # The work directory is removed (no --keep).

@@ -6,14 +6,17 @@ replicated database (replication factor 3, ``min_insync`` 2), and runs a
 ``Producer(bootstrap=...)`` with ``acks="all"`` sending keyed records, each value a unique
 sequence number. Part way through, the leader of shard 0 (and of every other shard it leads)
 is SIGKILLed; the producer keeps sending (it re-routes to the new leaders the controller
-elects from the ISR). The killed node is then restarted and rejoins every ISR, and a
-``Consumer(bootstrap=...)`` reads every shard from the start.
+elects from the ISR). The killed node is then restarted and rejoins every ISR. Every node
+tiers into one shared directory (``--tier``): each shard's leader seals and uploads its
+segments as Parquet, the followers then drop their local copies, and a
+``Consumer(bootstrap=...)`` reads every shard from the start, the tiered part through the tier.
 
 Printed: records acknowledged, records read back, lost (an acknowledged sequence number not
 read back at its acknowledged shard and offset: must be 0), duplicates (the producer is
 idempotent: a request retried after the kill whose first attempt had landed is answered with
 the first attempt's offsets, not stored again: must be 0), the requests retried, and the
-failover time (SIGKILL -> the first ``acks="all"`` write acknowledged on each new leader).
+failover time (SIGKILL -> the first ``acks="all"`` write acknowledged on each new leader), and
+the tier objects and the bytes left on the nodes' disks.
 The exit status is 1 if anything acknowledged is missing or stored twice.
 """
 
@@ -176,6 +179,11 @@ class _Cluster:
                 # within about a second instead of the default's 7.5 s.
                 "--replica-lag-time-max-ms",
                 str(REPLICA_LAG_TIME_MAX_MS),
+                # One tier for the cluster; tiered by the demo's step (0: no timer).
+                "--tier",
+                (work / "tier").as_uri(),
+                "--tier-interval-ms",
+                "0",
             ]
             self.nodes[i] = _Child(f"node {i}", argv, work / f"node{i}.log")
         self.sessions = {i: NodeSession(url, timeout_s=5) for i, url in self.urls.items()}
@@ -249,6 +257,11 @@ class DemoResult:
     retried: int = 0
     killed: int = -1
     killed_shards: list[int] = field(default_factory=list)
+    # Parquet objects committed to the tier, their bytes, and the bytes of segments the nodes
+    # still hold of the tiered database afterwards (the active segments only).
+    tier_objects: int = 0
+    tier_bytes: int = 0
+    local_bytes: int = 0
     # Shard -> ms from the SIGKILL to the first acknowledged write sent after it (new leader).
     failover_ms: dict[int, float] = field(default_factory=dict)
     rejoin_s: float = 0.0
@@ -369,6 +382,25 @@ class _Run:
         )
         self.result.rejoin_s = time.perf_counter() - t0
 
+    async def tier(self) -> None:
+        """Seal and upload on every shard's leader, then let the followers drop what is tiered."""
+        cluster, r = self.cluster, self.result
+        path = f"{protocol.API_PREFIX}/dbs/{DB}/tier"
+        # A node leads some shards and follows others: a first pass on every node seals and
+        # uploads what each leads, a second lets each drop the copies the others uploaded.
+        for seal in (True, False):
+            for node in cluster.urls:
+                reply = (await cluster.sessions[node].request("POST", path, json_body={"seal": seal})).json()
+                r.tier_objects += len(reply["committed"])
+                r.tier_bytes += sum(e["bytes"] for e in reply["committed"])
+        for node in cluster.urls:
+            desc = (await cluster.sessions[node].request("GET", f"{protocol.API_PREFIX}/dbs/{DB}")).json()
+            r.local_bytes += sum(t["hot_bytes"] + t["warm_bytes"] for t in desc["tier"])
+        print(
+            f"  tiered: {r.tier_objects} Parquet objects ({r.tier_bytes:,} bytes), each uploaded by its "
+            f"shard's leader; {r.local_bytes:,} bytes of segments left on the nodes"
+        )
+
     async def read_back(self) -> None:
         """Consume every shard from the start up to its high watermark; check the acknowledgements."""
         cluster, r = self.cluster, self.result
@@ -426,6 +458,12 @@ def _report(r: DemoResult, ttl_s: int) -> None:
             f"SIGKILL -> first acknowledged write on the new leader ({per_shard}; node lease TTL {ttl_s} s)",
         ),
         ("rejoin", f"{r.rejoin_s:.1f} s", f"node {r.killed} restarted -> back in every ISR"),
+        (
+            "tiered",
+            f"{r.tier_objects:,}",
+            f"Parquet objects ({r.tier_bytes:,} bytes) uploaded by the shards' leaders; read back "
+            f"through the tier with {r.local_bytes:,} bytes of segments left on the nodes",
+        ),
     ]
     print()
     for name, value, note in rows:
@@ -461,6 +499,8 @@ async def run_demo(args: argparse.Namespace) -> DemoResult:
             "shards": args.shards,
             "replication_factor": REPLICATION_FACTOR,
             "min_insync": MIN_INSYNC,
+            # Local copies go once tiered: the read back below goes through the tier.
+            "local_retention_bytes": 0,
         }
         await cluster.sessions[1].request("POST", f"{protocol.API_PREFIX}/dbs", json_body=body)
         leaders = await _until(
@@ -480,6 +520,7 @@ async def run_demo(args: argparse.Namespace) -> DemoResult:
         run = _Run(cluster, args)
         await run.produce_and_kill()
         await run.rejoin()
+        await run.tier()
         await run.read_back()
         _report(run.result, args.node_ttl_s)
         return run.result
