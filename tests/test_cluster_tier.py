@@ -10,7 +10,7 @@ import asyncio
 import itertools
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -21,6 +21,9 @@ from seglog.tiering import Manifest, open_target
 from tests.etcd_fixtures import EtcdProcess
 from tests.server_fixtures import ServerFactory, ServerProcess
 from tests.test_cluster import DB, WAIT_S, Run, cluster_view, create_replicated, start_cluster, until
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 SHARDS = 2
 PER_WAVE = 300
@@ -85,7 +88,11 @@ def _check_manifest(tier: Path, ends: dict[int, int]) -> Manifest:
 
 
 def test_a_replicated_database_is_tiered_by_its_leaders(
-    server_factory: ServerFactory, etcd: EtcdProcess, tmp_path: Path, run: Run[None]
+    server_factory: ServerFactory,
+    etcd: EtcdProcess,
+    tmp_path: Path,
+    run: Run[dict[int, list[bytes]]],
+    spark: SparkSession,
 ) -> None:
     tier = tmp_path / "tier"
     nodes: dict[int, ServerProcess] = start_cluster(
@@ -93,7 +100,7 @@ def test_a_replicated_database_is_tiered_by_its_leaders(
     )
     urls = {i: p.url for i, p in nodes.items()}
 
-    async def main() -> None:
+    async def main() -> dict[int, list[bytes]]:
         admin = NodeSession(urls[1])
         try:
             await create_replicated(
@@ -176,8 +183,15 @@ def test_a_replicated_database_is_tiered_by_its_leaders(
             got = await _read_all(alive[0], alive[1:], sum(ends.values()))
             for s in range(SHARDS):
                 assert got[s] == list(enumerate(sent[s])), s
+            return sent
         finally:
             await admin.close()
 
-    run(main())
+    sent_all = run(main())
+    # Spark reads the replicated history through seglog's data source, as any tier.
+    frame = spark.read.format("seglog").option("root", tier.as_uri()).option("db", DB).load()
+    rows = frame.select("shard", "offset", "value").collect()
+    assert sorted((r["shard"], r["offset"], bytes(r["value"])) for r in rows) == sorted(
+        (s, o, v) for s, values in sent_all.items() for o, v in enumerate(values)
+    )
     print(json.dumps({"tier objects": len(list(tier.rglob("*.parquet")))}))
