@@ -233,7 +233,7 @@ def add_consume_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None
 
 
 def add_admin_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
-    """``seglog admin --url URL create|list|describe|configure|drop|stats|tier ...``."""
+    """``seglog admin --url URL create|list|describe|configure|drop|stats|retention|tier ...``."""
     ad = sub.add_parser(
         "admin",
         parents=parents,
@@ -284,6 +284,7 @@ def add_admin_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     _set_option(cf)
     leaf("drop", "delete a database and its data").add_argument("db")
     leaf("stats", "offsets, segments and bytes per shard").add_argument("--json", action="store_true")
+    leaf("retention", "apply the database's retention settings now").add_argument("db")
     ti = leaf("tier", "upload sealed segments to the node's tier now (a node started with --tier)")
     ti.add_argument("db")
     ti.add_argument("--seal", action="store_true", help="seal the active segments first")
@@ -438,6 +439,10 @@ async def _admin_action(session: NodeSession, args: argparse.Namespace) -> int:
             raise InvalidArgument("configure needs --set NAME=VALUE")
         desc = (await session.request("PATCH", path, json_body=changes)).json()
         print(json.dumps({k: desc["config"][k] for k in changes if k in desc["config"]}))
+    elif action == "retention":
+        reply = (await session.request("POST", path + "/retention")).json()
+        starts = ", ".join(f"shard {o['shard']} from {o['start']:,}" for o in reply["offsets"])
+        print(f"freed {reply['freed_bytes']:,} bytes; {starts}")
     elif action == "tier":
         reply = (await session.request("POST", path + "/tier", json_body={"seal": args.seal})).json()
         print("\n".join(tier_report_lines(reply["committed"], reply["tier"])))

@@ -140,10 +140,10 @@ async def producer_id(session: NodeSession) -> int:
     return int((await session.request("POST", f"/v1/dbs/{DB}/producer-id")).json()["producer_id"])
 
 
-async def read_all(session: NodeSession, shard: int) -> tuple[list[tuple[int, bytes]], int]:
-    """Every record below the node's high watermark: (offset, value), and that watermark."""
+async def read_all(session: NodeSession, shard: int, start: int = 0) -> tuple[list[tuple[int, bytes]], int]:
+    """Every record from ``start`` below the node's high watermark: (offset, value), and that watermark."""
     out: list[tuple[int, bytes]] = []
-    offset = 0
+    offset = start
     while True:
         reply = await session.request(
             "GET", f"/v1/dbs/{DB}/shards/{shard}/frames", params={"offset": offset, "max_bytes": 1 << 20}

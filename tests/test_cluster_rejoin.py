@@ -149,3 +149,74 @@ async def _true(ok: bool) -> bool:
 async def _at_least(session: NodeSession, hw: int) -> tuple[list[tuple[int, bytes]], int] | None:
     records, got = await read_all(session, 0)
     return (records, got) if got >= hw else None
+
+
+def test_a_follower_left_behind_by_the_leaders_retention_restarts_at_its_start_and_rejoins(
+    server_factory: ServerFactory, etcd: EtcdProcess, run: Run[None]
+) -> None:
+    """A follower is down while the leader's retention (run now: ``POST .../retention``) moves
+    the log start past the follower's end. Back, it cannot fetch what it misses: it restarts
+    empty at the leader's start and rejoins the ISR. The leader's retention never passes its
+    high watermark."""
+    from tests.test_cluster import start_cluster
+
+    nodes = start_cluster(server_factory, etcd)
+
+    async def main() -> None:
+        sessions = {i: NodeSession(p.url, timeout_s=5) for i, p in nodes.items()}
+        try:
+            await create_replicated(sessions[1], 1, 3, 2, segment_bytes=4096, retention_bytes=0)
+
+            async def full() -> int | None:
+                state = await shard0(sessions[1])
+                ok = state is not None and state["leader"] > 0 and sorted(state["isr"]) == [1, 2, 3]
+                return int(state["leader"]) if ok and state is not None else None
+
+            leader = await until(full, "a leader with the full ISR")
+            victim = next(i for i in (1, 2, 3) if i != leader)
+            for k in range(10):
+                await produce(sessions[leader], 0, [f"a{k}-{i}" for i in range(10)])
+            behind = int((await sessions[victim].request("GET", f"/v1/dbs/{DB}")).json()["offsets"][0]["end"])
+            assert behind == 100
+            nodes[victim].kill()
+
+            async def shrunk() -> bool:
+                state = await shard0(sessions[leader])
+                return state is not None and victim not in state["isr"]
+
+            await until(shrunk, "the ISR without the stopped follower")
+            for k in range(30):
+                await produce(sessions[leader], 0, [f"b{k}-{i}" for i in range(10)])
+            reply = (await sessions[leader].request("POST", f"/v1/dbs/{DB}/retention")).json()
+            start = int(reply["offsets"][0]["start"])
+            hw = int(reply["offsets"][0]["high_watermark"])
+            assert behind < start <= hw == 400, reply
+            assert reply["freed_bytes"] > 0
+            nodes[victim].restart()
+            await sessions[victim].close()
+            sessions[victim] = NodeSession(nodes[victim].url, timeout_s=5)
+
+            async def back() -> bool:
+                state = await shard0(sessions[leader])
+                return state is not None and sorted(state["isr"]) == [1, 2, 3]
+
+            await until(back, "the follower back in the ISR")
+            assert any(
+                f"{DB}/0 ended at {behind}, below the leader's start {start}" in line
+                for line in nodes[victim].output
+            ), nodes[victim].output[-20:]
+            offsets = (await sessions[victim].request("GET", f"/v1/dbs/{DB}")).json()["offsets"][0]
+            assert (offsets["start"], offsets["end"]) == (start, 400), offsets
+
+            async def caught_up() -> list[tuple[int, bytes]] | None:
+                records, hw = await read_all(sessions[victim], 0, start)
+                return records if hw >= 400 else None
+
+            mine = await until(caught_up, "the follower at the end")
+            theirs, _ = await read_all(sessions[leader], 0, start)
+            assert mine == theirs and mine[0][0] == start and len(mine) == 400 - start
+        finally:
+            for s in sessions.values():
+                await s.close()
+
+    run(main())

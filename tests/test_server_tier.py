@@ -164,6 +164,9 @@ def test_serve_tier_and_admin_tier_from_the_command_line(
     shards = [line for line in out if line.startswith("shard ")]
     assert len(shards) == 2 and all("cold 0 B" not in line for line in shards), out
     assert len(list(tier.rglob("*.parquet"))) == len(committed)
+    out = ok(sh("admin", "--url", url, "retention", DB, env=env))  # none set: nothing goes
+    assert out == "freed 0 bytes; shard 0 from 0, shard 1 from 0\n", out
+    one_error_line(sh("admin", "--url", url, "--token", READER, "retention", DB), "PermissionDenied")
     desc = json.loads(ok(sh("admin", "--url", url, "describe", DB, env=env)))
     assert desc["tiered"] is True and sum(t["tier_objects"] for t in desc["tier"]) == len(committed)
 

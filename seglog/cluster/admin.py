@@ -21,6 +21,7 @@ __all__ = [
     "drop_db",
     "list_dbs",
     "offset_for_time",
+    "retention_db",
     "stats",
     "tier_db",
 ]
@@ -220,3 +221,15 @@ async def tier_db(request: web.Request) -> web.Response:
         await db.seal()
     committed = await db.tier_now()
     return web.json_response({"committed": [e.to_json() for e in committed], "tier": tier_report(db)})
+
+
+async def retention_db(request: web.Request) -> web.Response:
+    """``POST /v1/dbs/{db}/retention``: apply ``retention_bytes``/``retention_ms`` now (the node
+    also does every ``retention_interval_ms``); ``{"freed_bytes", "offsets": [...]}``."""
+    node = request.app[NODE]
+    db = await node.database(request.match_info["db"])
+    if await json_body(request):
+        raise InvalidRequest("retention takes no body")
+    freed = await db.enforce_retention()
+    out = describe(db)
+    return web.json_response({"freed_bytes": freed, "offsets": out["offsets"]})

@@ -109,6 +109,7 @@ ROUTE_NEEDS: Final[dict[tuple[str, str], Need]] = {
     ("POST", _DB + "/fetch"): _READ,
     ("GET", _DB + "/shards/{shard}/offset"): _READ,
     ("POST", _DB + "/tier"): _ADMIN,
+    ("POST", _DB + "/retention"): _ADMIN,
     ("POST", _GROUP + "/join"): _READ,
     ("POST", _GROUP + "/heartbeat"): _READ,
     ("POST", _GROUP + "/leave"): _READ,
@@ -214,6 +215,7 @@ class NodeServer:
         app.router.add_post(db + "/fetch", fetch.fetch_many)
         app.router.add_get(db + "/shards/{shard}/offset", admin.offset_for_time)
         app.router.add_post(db + "/tier", admin.tier_db)
+        app.router.add_post(db + "/retention", admin.retention_db)
         group_routes.add_routes(app, db)
         replica_routes.add_routes(app, db)
         return app
