@@ -85,7 +85,7 @@ def main() -> int:
             f"{fields.get('acked', '?')} | {fields.get('refused', '?')} | {fields.get('unknown', '?')} | "
             f"{fields.get('unknown_visible', '?')} | {fields.get('retries', '?')} | "
             f"{fields.get('acked_after_retry', '?')} | {fields.get('final_log', '?')} | "
-            f"{fields.get('tiered_objects', '?')} | {wall:.0f} |"
+            f"{fields.get('tiered_objects', '?')} | {fields.get('restarts', '?')} | {wall:.0f} |"
         )
         if not ok:
             failures.append((seed, f"(data kept in {workdir})\n" + output[-6000:]))
@@ -101,15 +101,17 @@ def main() -> int:
         "(timeouts, `NotEnoughReplicasAfterAppend`, a leader that resigned after writing); acked after "
         "retry = values acknowledged only by a retry (each stored once: the duplicate check); unknown = "
         "the last value when the run ended mid-retry; unknown visible = those that did land. Every node "
-        "tiers into one shared directory every 300 ms; tier objects = committed objects at the end, checked "
-        "to run from offset 0 without gap or overlap and to hold exactly the final log's records.",
+        "tiers into one shared directory every 300 ms and drops its local copies once committed; tier "
+        "objects = committed objects at the end, checked to run from offset 0 without gap or overlap and to "
+        "hold exactly the final log's records; restarts = nodes that came back behind their leader's start "
+        "and restarted there (`Database.restart_at`).",
         "",
         f"Total: {args.runs} schedules, {totals['kills']} kills, {totals['pauses']} pauses, "
         f"{totals['acked']} acknowledged sends checked; {len(failures)} failed.",
         "",
         "| seed | result | kills | pauses | acked | refused | unknown | unknown visible | retries | "
-        "acked after retry | final log | tier objects | wall s |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "acked after retry | final log | tier objects | restarts | wall s |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         *rows,
     ]
     for seed, output in failures:

@@ -151,7 +151,10 @@ async def read_all(session: NodeSession, shard: int, start: int = 0) -> tuple[li
         hw = int(reply.headers[protocol.HEADER_HIGH_WATERMARK])
         if not reply.body:
             return out, hw
-        table = decode_frames(reply.body, offset, hw)
+        if reply.headers.get("Content-Type", "").startswith(protocol.ARROW_STREAM):
+            table = pa.ipc.open_stream(reply.body).read_all()  # tiered rows, below the local start
+        else:
+            table = decode_frames(reply.body, offset, hw)
         for o, v in zip(table.column("offset").to_pylist(), table.column("value").to_pylist(), strict=True):
             out.append((o, v))
         if not len(table):

@@ -9,10 +9,12 @@ Checked: no acknowledged value is lost (lost-write/unseen), no value sits at two
 send refused before writing never appears (G1a), and every replica holds the same log.
 
 Every node also tiers the database into one shared directory every 300 ms (small segments,
-so they seal often): each shard's leader uploads, kills and pauses land mid-upload, and a
-paused leader that wakes up is fenced by the newer leader's epoch. At the end the tier's
-committed objects must run from offset 0 without a gap or an overlap and hold exactly the
-final log's records at their offsets.
+so they seal often) and drops its local copies once they are committed
+(``local_retention_bytes=0``): each shard's leader uploads, kills and pauses land
+mid-upload, a paused leader that wakes up is fenced by the newer leader's epoch, and a node
+that comes back behind its leader's start restarts there. The logs are read from offset 0
+through each node (the tiered part from the tier). At the end the tier's committed objects
+must run from offset 0 without a gap or an overlap and hold exactly the final log's records.
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ def test_kills_and_pauses_lose_nothing_acknowledged(
         retried = {"retries": 0, "acked_after_retry": 0}
         stop = asyncio.Event()
         try:
-            await create_replicated(sessions[1], 1, 3, 2, segment_bytes=4096)
+            await create_replicated(sessions[1], 1, 3, 2, segment_bytes=4096, local_retention_bytes=0)
 
             async def current_leader() -> int | None:
                 for i in (1, 2, 3):
@@ -192,7 +194,7 @@ def test_kills_and_pauses_lose_nothing_acknowledged(
                 f"acked={len(acked)} refused={len(refused)} unknown={len(unknown)} "
                 f"unknown_visible={len(unknown & set(where))} final_log={len(final)} "
                 f"retries={retried['retries']} acked_after_retry={retried['acked_after_retry']} "
-                f"tiered_objects={tiered}"
+                f"tiered_objects={tiered} restarts={_restarts(nodes)}"
             )
         finally:
             for s in sessions.values():
@@ -237,3 +239,8 @@ def _check_tier(tier: Path, final: list[tuple[int, bytes]], hw: int) -> int:
         return len(entries)
     finally:
         target.close()
+
+
+def _restarts(nodes: dict[int, ServerProcess]) -> int:
+    """How many times a node came back behind its leader's start and restarted there."""
+    return sum("restarted empty there" in line for p in nodes.values() for line in p.output)
