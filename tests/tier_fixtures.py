@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import secrets
 import socket
@@ -281,3 +282,12 @@ def tier_segment(target: Any, manifest: Any, shard: int, table: Any) -> Any:
     from seglog.tiering import upload_segment
 
     return upload_segment(target, manifest, shard, table)
+
+
+def committed_run(manifest: Any, shard: int) -> list[tuple[int, int]]:
+    """``(base, end)`` of the shard's committed objects, asserted to run from offset 0 without
+    a gap or an overlap."""
+    ranges = [(e.base_offset, e.end_offset) for e in manifest.committed(shard)]
+    assert ranges and ranges[0][0] == 0, (shard, ranges)
+    assert all(a[1] + 1 == b[0] for a, b in itertools.pairwise(ranges)), (shard, ranges)
+    return ranges

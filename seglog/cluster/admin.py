@@ -34,20 +34,24 @@ def describe(db: Database) -> dict[str, Any]:
         "name": db.name,
         "shards": db.shards,
         "config": db.config.to_json(),
-        "offsets": [
-            {
-                "shard": s,
-                "start": db.start_offset(s),
-                "end": db.end_offset(s),
-                "high_watermark": db.high_watermark(s),
-            }
-            for s in range(db.shards)
-        ],
+        "offsets": _offsets(db),
         "tiered": db.tiered,
     }
     if db.tiered:
         out["tier"] = tier_report(db)
     return out
+
+
+def _offsets(db: Database) -> list[dict[str, int]]:
+    return [
+        {
+            "shard": s,
+            "start": db.start_offset(s),
+            "end": db.end_offset(s),
+            "high_watermark": db.high_watermark(s),
+        }
+        for s in range(db.shards)
+    ]
 
 
 def tier_report(db: Database) -> list[dict[str, Any]]:
@@ -231,5 +235,4 @@ async def retention_db(request: web.Request) -> web.Response:
     if await json_body(request):
         raise InvalidRequest("retention takes no body")
     freed = await db.enforce_retention()
-    out = describe(db)
-    return web.json_response({"freed_bytes": freed, "offsets": out["offsets"]})
+    return web.json_response({"freed_bytes": freed, "offsets": _offsets(db)})

@@ -299,11 +299,11 @@ class ShardLog:
 
         Steps: :meth:`truncate_to` the log start (crash-safe on its own: a fenced marker
         first); the one segment left is removed and the directory fsynced (a crash here opens
-        as an empty log at the old start, which the next fetch restarts again); the checkpoint
-        moves the start to ``offset`` (a crash here opens as an empty log there:
-        :func:`~seglog.segment.log_loader.open_shard_log` creates its segment); the new empty
-        active segment is created and the durable end published. The caller must have synced
-        the journal's entries for this shard into the segments first.
+        as an empty log at the old start, which the next fetch restarts again); the new empty
+        segment at ``offset`` is created (a crash here opens as an empty log there: the
+        loader starts the log at its first segment's base); the checkpoint records the start
+        and the durable end is published. The caller must have synced the journal's entries
+        for this shard into the segments first.
 
         Raises:
             ValueError: ``offset`` is below the log end.
@@ -316,16 +316,11 @@ class ShardLog:
         for doomed in reversed(segments):
             doomed.retire()  # readers holding it keep reading through its mapping
         fsync_dir(self.directory)
-        self.log_start_offset = offset
-        atomic_write(
-            self.directory / CHECKPOINT_FILE,
-            json.dumps(
-                {"version": _CHECKPOINT_VERSION, "log_start_offset": offset, "recovery_base": offset}
-            ).encode(),
-        )
         new = LogSegment.create(self.directory, offset)
         new.created_ms = self._clock_ms()
         self._snap = ([new], [offset])
+        self.log_start_offset = offset
+        self.write_checkpoint()
         self.publish_durable_end(sync=True)
 
     def write_checkpoint(self) -> None:

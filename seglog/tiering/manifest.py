@@ -329,7 +329,7 @@ class Manifest:
 
         Raises:
             TierError: If either write fails (``seq`` stays incremented; save again).
-            WriterFenced: Shared: a shard this process wrote was claimed at a higher epoch.
+            TierFenced: Shared: a shard this process wrote was claimed at a higher epoch.
         """
         if self._shared:
             self._save_shared(target, local_path)
