@@ -10,19 +10,26 @@ segment is only in the tier. Then, for a local directory tier (``file://``) and 
 
 * **cached**: the default ``tier_cache_bytes`` (one download per object, row groups decoded
   once);
-* **no cache**: ``tier_cache_bytes=0``, which downloads and verifies the whole object for
-  every call: how every tier read worked before the cache. It is slow, so only the first
-  ``--baseline-reads`` calls are timed.
+* **no cache**: ``tier_cache_bytes=0``, which fetches the footer and the row group again for
+  every call. It is slow, so only the first ``--baseline-reads`` calls are timed.
 
 and a stream iterator (``next_arrow`` over ``sensors/site7/#``, 1 % of the records) reads the
 whole tiered history once with the cache. Records/s of each, downloads and row groups decoded
-(``Store.tier_cache_stats``). Writes ``bench/results/tier-reads-<date>.md/.json``.
+(``Store.tier_cache_stats``).
+
+Seeks: ``--seeks`` cold reads of ``--page`` records at random tiered offsets (a reader that
+jumps into history, nothing cached), through the tier read path (``TierReadCache.rows`` with
+capacity 0) two ways, alternating: **ranged** (the footer and the one row group, each checked
+against its CRC32C) and the baseline **whole** (the same entry without its parts: the object
+downloaded whole and checked against its sha256, as every read did before ranged reads).
+Latency p50/max and bytes fetched per read. Writes ``bench/results/tier-reads-<date>.md/.json``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import datetime as dt
 import sys
 import tempfile
@@ -35,6 +42,8 @@ import numpy as np
 import seglog
 from bench._report import write_report
 from bench.tier import S3Server, _columns, run_minio
+from seglog.tiering import Manifest, open_target
+from seglog.tiering.read_cache import TierReadCache
 
 REPO = Path(__file__).resolve().parent.parent
 DB = "history"
@@ -118,8 +127,46 @@ async def stream_read(data: Path, tier: str, s3: S3Server | None, stop: int, pag
     return {"records": got, "seconds": elapsed, "history_records_per_s": stop / elapsed, **cache}
 
 
+def seeks(tier: str, s3: S3Server | None, stop: int, page: int, n: int) -> dict[str, float]:
+    """``n`` cold reads at random tiered offsets, ranged and whole (alternating)."""
+    target = open_target(
+        tier,
+        s3_endpoint=None if s3 is None else s3.endpoint,
+        access_key=None if s3 is None else s3.access_key,
+        secret_key=None if s3 is None else s3.secret_key,
+    )
+    manifest = Manifest.load(target, DB)
+    rng = np.random.default_rng(11)
+    times: dict[str, list[float]] = {"ranged": [], "whole": []}
+    fetched: dict[str, int] = {"ranged": 0, "whole": 0}
+    object_bytes = 0
+    try:
+        for i, offset in enumerate(rng.integers(0, stop - page, n).tolist()):
+            entry = manifest.find_offset(0, offset)
+            assert entry is not None and entry.parts, "objects tiered with their parts"
+            object_bytes += entry.bytes
+            last = min(offset + page - 1, entry.end_offset)
+            ways = [("ranged", entry), ("whole", dataclasses.replace(entry, parts=()))]
+            for way, e in ways if i % 2 == 0 else ways[::-1]:
+                cache = TierReadCache(0)
+                t0 = time.perf_counter()
+                rows = sum(t.num_rows for t in cache.rows(target, e, offset, last))
+                times[way].append(time.perf_counter() - t0)
+                assert rows == last - offset + 1
+                fetched[way] += cache.stats().downloaded_bytes
+    finally:
+        target.close()
+    out: dict[str, float] = {"seeks": n, "object_mib": object_bytes / n / (1 << 20)}
+    for way, ts in times.items():
+        out[f"{way}_p50_ms"] = float(np.median(ts)) * 1e3
+        out[f"{way}_max_ms"] = max(ts) * 1e3
+        out[f"{way}_mib_per_read"] = fetched[way] / n / (1 << 20)
+    out["speedup_p50"] = out["whole_p50_ms"] / out["ranged_p50_ms"]
+    return out
+
+
 def run(
-    workdir: Path, records: int, value_bytes: int, page: int, baseline_reads: int, s3: S3Server
+    workdir: Path, records: int, value_bytes: int, page: int, baseline_reads: int, n_seeks: int, s3: S3Server
 ) -> dict[str, Any]:
     """Every row for both targets; the figures as a dict."""
     s3.client().create_bucket(Bucket=BUCKET)
@@ -135,6 +182,7 @@ def run(
             "cached": asyncio.run(sequential(data, tier, server, stop, page, None, None)),
             "no_cache": asyncio.run(sequential(data, tier, server, stop, page, baseline_reads, 0)),
             "stream": asyncio.run(stream_read(data, tier, server, stop, page)),
+            "seeks": seeks(tier, server, stop, page, n_seeks),
         }
     return out
 
@@ -144,7 +192,7 @@ def markdown(r: dict[str, Any]) -> str:
         f"{r['records']:,} records of {r['value_bytes']} B, one shard, 64 MiB segments, tiered and "
         f"deleted locally; `read_arrow` from offset 0 in pages of {r['page']:,}.",
         "",
-        "| tier | reader | calls | records read | records/s | downloads | row groups decoded | cached ÷ no cache |",
+        "| tier | reader | calls | records read | records/s | fetches | row groups decoded | cached ÷ no cache |",
         "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for name, label in (("file", "local dir (file://)"), ("s3", "MinIO (s3://)")):
@@ -157,7 +205,7 @@ def markdown(r: dict[str, Any]) -> str:
             f"**{ratio:,.0f}x** |"
         )
         lines.append(
-            f"| {label} | no cache (`tier_cache_bytes=0`, the behaviour before) | {none['calls']:,.0f} | "
+            f"| {label} | no cache (`tier_cache_bytes=0`) | {none['calls']:,.0f} | "
             f"{none['records']:,.0f} | {none['records_per_s']:,.0f} | {none['downloads']:,.0f} | "
             f"{none['row_groups_decoded']:,.0f} | 1 |"
         )
@@ -165,7 +213,7 @@ def markdown(r: dict[str, Any]) -> str:
         "",
         f"Stream iterator over the tiered history (`{STREAM_FILTER}`, cache on):",
         "",
-        "| tier | records found | seconds | history records/s | downloads | row groups decoded |",
+        "| tier | records found | seconds | history records/s | fetches | row groups decoded |",
         "|---|---:|---:|---:|---:|---:|",
     ]
     for name, label in (("file", "local dir"), ("s3", "MinIO")):
@@ -173,6 +221,25 @@ def markdown(r: dict[str, Any]) -> str:
         lines.append(
             f"| {label} | {s['records']:,.0f} | {s['seconds']:.2f} | {s['history_records_per_s']:,.0f} | "
             f"{s['downloads']:,.0f} | {s['row_groups_decoded']:,.0f} |"
+        )
+    first = r["targets"]["file"]["seeks"]
+    lines += [
+        "",
+        f"Seeks: {first['seeks']:,.0f} cold reads of {r['page']:,} records at random tiered offsets "
+        f"(objects of {first['object_mib']:.1f} MiB on average), nothing cached:",
+        "",
+        "| tier | read | p50 ms | max ms | MiB fetched per read | whole ÷ ranged (p50) |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for name, label in (("file", "local dir"), ("s3", "MinIO")):
+        k = r["targets"][name]["seeks"]
+        lines.append(
+            f"| {label} | ranged (footer + row group) | {k['ranged_p50_ms']:.1f} | {k['ranged_max_ms']:.1f} | "
+            f"{k['ranged_mib_per_read']:.2f} | **{k['speedup_p50']:.1f}x** |"
+        )
+        lines.append(
+            f"| {label} | whole object (baseline) | {k['whole_p50_ms']:.1f} | {k['whole_max_ms']:.1f} | "
+            f"{k['whole_mib_per_read']:.2f} | 1 |"
         )
     return "\n".join(lines) + "\n"
 
@@ -183,11 +250,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--value-bytes", type=int, default=100)
     ap.add_argument("--page", type=int, default=1000, help="records per read_arrow call")
     ap.add_argument("--baseline-reads", type=int, default=20, help="timed calls without the cache")
+    ap.add_argument("--seeks", type=int, default=20, help="cold random reads, each way")
     ap.add_argument("--out", type=Path, default=None, help="default bench/results/tier-reads-<date>.md")
     args = ap.parse_args(argv)
     out = args.out or REPO / "bench" / "results" / f"tier-reads-{dt.date.today().isoformat()}.md"
     with tempfile.TemporaryDirectory(prefix="seglog-tier-reads-") as tmp, run_minio(Path(tmp)) as s3:
-        results = run(Path(tmp), args.records, args.value_bytes, args.page, args.baseline_reads, s3)
+        results = run(
+            Path(tmp), args.records, args.value_bytes, args.page, args.baseline_reads, args.seeks, s3
+        )
     write_report(out, "Reads of tiered history", markdown(results), results)
     return 0
 

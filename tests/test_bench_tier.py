@@ -27,12 +27,17 @@ def test_tier_reads_bench_quick(tmp_path: Path, minio: Any) -> None:
     from bench.tier_reads import markdown as reads_markdown
     from bench.tier_reads import run as run_reads
 
-    result = run_reads(tmp_path, 20_000, 100, 1000, 3, minio)
+    result = run_reads(tmp_path, 20_000, 100, 1000, 3, 4, minio)
     for target in ("file", "s3"):
         t = result["targets"][target]
         assert t["tiered_records"] == 20_000
         assert t["cached"]["records"] == 20_000 and t["cached"]["calls"] == 20
-        assert t["cached"]["downloads"] == 1  # one object, read through once
-        assert t["no_cache"]["calls"] == 3 == t["no_cache"]["downloads"]
+        assert t["cached"]["downloads"] == 2  # one object of one row group: its footer, its row group
+        assert t["no_cache"]["calls"] == 3 and t["no_cache"]["downloads"] == 2 * 3
         assert t["stream"]["records"] == 200  # sensors/site7/#: 1 % of the records
-    assert "cached ÷ no cache" in reads_markdown(result)
+        seeks = t["seeks"]
+        assert seeks["seeks"] == 4
+        # One row group per object here: a ranged read fetches all of it but the page indexes.
+        assert 0 < seeks["ranged_mib_per_read"] < seeks["whole_mib_per_read"] == seeks["object_mib"]
+    table = reads_markdown(result)
+    assert "cached ÷ no cache" in table and "whole ÷ ranged" in table

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import crc32c
 import pyarrow as pa
 import pytest
 
@@ -18,6 +19,7 @@ from seglog.tiering import (
     ObjectInfo,
     ObjectMismatch,
     ObjectNotFound,
+    ObjectPart,
     delete_tiered,
     manifest_key,
     object_key,
@@ -30,6 +32,7 @@ from seglog.tiering import (
     segment_table_to_parquet,
     upload_segment,
 )
+from seglog.tiering.parquet import ROW_GROUP_ROWS, footer_metadata, parquet_part_spans
 from tests.tier_fixtures import MinioServer, make_segment_table
 
 TS0 = 1_700_000_000_000_000
@@ -234,6 +237,38 @@ def test_upload_and_read_through(target: LocalTarget, tmp_path: Path) -> None:
     delete_tiered(target, again, e1.key, local_manifest=local)
     assert target.head(e1.key) is None
     assert [e.key for e in Manifest.load(target, DB, local_path=local).entries()] == [e2.key]
+
+
+def test_uploaded_entries_carry_checked_parts_for_ranged_reads(target: LocalTarget, tmp_path: Path) -> None:
+    """Each row group, the page indexes and the footer are a part: contiguous, covering the
+    object, each with the CRC32C of its bytes; the manifest keeps them across a reload."""
+    local = tmp_path / "m.json"
+    m = Manifest.load(target, DB, local_path=local)
+    rows = 2 * ROW_GROUP_ROWS + 10
+    e = upload_segment(target, m, 0, make_segment_table(0, rows, ts0_us=TS0), local_manifest=local)
+    data = target.get(e.key)
+    assert [(p.start, p.end) for p in e.parts] == parquet_part_spans(data)
+    assert e.parts[0].start == 0 and e.parts[-1].end == len(data) == e.bytes
+    assert len(e.parts) >= 3 + 1  # three row groups and the footer at least
+    assert all(p.crc32c == crc32c.crc32c(data[p.start : p.end]) for p in e.parts)
+    meta = footer_metadata(data[e.parts[-1].start :])  # the footer alone parses
+    assert meta.num_rows == rows and meta.num_row_groups == 3
+    assert Manifest.load(target, DB, local_path=local).get(e.key) == e
+
+
+def test_entries_without_parts_load_and_bad_parts_are_rejected(target: LocalTarget) -> None:
+    old = entry(0, 0, 99).to_json()
+    assert "parts" not in old  # the document written before ranged reads
+    doc = {"version": 1, "db": DB, "seq": 1, "entries": [old]}
+    target.put(manifest_key(DB), json.dumps(doc).encode())
+    assert Manifest.load(target, DB).entries()[0].parts == ()
+    for parts in ([[0, 100, 1], [101, 123, 2]], [[0, 100, 1]], [[0, 123]], [["0", 123, 1]], {"a": 1}):
+        target.put(manifest_key(DB), json.dumps({**doc, "entries": [{**old, "parts": parts}]}).encode())
+        with pytest.raises(TierError, match="malformed"):
+            Manifest.load(target, DB)
+    good = {**old, "parts": [[0, 100, 1], [100, 123, 2]]}
+    target.put(manifest_key(DB), json.dumps({**doc, "entries": [good]}).encode())
+    assert Manifest.load(target, DB).entries()[0].parts == (ObjectPart(0, 100, 1), ObjectPart(100, 123, 2))
 
 
 def test_read_through_detects_corruption(target: LocalTarget) -> None:

@@ -1,8 +1,10 @@
-"""Reads of tiered history: one download per object (the read cache), stream iterators through the tier."""
+"""Reads of tiered history: ranged fetches of what a read needs, each once (the read cache),
+stream iterators through the tier."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -13,8 +15,9 @@ import pytest
 
 import seglog
 from seglog.errors import InvalidArgument
-from seglog.tiering import ManifestEntry, TierCacheStats
+from seglog.tiering import LocalTarget, ManifestEntry, ObjectMismatch, TierCacheStats
 from seglog.tiering.parquet import ROW_GROUP_ROWS
+from seglog.tiering.read_cache import TierReadCache
 from seglog.topics import topic_matches
 from tests.test_tiering import tier_kwargs
 
@@ -57,6 +60,21 @@ async def tiered_db(
     return db, entries
 
 
+def row_groups_of(e: ManifestEntry) -> int:
+    return -(-e.rows // ROW_GROUP_ROWS)
+
+
+def read_whole_bytes(entries: list[ManifestEntry]) -> tuple[int, int]:
+    """(requests, bytes) that reading all of ``entries`` fetches: each footer and row group
+    once (the page indexes between them are never read)."""
+    requests = sum(1 + row_groups_of(e) for e in entries)
+    size = sum(
+        e.parts[-1].end - e.parts[-1].start + sum(p.end - p.start for p in e.parts[: row_groups_of(e)])
+        for e in entries
+    )
+    return requests, size
+
+
 async def read_sequentially(db: seglog.Database, stop: int, page: int) -> tuple[pa.Table, int]:
     tables, offset, calls = [], 0, 0
     while offset < stop:
@@ -69,7 +87,7 @@ async def read_sequentially(db: seglog.Database, stop: int, page: int) -> tuple[
 
 
 @pytest.mark.parametrize("kind", ["local", "s3"])
-def test_a_sequential_read_of_tiered_history_downloads_each_object_once(
+def test_a_sequential_read_of_tiered_history_fetches_each_part_once(
     kind: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     kw = tier_kwargs(kind, tmp_path, request)
@@ -87,14 +105,15 @@ def test_a_sequential_read_of_tiered_history_downloads_each_object_once(
             stats = store.tier_cache_stats()
             assert stats is not None
             assert calls >= 50 * objects  # many reads per object ...
-            assert stats.downloads == objects  # ... one download each
+            # ... one ranged fetch of each footer and row group
+            assert (stats.downloads, stats.downloaded_bytes) == read_whole_bytes(entries)
             assert stats.row_groups_decoded == row_groups  # ... and each row group decoded once
             assert 0 < stats.cached_bytes <= stats.capacity_bytes
 
     asyncio.run(main())
 
 
-def test_without_a_cache_every_read_downloads_its_object(tmp_path: Path) -> None:
+def test_without_a_cache_every_read_fetches_its_footer_and_row_group(tmp_path: Path) -> None:
     """``tier_cache_bytes=0`` keeps nothing: what the counters count is real downloads."""
 
     async def main() -> None:
@@ -104,11 +123,15 @@ def test_without_a_cache_every_read_downloads_its_object(tmp_path: Path) -> None
             tier=(tmp_path / "tier").as_uri(),
             tier_cache_bytes=0,
         ) as store:
-            db, _ = await tiered_db(store)
+            db, entries = await tiered_db(store)
             _, calls = await read_sequentially(db, 20_000, 1000)
             stats = store.tier_cache_stats()
             assert stats is not None
-            assert stats.downloads == calls == 20
+            assert calls == 20
+            assert stats.downloads == 2 * calls  # the footer, then the row group
+            first = entries[0]
+            per_call = first.parts[0].end + first.parts[-1].end - first.parts[-1].start
+            assert stats.downloaded_bytes == calls * per_call < calls * first.bytes
             assert stats.cached_bytes == 0
 
     asyncio.run(main())
@@ -245,14 +268,14 @@ def test_key_reads_of_tiered_history_use_the_cache_and_keep_nothing_new(
                 assert s is not None
                 return s
 
-            await check_key(5)  # cold: each object downloaded once, nothing kept
-            assert stats().downloads == len(entries)
+            await check_key(5)  # cold: each part fetched once, nothing kept
+            assert (stats().downloads, stats().downloaded_bytes) == read_whole_bytes(entries)
             assert stats().cached_bytes == 0
             cold = db.local_start_offset(0)
             got, _ = await read_sequentially(db, cold, 1000)  # a reader fills the cache
             assert got.column("value").to_pylist() == everything.column("value").slice(0, cold).to_pylist()
             warm = stats()
-            assert warm.downloads == 2 * len(entries)
+            assert warm.downloads == 2 * read_whole_bytes(entries)[0]
             for d in (42, 96):  # warm: served from the cache, which it leaves as it was
                 await check_key(d)
             after = stats()
@@ -261,5 +284,83 @@ def test_key_reads_of_tiered_history_use_the_cache_and_keep_nothing_new(
                 warm.row_groups_decoded,
                 warm.cached_bytes,
             )
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("kind", ["local", "s3"])
+def test_a_read_fetches_only_the_footer_and_the_row_group_it_needs(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """A consumer that seeks into a tiered object does not wait for the whole object."""
+    kw = tier_kwargs(kind, tmp_path, request)
+
+    async def main() -> None:
+        async with seglog.open(tmp_path / "data", retention_interval_ms=None, **kw) as store:
+            db, entries = await tiered_db(store)
+            first = entries[0]
+            assert row_groups_of(first) >= 2
+            deep = ROW_GROUP_ROWS + 100  # in row group 1 of the first object
+            t = await db.read_arrow(0, deep, 10)
+            assert t.column("offset").to_pylist() == list(range(deep, deep + 10))
+            assert t.column("value").to_pylist() == history(deep, 10).column("value").to_pylist()
+            stats = store.tier_cache_stats()
+            assert stats is not None
+            footer, group = first.parts[-1], first.parts[1]
+            assert stats.downloads == 2  # the footer, then row group 1
+            assert stats.downloaded_bytes == (footer.end - footer.start) + (group.end - group.start)
+            assert stats.downloaded_bytes < first.bytes / 2
+            t = await db.read_arrow(0, 5, 10)  # row group 0: one more fetch, the footer is cached
+            assert t.column("offset").to_pylist() == list(range(5, 15))
+            after = store.tier_cache_stats()
+            assert after is not None and after.downloads == 3
+
+    asyncio.run(main())
+
+
+def test_a_rotted_row_group_fails_its_reads_and_spares_the_others(tmp_path: Path) -> None:
+    """Each fetched part is checked against its CRC32C before Parquet decodes it."""
+
+    async def main() -> None:
+        async with seglog.open(
+            tmp_path / "data",
+            retention_interval_ms=None,
+            tier=(tmp_path / "tier").as_uri(),
+            tier_cache_bytes=0,
+        ) as store:
+            db, entries = await tiered_db(store)
+            first = entries[0]
+            group = first.parts[1]
+            path = tmp_path / "tier" / first.key
+            raw = bytearray(path.read_bytes())
+            raw[(group.start + group.end) // 2] ^= 0x40
+            path.write_bytes(bytes(raw))
+            with pytest.raises(ObjectMismatch, match="CRC32C"):
+                await db.read_arrow(0, ROW_GROUP_ROWS + 100, 10)
+            t = await db.read_arrow(0, 100, 10)  # row group 0 of the same object is intact
+            assert t.column("value").to_pylist() == history(100, 10).column("value").to_pylist()
+
+    asyncio.run(main())
+
+
+def test_objects_tiered_before_ranged_reads_are_read_whole(tmp_path: Path) -> None:
+    """An entry without parts (an older manifest) is downloaded whole and checked by sha256."""
+
+    async def main() -> None:
+        async with seglog.open(
+            tmp_path / "data", retention_interval_ms=None, tier=(tmp_path / "tier").as_uri()
+        ) as store:
+            _, entries = await tiered_db(store)
+        old = dataclasses.replace(entries[0], parts=())
+        target = LocalTarget(tmp_path / "tier")
+        cache = TierReadCache()
+        (t,) = cache.rows(target, old, ROW_GROUP_ROWS + 100, ROW_GROUP_ROWS + 109)
+        assert t.column("offset").to_pylist() == list(range(ROW_GROUP_ROWS + 100, ROW_GROUP_ROWS + 110))
+        stats = cache.stats()
+        assert (stats.downloads, stats.downloaded_bytes) == (1, old.bytes)
+        path = tmp_path / "tier" / old.key
+        path.write_bytes(path.read_bytes()[:-1] + b"X")
+        with pytest.raises(ObjectMismatch):
+            list(TierReadCache().rows(target, old, 0, 9))
 
     asyncio.run(main())

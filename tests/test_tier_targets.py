@@ -80,6 +80,22 @@ def test_get_missing_raises_object_not_found(target: TierTarget) -> None:
     assert err.value.__cause__ is not None
 
 
+def test_get_range_returns_exactly_the_span(target: TierTarget) -> None:
+    data = bytes(range(256)) * 40
+    target.put("obj", data)
+    for start, end in [(0, 1), (0, len(data)), (1000, 2049), (len(data) - 7, len(data))]:
+        assert target.get_range("obj", start, end) == data[start:end]
+    with pytest.raises(ObjectMismatch, match="shorter"):
+        target.get_range("obj", len(data) - 4, len(data) + 4)  # the object ends first
+    with pytest.raises(ObjectMismatch):
+        target.get_range("obj", len(data), len(data) + 1)  # starts past the end
+    with pytest.raises(ObjectNotFound):
+        target.get_range("missing", 0, 10)
+    for bad in [(-1, 3), (5, 5), (6, 5), (0.0, 3), (True, 3)]:
+        with pytest.raises(InvalidArgument, match="byte range"):
+            target.get_range("obj", *bad)  # type: ignore[arg-type]
+
+
 def test_list_is_a_string_prefix_and_sorted(target: TierTarget) -> None:
     keys = [
         "db/shard=1/b.parquet",

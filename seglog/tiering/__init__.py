@@ -8,7 +8,8 @@ The DB layer sees only the seam (:mod:`seglog.tiering.seam`): :class:`TierServic
 * :func:`open_target` / :class:`TierTarget` -- where objects go;
 * :func:`segment_table_to_parquet` / :func:`parquet_to_segment_table` / :func:`object_key`
   -- what an object is and where it lives;
-* :class:`Manifest` / :class:`ManifestEntry` -- what the tier holds, and in which state;
+* :class:`Manifest` / :class:`ManifestEntry` / :class:`ObjectPart` -- what the tier holds,
+  in which state, and the checked byte spans ranged reads fetch;
 * :func:`upload_segment` / :func:`read_tiered` / :func:`delete_tiered` /
   :func:`recover_manifest` -- the protocol steps, ready to call from a worker thread.
 """
@@ -20,6 +21,7 @@ from seglog.tiering.manifest import (
     EntryState,
     Manifest,
     ManifestEntry,
+    ObjectPart,
     manifest_key,
 )
 from seglog.tiering.ops import delete_tiered, read_tiered, recover_manifest, upload_segment
@@ -61,6 +63,7 @@ __all__ = [
     "ObjectInfo",
     "ObjectMismatch",
     "ObjectNotFound",
+    "ObjectPart",
     "PreconditionFailed",
     "S3Target",
     "S3Tuning",

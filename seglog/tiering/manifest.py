@@ -80,6 +80,7 @@ __all__ = [
     "EntryState",
     "Manifest",
     "ManifestEntry",
+    "ObjectPart",
     "manifest_key",
 ]
 
@@ -114,6 +115,21 @@ _NEXT_STATE = {
 
 
 @dataclass(frozen=True, slots=True)
+class ObjectPart:
+    """A byte span of a tiered object that ranged reads fetch whole, and its checksum.
+
+    Attributes:
+        start: First byte.
+        end: One past the last byte.
+        crc32c: CRC32C of the span's bytes (checked on every ranged read of it).
+    """
+
+    start: int
+    end: int
+    crc32c: int
+
+
+@dataclass(frozen=True, slots=True)
 class ManifestEntry:
     """One tiered Parquet object.
 
@@ -128,6 +144,9 @@ class ManifestEntry:
         bytes: Object size in bytes.
         checksum: sha256 of the object, hex.
         state: Lifecycle state.
+        parts: The object's spans for ranged reads (row groups, page indexes, footer),
+            contiguous from byte 0 to ``bytes``; empty for objects tiered before ranged
+            reads, which are read whole.
     """
 
     key: str
@@ -140,15 +159,26 @@ class ManifestEntry:
     bytes: int
     checksum: str
     state: EntryState = EntryState.UPLOADING
+    parts: tuple[ObjectPart, ...] = ()
 
     def __post_init__(self) -> None:
         if self.shard < 0 or self.base_offset < 0 or self.end_offset < self.base_offset:
             raise InvalidArgument(f"invalid offset range in manifest entry {self.key!r}")
         if self.min_ts > self.max_ts or self.rows < 1 or self.bytes < 0:
             raise InvalidArgument(f"invalid stats in manifest entry {self.key!r}")
+        if self.parts:
+            at = 0
+            for part in self.parts:
+                if part.start != at or part.end <= part.start:
+                    raise InvalidArgument(f"manifest entry {self.key!r}: parts are not contiguous at {at}")
+                at = part.end
+            if at != self.bytes:
+                raise InvalidArgument(f"manifest entry {self.key!r}: parts end at {at}, not {self.bytes}")
 
     @classmethod
-    def for_upload(cls, shard: int, stats: SegmentStats, info: ObjectInfo) -> ManifestEntry:
+    def for_upload(
+        cls, shard: int, stats: SegmentStats, info: ObjectInfo, parts: tuple[ObjectPart, ...] = ()
+    ) -> ManifestEntry:
         """Builds an ``uploading`` entry from segment stats and the object's size/sha256."""
         return cls(
             key=info.key,
@@ -161,6 +191,7 @@ class ManifestEntry:
             bytes=info.size,
             checksum=info.checksum,
             state=EntryState.UPLOADING,
+            parts=parts,
         )
 
     @property
@@ -180,6 +211,10 @@ class ManifestEntry:
         """Returns the JSON-ready dict."""
         d = asdict(self)
         d["state"] = self.state.value
+        if self.parts:
+            d["parts"] = [[p.start, p.end, p.crc32c] for p in self.parts]
+        else:
+            del d["parts"]  # the document older readers wrote and read
         return d
 
     @classmethod
@@ -202,7 +237,19 @@ class ManifestEntry:
             bytes=d["bytes"],
             checksum=d["checksum"],
             state=EntryState(d["state"]),
+            parts=_parts_from_json(d.get("parts", [])),
         )
+
+
+def _parts_from_json(raw: Any) -> tuple[ObjectPart, ...]:
+    if not isinstance(raw, list):
+        raise TypeError("parts must be a list")
+    parts = []
+    for item in raw:
+        if not (isinstance(item, list) and len(item) == 3 and all(type(v) is int for v in item)):
+            raise TypeError("each part must be [start, end, crc32c] integers")
+        parts.append(ObjectPart(*item))
+    return tuple(parts)
 
 
 class Manifest:

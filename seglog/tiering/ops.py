@@ -11,15 +11,17 @@ import hashlib
 from collections.abc import Iterator
 from pathlib import Path
 
+import crc32c
 import pyarrow as pa
 
 from seglog.errors import InvalidArgument
-from seglog.tiering.manifest import Manifest, ManifestEntry
+from seglog.tiering.manifest import Manifest, ManifestEntry, ObjectPart
 from seglog.tiering.parquet import (
     STREAMS_METADATA_KEY,
     StreamStructures,
     encode_stream_structures,
     object_key,
+    parquet_part_spans,
     parquet_to_segment_table,
     segment_stats,
     segment_table_to_parquet,
@@ -75,7 +77,11 @@ def upload_segment(
         },
     )
     expected = ObjectInfo(key, len(data), hashlib.sha256(data).hexdigest())
-    manifest.begin_upload(ManifestEntry.for_upload(shard, stats, expected))
+    view = memoryview(data)
+    parts = tuple(
+        ObjectPart(start, end, crc32c.crc32c(view[start:end])) for start, end in parquet_part_spans(data)
+    )
+    manifest.begin_upload(ManifestEntry.for_upload(shard, stats, expected, parts))
     manifest.save(target, local_path=local_manifest)
     target.put(key, data)
     target.verify(key, expected)

@@ -10,8 +10,10 @@ or topic). Objects live at ``<db>/shard=<n>/<base:020d>-<end:020d>.parquet``; th
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import re
+import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -32,7 +34,9 @@ __all__ = [
     "StreamStructures",
     "decode_stream_structures",
     "encode_stream_structures",
+    "footer_metadata",
     "object_key",
+    "parquet_part_spans",
     "parquet_to_segment_table",
     "parse_object_key",
     "segment_stats",
@@ -226,6 +230,65 @@ def segment_table_to_parquet(table: pa.Table, *, metadata: dict[str, str] | None
     )
     out: bytes = sink.getvalue().to_pybytes()
     return out
+
+
+_PARQUET_MAGIC = b"PAR1"
+# The file's tail: the footer's length (little-endian uint32), then the magic.
+_TAIL = struct.Struct("<I4s")
+
+
+def _footer_start(data: bytes | memoryview, *, whole: bool = True) -> int:
+    """Where the footer starts in ``data`` (a whole file, or only its tail)."""
+    if len(data) < (len(_PARQUET_MAGIC) if whole else 0) + _TAIL.size:
+        raise TierError(f"not a Parquet file: {len(data)} bytes")
+    footer_bytes, magic = _TAIL.unpack_from(data, len(data) - _TAIL.size)
+    start = len(data) - _TAIL.size - footer_bytes
+    if magic != _PARQUET_MAGIC or start < (len(_PARQUET_MAGIC) if whole else 0):
+        raise TierError("not a Parquet file: bad tail")
+    return int(start)
+
+
+def footer_metadata(tail: bytes | memoryview) -> pq.FileMetaData:
+    """Parses a Parquet footer from the file's last bytes (at least the footer, its length and
+    the magic); offsets in it stay those of the whole file.
+
+    Raises:
+        TierError: ``tail`` does not end in a whole, valid footer.
+    """
+    start = _footer_start(tail, whole=False)
+    try:
+        return pq.read_metadata(pa.BufferReader(_PARQUET_MAGIC + bytes(tail[start:])))
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise TierError(f"cannot parse a Parquet footer: {exc}") from exc
+
+
+def parquet_part_spans(data: bytes | memoryview) -> list[tuple[int, int]]:
+    """Cuts a Parquet file into byte spans a reader fetches whole: the file up to the end of
+    row group 0, each further row group, what lies between the last one and the footer (the
+    page indexes), and the footer with the tail. The spans are contiguous and cover the file,
+    so a ranged reader can check every byte it reads against a checksum per span.
+
+    Raises:
+        TierError: ``data`` is not a Parquet file.
+    """
+    footer = _footer_start(data)
+    meta = footer_metadata(data)
+    ends = []
+    for i in range(meta.num_row_groups):
+        rg = meta.row_group(i)
+        end = 0
+        for j in range(rg.num_columns):
+            col = rg.column(j)
+            first = col.dictionary_page_offset if col.has_dictionary_page else col.data_page_offset
+            end = max(end, int(first) + int(col.total_compressed_size))
+        ends.append(end)
+    cuts = [0]
+    for end in [*ends, footer, len(data)]:
+        if end > cuts[-1]:
+            if end > len(data):
+                raise TierError(f"Parquet row group ends at {end}, past the file's {len(data)} bytes")
+            cuts.append(end)
+    return list(itertools.pairwise(cuts))
 
 
 def parquet_to_segment_table(

@@ -1,43 +1,50 @@
-"""Reads of tiered objects, one download per object rather than one per read call.
+"""Reads of tiered objects: ranged fetches of the row groups a read needs, each fetched once.
 
 A tiered object is a whole segment in Parquet (tens to hundreds of MB); a consumer reads it
-1000 records per call. Without a cache every call downloaded and sha256-checked the whole
-object to return one slice of one row group. :class:`TierReadCache` (one per store, shared
-by its databases' :class:`~seglog.tiering.db_tier.DbTier`) keeps, least recently used out
-first and within ``capacity_bytes`` in all:
+1000 records per call. Objects tiered with their parts in the manifest
+(:class:`~seglog.tiering.manifest.ObjectPart`: each row group's byte span, the page
+indexes', the footer's, each with a CRC32C) are read by ranged GETs: the footer, then only the
+row groups that hold the offsets asked for, each checked against its CRC32C before Parquet
+decodes a byte of it. Older objects (no parts) are downloaded whole and checked against
+their sha256. :class:`TierReadCache` (one per store, shared by its databases'
+:class:`~seglog.tiering.db_tier.DbTier`) keeps, least recently used out first and within
+``capacity_bytes`` in all:
 
-* the verified bytes of the objects being read (checked against the manifest's sha256 once,
-  when downloaded), so the next row group of the same object costs no download;
+* the verified bytes fetched (parts, or whole objects), so the next read of the same row
+  group or footer costs no request;
 * decoded row groups (:data:`~seglog.tiering.parquet.SEGMENT_SCHEMA` tables), so the next
   slice of the same row group costs neither decoding nor a copy;
 * each object's layout (the offset range and stream-id range of every row group, from the
   Parquet footer): a few dozen bytes per row group, kept with the rest.
 
 Entries are keyed by object key *and* checksum: objects are immutable once committed, and an
-object re-uploaded under the same key with other bytes is another entry. An object or row
-group larger than the whole capacity is read but not kept (capacity 0 turns the cache off:
-every read downloads again, the behaviour before this module). Readers run in worker
-threads: the maps are guarded by one lock, held only to look up, insert and evict (never
-across a download or a decode), so two threads that miss the same object both fetch it.
+object re-uploaded under the same key with other bytes is another entry. An item larger than
+the whole capacity is read but not kept (capacity 0 turns the cache off: every read fetches
+again). Readers run in worker threads: the maps are guarded by one lock, held only to look
+up, insert and evict (never across a download or a decode), so two threads that miss the
+same part both fetch it.
 """
 
 from __future__ import annotations
 
+import bisect
+import io
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Final
 
+import crc32c
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from seglog.errors import InvalidArgument, TierError
 from seglog.tiering.manifest import ManifestEntry
-from seglog.tiering.parquet import TIER_SCHEMA, to_segment_table
+from seglog.tiering.parquet import TIER_SCHEMA, footer_metadata, to_segment_table
 from seglog.tiering.seam import DEFAULT_TIER_CACHE_BYTES, TierCacheStats
-from seglog.tiering.targets import TierTarget, verify_bytes
+from seglog.tiering.targets import ObjectMismatch, TierTarget, verify_bytes
 
 __all__ = ["DEFAULT_TIER_CACHE_BYTES", "ObjectLayout", "RowGroupRange", "TierReadCache"]
 
@@ -101,6 +108,52 @@ def _layout(parquet: pq.ParquetFile, key: str) -> ObjectLayout:
     return ObjectLayout(tuple(groups))
 
 
+class _RangedObject(io.RawIOBase):
+    """A tiered object as a read-only file whose bytes come part by part, on demand.
+
+    Parquet reads the column chunks of one row group at a time: each read is served from the
+    part(s) it lies in, fetched (and verified) by ``fetch`` the first time one is touched.
+    """
+
+    def __init__(self, entry: ManifestEntry, fetch: Callable[[int], memoryview]) -> None:
+        super().__init__()
+        self._entry = entry
+        self._starts = [p.start for p in entry.parts]
+        self._fetch = fetch
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._entry.bytes}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def read(self, size: int | None = -1) -> bytes:
+        end = self._entry.bytes if size is None or size < 0 else min(self._entry.bytes, self._pos + size)
+        out = []
+        while self._pos < end:
+            i = bisect.bisect_right(self._starts, self._pos) - 1
+            part = self._entry.parts[i]
+            data = self._fetch(i)
+            stop = min(end, part.end)
+            out.append(data[self._pos - part.start : stop - part.start])
+            self._pos = stop
+        return b"".join(out)
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.read(len(memoryview(buffer)))
+        memoryview(buffer).cast("B")[: len(data)] = data
+        return len(data)
+
+
 class TierReadCache:
     """Verified objects, their layouts and decoded row groups (see the module docstring).
 
@@ -111,7 +164,8 @@ class TierReadCache:
         InvalidArgument: ``capacity_bytes`` is not an int >= 0.
 
     Attributes:
-        downloads: Objects fetched from the target so far (each verified).
+        downloads: Requests that fetched object bytes so far (whole objects or parts).
+        downloaded_bytes: Bytes those requests fetched.
         decodes: Row groups decoded so far.
     """
 
@@ -123,6 +177,7 @@ class TierReadCache:
         self._items: OrderedDict[tuple[Any, ...], tuple[Any, int]] = OrderedDict()
         self._bytes = 0
         self.downloads = 0
+        self.downloaded_bytes = 0
         self.decodes = 0
 
     @property
@@ -133,7 +188,9 @@ class TierReadCache:
     def stats(self) -> TierCacheStats:
         """Downloads and decodes so far, bytes held and the capacity."""
         with self._lock:
-            return TierCacheStats(self.downloads, self.decodes, self._bytes, self.capacity_bytes)
+            return TierCacheStats(
+                self.downloads, self.decodes, self._bytes, self.capacity_bytes, self.downloaded_bytes
+            )
 
     # --- the LRU -------------------------------------------------------------------------
 
@@ -171,10 +228,47 @@ class TierReadCache:
         verify_bytes(entry.key, raw, entry.object_info)
         with self._lock:
             self.downloads += 1
+            self.downloaded_bytes += len(raw)
         data = pa.py_buffer(raw)
         if fill:
             self._put(key, data, data.size)
         return data
+
+    def _part(self, target: TierTarget, entry: ManifestEntry, index: int, fill: bool) -> memoryview:
+        """Part ``index`` of ``entry``'s object, verified (one ranged GET on a miss)."""
+        key = ("part", entry.key, entry.checksum, index)
+        data: bytes | None = self._get(key)
+        if data is None:
+            part = entry.parts[index]
+            data = target.get_range(entry.key, part.start, part.end)
+            if crc32c.crc32c(data) != part.crc32c:
+                raise ObjectMismatch(
+                    f"tier object {entry.key!r}: bytes {part.start}-{part.end} fail their CRC32C "
+                    "(the object changed or rotted since it was tiered)"
+                )
+            with self._lock:
+                self.downloads += 1
+                self.downloaded_bytes += len(data)
+            if fill:
+                self._put(key, data, len(data))
+        return memoryview(data)
+
+    def _open(self, target: TierTarget, entry: ManifestEntry, fill: bool) -> pq.ParquetFile:
+        """A Parquet reader of ``entry``'s object: ranged when it has parts, else whole."""
+        try:
+            if not entry.parts:
+                return pq.ParquetFile(pa.BufferReader(self._object(target, entry, fill)))
+            fetched: dict[int, memoryview] = {}  # this reader's own parts, whatever the cache keeps
+
+            def fetch(i: int) -> memoryview:
+                if i not in fetched:
+                    fetched[i] = self._part(target, entry, i, fill)
+                return fetched[i]
+
+            footer = fetch(len(entry.parts) - 1)
+            return pq.ParquetFile(_RangedObject(entry, fetch), metadata=footer_metadata(footer))
+        except (pa.ArrowException, OSError, ValueError) as exc:
+            raise TierError(f"cannot decode tier Parquet object {entry.key!r}: {exc}") from exc
 
     def _layout(
         self, entry: ManifestEntry, parquet: Callable[[], pq.ParquetFile], fill: bool
@@ -220,8 +314,8 @@ class TierReadCache:
         """The rows of ``entry`` with offsets in ``[first, last]``, one table per row group,
         in offset order (row groups whose statistics rule ``stream`` out are skipped).
 
-        The object is fetched at most once per call, and only when a part of it the call
-        needs is not cached. ``fill=False`` (a scan of a whole history, such as a key read)
+        Only the parts the call needs (the footer, the row groups) are fetched, each at most
+        once per call and only when not cached (an object without parts: the whole object). ``fill=False`` (a scan of a whole history, such as a key read)
         uses what is cached but keeps nothing new, so it evicts nothing readers are using.
         """
         opened: list[pq.ParquetFile] = []
@@ -230,10 +324,7 @@ class TierReadCache:
             # A reader of this call's own over the (shared, immutable) bytes: Parquet file
             # readers are not for concurrent use, and reads run in several threads.
             if not opened:
-                try:
-                    opened.append(pq.ParquetFile(pa.BufferReader(self._object(target, entry, fill))))
-                except (pa.ArrowException, OSError, ValueError) as exc:
-                    raise TierError(f"cannot decode tier Parquet object {entry.key!r}: {exc}") from exc
+                opened.append(self._open(target, entry, fill))
             return opened[0]
 
         for group in self._layout(entry, parquet, fill).overlapping(first, last):

@@ -59,16 +59,20 @@ class TierCacheStats:
     """The store's tier read cache (see ``Store.tier_cache_stats``).
 
     Attributes:
-        downloads: Objects fetched from the tier (and checked against their sha256) by reads.
+        downloads: Requests by reads that fetched object bytes from the tier: ranged GETs of
+            a row group or footer (checked against its CRC32C), or whole objects tiered
+            before ranged reads (checked against their sha256).
         row_groups_decoded: Parquet row groups decoded by reads.
-        cached_bytes: Bytes kept now (objects, decoded row groups, bookkeeping).
+        cached_bytes: Bytes kept now (fetched bytes, decoded row groups, bookkeeping).
         capacity_bytes: The most it keeps (``tier_cache_bytes``).
+        downloaded_bytes: Bytes those requests fetched.
     """
 
     downloads: int
     row_groups_decoded: int
     cached_bytes: int
     capacity_bytes: int
+    downloaded_bytes: int = 0
 
 
 class TieredStorage(Protocol):

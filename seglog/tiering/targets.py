@@ -131,6 +131,11 @@ class TierTarget(Protocol):
         """Returns the whole object; raises :class:`ObjectNotFound` if missing."""
         ...
 
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        """Returns bytes ``[start, end)`` of the object; raises :class:`ObjectNotFound` if
+        missing and :class:`ObjectMismatch` if the object ends before ``end``."""
+        ...
+
     def head(self, key: str) -> ObjectInfo | None:
         """Returns the object's info, or ``None`` if it does not exist."""
         ...
@@ -233,6 +238,20 @@ def _check_matches(key: str, actual: ObjectInfo | None, expected: ObjectInfo) ->
         )
 
 
+def _check_range(start: int, end: int) -> None:
+    if type(start) is not int or type(end) is not int or not 0 <= start < end:
+        raise InvalidArgument(f"invalid byte range [{start!r}, {end!r})")
+
+
+def _whole_range(key: str, data: bytes, start: int, end: int) -> bytes:
+    """``data`` if it is all of ``[start, end)``; a shorter read means a shorter object."""
+    if len(data) != end - start:
+        raise ObjectMismatch(
+            f"{key!r}: bytes {start}-{end} asked, {len(data)} returned (the object is shorter)"
+        )
+    return data
+
+
 def verify_bytes(key: str, data: bytes | memoryview, expected: ObjectInfo) -> None:
     """Raises :class:`ObjectMismatch` unless ``data`` has ``expected``'s size and sha256.
 
@@ -296,6 +315,19 @@ class LocalTarget:
             raise ObjectNotFound(f"{key!r} not found in {self.uri}") from exc
         except OSError as exc:
             raise TierError(f"get {key!r} from {self.uri} failed: {exc}") from exc
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        """Reads bytes ``[start, end)`` of the object (one ``pread``)."""
+        _check_range(start, end)
+        path = self._path(key)
+        try:
+            with open(path, "rb") as f:
+                data = os.pread(f.fileno(), end - start, start)
+        except FileNotFoundError as exc:
+            raise ObjectNotFound(f"{key!r} not found in {self.uri}") from exc
+        except OSError as exc:
+            raise TierError(f"get {key!r} bytes {start}-{end} from {self.uri} failed: {exc}") from exc
+        return _whole_range(key, data, start, end)
 
     def get_versioned(self, key: str) -> tuple[bytes, str]:
         """Reads the whole object; its version is the sha256 of its bytes."""
@@ -613,7 +645,7 @@ class S3Target:
         for attempt in range(1, attempts + 1):
             try:
                 return op()
-            except (ObjectNotFound, InvalidArgument, PreconditionFailed):
+            except (ObjectNotFound, ObjectMismatch, InvalidArgument, PreconditionFailed):
                 raise
             except Exception as exc:
                 if not _is_transient(exc):
@@ -692,6 +724,18 @@ class S3Target:
             return data
 
         return self._retry(f"get s3://{self._bucket}/{full}", download)
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        """One ranged ``GetObject`` (``Range: bytes=start-(end-1)``)."""
+        _check_range(start, end)
+        full = self._full(key)
+
+        def download() -> bytes:
+            data: bytes = self._get_object(full, byte_range=f"bytes={start}-{end - 1}")["Body"].read()
+            return data
+
+        data = self._retry(f"get s3://{self._bucket}/{full} bytes {start}-{end}", download)
+        return _whole_range(key, data, start, end)
 
     def get_versioned(self, key: str) -> tuple[bytes, str]:
         """Downloads the whole object; its version is its ETag."""
@@ -798,13 +842,18 @@ class S3Target:
 
         return self._retry(f"head s3://{self._bucket}/{full}", head)
 
-    def _get_object(self, full: str) -> Any:
+    def _get_object(self, full: str, *, byte_range: str | None = None) -> Any:
         """``GetObject`` of the full key; a missing object raises :class:`ObjectNotFound`."""
         try:
+            if byte_range is not None:
+                return self._client.get_object(Bucket=self._bucket, Key=full, Range=byte_range)
             return self._client.get_object(Bucket=self._bucket, Key=full)
         except Exception as exc:
-            if _client_error_code(exc)[0] in _NOT_FOUND_CODES:
+            code = _client_error_code(exc)[0]
+            if code in _NOT_FOUND_CODES:
                 raise ObjectNotFound(f"s3://{self._bucket}/{full} not found") from exc
+            if code == "InvalidRange":
+                raise ObjectMismatch(f"s3://{self._bucket}/{full}: {byte_range} lies past its end") from exc
             raise
 
     def _download_sha256(self, full: str) -> tuple[int, str]:
