@@ -217,8 +217,9 @@ def add_consume_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None
     co.add_argument(
         "--topic",
         metavar="FILTER",
-        help="not over the network: a node's fetch returns stored frames byte for byte, so topic "
-        "filters (through streams) are read by the embedded `seglog consume DATA DB --topic FILTER`",
+        help="only records whose topic matches this MQTT filter, read through the database's "
+        "streams (it needs lts_thresholds); each stream from its start (or --from-time), "
+        "streams interleaved; not with --group or --latest",
     )
     co.add_argument(
         "--group",
@@ -708,11 +709,7 @@ async def _consume(args: argparse.Namespace) -> int:
 
     validate_db_name(args.db)
     if args.topic is not None:
-        raise InvalidArgument(
-            "--topic is not supported with --url (a node's fetch returns whole stored frames): "
-            "read topic filters with the embedded `seglog consume DATA DB --topic FILTER` on the "
-            "node's data directory, or filter the JSON lines"
-        )
+        return await _consume_topic(args)
     consumer = Consumer(
         _url(args),
         args.db,
@@ -744,6 +741,107 @@ async def _consume(args: argparse.Namespace) -> int:
         task.uncancel()
         return 0 if args.follow else 130
     return 0
+
+
+# How often ``consume --url --topic --follow`` asks for streams learned since it started.
+STREAMS_REFRESH_S: Final = 5.0
+# A stream's long poll while following (each stream has its own task).
+_STREAM_WAIT_MS: Final = 1000
+
+
+async def _consume_topic(args: argparse.Namespace) -> int:
+    """``consume --url URL DB --topic FILTER``: the filter's records through the streams API."""
+    from seglog.client import StreamReader
+
+    if args.group is not None:
+        raise InvalidArgument("--topic reads streams, not a group's shards: drop --group")
+    if args.reset == "latest":
+        raise InvalidArgument("--topic reads each stream from its start (or --from-time): drop --latest")
+    start_us = 0 if args.from_time is None else _parse_time(args.from_time)
+    shards = None if args.shard is None else set(args.shard)
+    task = asyncio.current_task()
+    assert task is not None
+    signalled = False
+
+    def stop() -> None:
+        nonlocal signalled
+        if not signalled:
+            signalled = True
+            task.cancel()
+
+    reader = StreamReader(
+        _url(args), args.db, token=_token(args), ssl=_ssl(args), request_timeout_s=args.timeout_s
+    )
+    try:
+        with _on_signals(stop):
+            async with reader:
+                await _print_streams(reader, args, start_us, shards)
+    except asyncio.CancelledError:
+        if not signalled:
+            raise
+        task.uncancel()
+        return 0 if args.follow else 130
+    return 0
+
+
+async def _print_streams(
+    reader: Any, args: argparse.Namespace, start_us: int, shards: set[int] | None
+) -> None:
+    """Print the records of every stream of ``--topic`` (up to ``--max``): without ``--follow``
+    each stream until a read comes back empty; with it, a long poll per stream, and streams
+    learned later are picked up every :data:`STREAMS_REFRESH_S`."""
+    remaining: int | None = args.max
+    # Records of a stream, None when a stream's read ended, or the error that ended it.
+    out: asyncio.Queue[list[Record] | BaseException | None] = asyncio.Queue()
+    tasks: dict[tuple[int, int, int], asyncio.Task[None]] = {}
+
+    async def read(stream: Any) -> None:
+        try:
+            it = await reader.make_iterator(stream, args.topic, start_us)
+            while not it.end_of_stream:
+                it, records = await reader.next(it, 1000, wait_ms=_STREAM_WAIT_MS if args.follow else 0)
+                if records:
+                    await out.put(records)
+                elif not args.follow:
+                    break
+        except SeglogError as exc:
+            await out.put(exc)
+            return
+        await out.put(None)
+
+    async def start_new() -> None:
+        for stream in await reader.get_streams(args.topic, start_us):
+            key = (stream.generation, stream.shard, stream.id)
+            if key not in tasks and (shards is None or stream.shard in shards):
+                tasks[key] = asyncio.create_task(read(stream))
+
+    try:
+        await start_new()
+        running = len(tasks)
+        refresh_at = time.monotonic() + STREAMS_REFRESH_S
+        while (remaining is None or remaining > 0) and (args.follow or running):
+            try:
+                wait_s = max(0.0, refresh_at - time.monotonic()) if args.follow else None
+                item = await asyncio.wait_for(out.get(), wait_s)
+            except TimeoutError:  # following: look for streams learned since
+                before = len(tasks)
+                await start_new()
+                running += len(tasks) - before
+                refresh_at = time.monotonic() + STREAMS_REFRESH_S
+                continue
+            if isinstance(item, BaseException):
+                raise item
+            if item is None:
+                running -= 1
+                continue
+            if remaining is not None:
+                item = item[:remaining]
+                remaining -= len(item)
+            _write(item, args)
+    finally:
+        for t in tasks.values():
+            t.cancel()
+        await asyncio.gather(*tasks.values(), return_exceptions=True)
 
 
 async def _print_records(consumer: Consumer, args: argparse.Namespace) -> None:

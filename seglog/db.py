@@ -724,7 +724,9 @@ class Database:
             generation=stream.generation,
         )
 
-    async def next_arrow(self, iterator: StreamIterator, n: int = 1000) -> tuple[StreamIterator, pa.Table]:
+    async def next_arrow(
+        self, iterator: StreamIterator, n: int = 1000, *, upper: int | None = None
+    ) -> tuple[StreamIterator, pa.Table]:
         """The next records (at most ``n``) of an iterator's stream that match its filter.
 
         Records come in offset (append) order, only those at or after the iterator's
@@ -736,7 +738,9 @@ class Database:
         on when a call read many frames without a match).
 
         With a tier, records that are only in the tier (below the local start) are read
-        from it, through the store's tier read cache.
+        from it, through the store's tier read cache. ``upper`` caps the offsets returned
+        (below it), as in :meth:`read_arrow`: a server passes the high watermark, and the
+        iterator returned stops there.
 
         Returns:
             ``(next iterator, table)``; the table has :meth:`read_arrow`'s columns.
@@ -746,12 +750,14 @@ class Database:
             UnknownStream: This database has no such stream (any more).
             GenerationDropped: The iterator's generation was dropped (also when that
                 happens during the call).
-            InvalidArgument: ``n`` is not a positive int.
+            InvalidArgument: ``n`` is not a positive int, or ``upper`` not an int.
         """
         engine = self._streams()
         if not isinstance(iterator, StreamIterator):
             raise InvalidArgument(f"next takes an Iterator, not {type(iterator).__name__}")
         _check_int("n", n, minimum=1)
+        if upper is not None:
+            _check_int("upper", upper)
         shard, generation = iterator.shard, iterator.generation
         structure, _special = self._owned_stream(
             iterator.db_id, shard, iterator.stream, iterator.check, generation, iterator.position
@@ -766,6 +772,10 @@ class Database:
         end = self._generation_end(generation, shard)
         if end is not None and position >= end:
             return replace(iterator, position=end, end_of_stream=True), empty_read_table()
+        if upper is not None and position >= upper:
+            if position != iterator.position:
+                iterator = iterator.advanced(position, self._epoch_before(shard, position))
+            return iterator, empty_read_table()
         want = StreamRead(
             iterator.stream, iterator.start_time_us, structure_regex(structure, iterator.varying_filter)
         )
@@ -775,6 +785,11 @@ class Database:
             batch = await engine.read_stream(shard, position, want, n, _NEXT_MAX_FRAMES)
         self._generation(generation, shard, position)  # dropped while it was read
         table, next_offset = batch.table, batch.next_offset
+        if upper is not None and next_offset > upper:
+            # Rows come in offset order: those below ``upper`` are all the matches there.
+            if table.num_rows and table.column("offset")[-1].as_py() >= upper:
+                table = table.filter(pc.less(table.column("offset"), upper))
+            next_offset = upper
         if end is not None and next_offset >= end:
             # The read ran into the next generation, whose ids name other streams.
             if table.num_rows and table.column("offset")[-1].as_py() >= end:
@@ -806,9 +821,11 @@ class Database:
         epoch = epoch_for_offset(self._replica_engine().leader_epochs(shard), offset - 1)
         return -1 if epoch is None else epoch
 
-    async def next(self, iterator: StreamIterator, n: int = 1000) -> tuple[StreamIterator, list[Record]]:
+    async def next(
+        self, iterator: StreamIterator, n: int = 1000, *, upper: int | None = None
+    ) -> tuple[StreamIterator, list[Record]]:
         """Like :meth:`next_arrow`, as :class:`~seglog.Record` objects (``shard`` and ``offset`` set)."""
-        it, table = await self.next_arrow(iterator, n)
+        it, table = await self.next_arrow(iterator, n, upper=upper)
         return it, await self._to_records(table, iterator.shard)
 
     def _watch_stream(self, shard: int, stream: int, watch: bool) -> None:

@@ -18,6 +18,7 @@ from typing import Any, Final
 import pytest
 import trustme
 
+from seglog.topics import topic_matches
 from tests.etcd_fixtures import EtcdProcess
 from tests.helpers import ChildLines, foreign_server
 from tests.server_fixtures import ServerFactory, ServerProcess
@@ -180,6 +181,28 @@ def test_produce_file_then_consume_returns_the_same_records(server: ServerProces
     one_error_line(sh("consume", "--url", server.url, "t", "--shard", "3"), "InvalidArgument")
 
 
+def test_consume_a_topic_filter_through_streams(server: ServerProcess, tmp_path: Path) -> None:
+    """``consume --url URL DB --topic FILTER`` prints exactly the matching records (through the
+    node's streams API); the options that make no sense with it get one line."""
+    create(server, "s", 3, "--set", "lts_thresholds=[100, 10]")
+    recs = make(300)
+    ok(sh("produce", "--url", server.url, "s", "--file", str(lines_file(tmp_path, recs))))
+    every = docs(ok(sh("consume", "--url", server.url, "s")))
+    for topic_filter in ("sensors/s1/temp", "sensors/+/temp", "#", "other/#"):
+        got = docs(ok(sh("consume", "--url", server.url, "s", "--topic", topic_filter)))
+        want = [d for d in every if topic_matches(topic_filter, d["topic"])]
+        assert sorted(map(shape, got)) == sorted(map(shape, want)), topic_filter
+        assert len({(d["shard"], d["offset"]) for d in got}) == len(got)
+    assert len(docs(ok(sh("consume", "--url", server.url, "s", "--topic", "#", "--max", "9")))) == 9
+    only = docs(ok(sh("consume", "--url", server.url, "s", "--topic", "#", "--shard", "2")))
+    assert {d["shard"] for d in only} == {2} and len(only) == sum(d["shard"] == 2 for d in every)
+    one_error_line(sh("consume", "--url", server.url, "s", "--topic", "#", "--group", "g"), "InvalidArgument")
+    one_error_line(sh("consume", "--url", server.url, "s", "--topic", "#", "--latest"), "InvalidArgument")
+    one_error_line(sh("consume", "--url", server.url, "s", "--topic", "a/#/b"), "InvalidTopicFilter")
+    create(server, "plain", 1)
+    one_error_line(sh("consume", "--url", server.url, "plain", "--topic", "#"), "InvalidArgument")
+
+
 def test_produce_to_one_shard_and_a_bad_line(server: ServerProcess, tmp_path: Path) -> None:
     create(server, "b", 2)
     good = [json.dumps(r) for r in make(4)]
@@ -250,6 +273,38 @@ def test_follow_prints_later_records_and_stops_cleanly(
             child.wait(WAIT_S)
     if group is not None:  # it committed what it printed
         assert ok(sh("consume", "--url", server.url, "f", "--group", group)) == ""
+
+
+def test_follow_a_topic_filter_prints_matching_later_records(server: ServerProcess, tmp_path: Path) -> None:
+    """``consume --url --topic F --follow`` long-polls each stream, picks up streams learned
+    after it started, prints only what matches, and stops with exit 0 on SIGTERM."""
+    create(server, "ft", 2, "--set", "lts_thresholds=[100, 10]")
+    first = {"topic": "sensors/s1/temp", "value": "v0", "ts": TS0}
+    ok(sh("produce", "--url", server.url, "ft", stdin=json.dumps(first).encode()))
+    cmd = [SEGLOG, "consume", "--url", server.url, "ft", "--follow", "--topic", "sensors/#"]
+    child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env())
+    try:
+        assert child.stdout is not None and child.stderr is not None
+        out = ChildLines(child.stdout, timeout_s=WAIT_S)
+        assert shape(json.loads(out.next())) == shape(first)  # it reads: it is following now
+        # A topic of a stream learned after the start, one of a known stream, one not matching.
+        later = [
+            {"topic": "sensors/s9/new", "value": "v1", "ts": TS0 + 1},
+            {"topic": "elsewhere/x", "value": "v2", "ts": TS0 + 2},
+            {"topic": "sensors/s1/temp", "value": "v3", "ts": TS0 + 3},
+        ]
+        ok(sh("produce", "--url", server.url, "ft", "--file", str(lines_file(tmp_path, later))))
+        got = [json.loads(out.next()) for _ in range(2)]
+        assert sorted(map(shape, got)) == sorted(map(shape, [later[0], later[2]]))
+        child.send_signal(signal.SIGTERM)
+        assert child.wait(WAIT_S) == 0
+        assert out.next() == b""  # the non-matching record was never printed
+        err = child.stderr.read().decode()
+        assert "Traceback" not in err and err == "", err
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(WAIT_S)
 
 
 def test_auth_tokens(server_factory: ServerFactory, tmp_path: Path) -> None:

@@ -895,3 +895,81 @@ def test_the_metadata_watch_outlives_a_database_it_cannot_create_here(
                 await s.close()
 
     run(main())
+
+
+def test_stream_iterators_go_on_through_a_failover(
+    server_factory: ServerFactory, etcd: EtcdProcess, run: Run[None]
+) -> None:
+    """``StreamReader(bootstrap=...)`` reads MQTT streams from each shard's leader; iterators
+    saved before the leader of shard 0 is killed go on at the new leader (the wire ids are the
+    same on every replica): every acknowledged matching record once, nothing else."""
+    from seglog.client import Producer, StreamReader
+    from seglog.iterators import Iterator
+    from seglog.topics import topic_matches
+
+    nodes = start_cluster(server_factory, etcd)
+    topic_filter = "site1/#"
+
+    def topic(i: int) -> str:
+        return f"site{i % 3}/dev{i % 14}/t"
+
+    async def main() -> None:
+        admin = NodeSession(nodes[1].url)
+        try:
+            await create_replicated(admin, 2, 3, 2, lts_thresholds=[100, 10])
+
+            async def led() -> dict[str, Any] | None:
+                view = await cluster_view(admin)
+                ok = DB in view["dbs"] and all(s["leader"] > 0 for s in view["dbs"][DB]["state"])
+                return view if ok else None
+
+            view = await until(led, "leaders")
+            victim = int(view["dbs"][DB]["state"][0]["leader"])
+            others = [p.url for i, p in nodes.items() if i != victim]
+            sent: list[tuple[int, int, str, bytes]] = []
+            got: list[tuple[int, int, str, bytes]] = []
+            saved: list[bytes] = []
+
+            async def send_wave(producer: Producer, wave: bytes) -> None:
+                futs = [
+                    await producer.send(topic(i), wave + b"%d" % i, key=b"dev%d" % (i % 14))
+                    for i in range(300)
+                ]
+                for i, meta in enumerate(await asyncio.wait_for(asyncio.gather(*futs), WAIT_S)):
+                    sent.append((meta.shard, meta.offset, topic(i), wave + b"%d" % i))
+
+            async def read_until(
+                reader: StreamReader, iterators: list[Iterator], want: int
+            ) -> list[Iterator]:
+                """Read every iterator on (long polls) until ``want`` records in all were read."""
+                while len(got) < want:
+                    moved = []
+                    for it in iterators:
+                        it, records = await reader.next(it, 40, wait_ms=200)
+                        got.extend((r.shard, r.offset, r.topic, r.value) for r in records)
+                        moved.append(it)
+                    iterators = moved
+                return iterators
+
+            async with (
+                Producer(others[0], DB, bootstrap=others[1:], acks="all", retries=None) as producer,
+                StreamReader(nodes[victim].url, DB, bootstrap=others) as reader,
+            ):
+                await send_wave(producer, b"a")
+                want = sum(1 for s in sent if topic_matches(topic_filter, s[2]))
+                streams = await reader.get_streams(topic_filter)
+                assert {s.shard for s in streams} == {0, 1}
+                iterators = [await reader.make_iterator(s, topic_filter) for s in streams]
+                iterators = await asyncio.wait_for(read_until(reader, iterators, want), WAIT_S)
+                saved = [it.to_bytes() for it in iterators]
+                nodes[victim].kill()  # the reader's url, and shard 0's leader
+                await send_wave(producer, b"b")
+                want = sum(1 for s in sent if topic_matches(topic_filter, s[2]))
+                restored = [Iterator.from_bytes(b) for b in saved]
+                await asyncio.wait_for(read_until(reader, restored, want), WAIT_S)
+            assert sorted(got) == sorted(s for s in sent if topic_matches(topic_filter, s[2]))
+            assert len(set(got)) == len(got)  # nothing read twice
+        finally:
+            await admin.close()
+
+    run(main())

@@ -164,6 +164,31 @@ def test_dollar_topics_only_by_explicit_filters(run, data_dir: Path) -> None:
     run(go())
 
 
+def test_upper_caps_what_an_iterator_returns(run, data_dir: Path) -> None:
+    """``next_arrow(upper=)`` (a server's high watermark) returns only offsets below it and
+    stops the iterator there; a later call with a higher bound returns the rest."""
+
+    async def go() -> None:
+        async with seglog.open(data_dir) as store:
+            db = await store.create_db("d", lts_thresholds=[100])
+            await db.append([Record(f"t/{i % 2}", b"%d" % i) for i in range(40)], shard=0)
+            (stream,) = db.get_streams("t/1")
+            it = db.make_iterator(stream, "t/1")
+            it, first = await db.next_arrow(it, 100, upper=15)
+            assert first.column("offset").to_pylist() == list(range(1, 15, 2))
+            assert it.position == 15
+            it, none = await db.next_arrow(it, 100, upper=15)
+            assert none.num_rows == 0 and it.position == 15
+            it, few = await db.next_arrow(it, 3, upper=39)  # full before the bound
+            assert few.column("offset").to_pylist() == [15, 17, 19] and it.position == 20
+            it, rest = await db.next_arrow(it, 100)
+            assert rest.column("offset").to_pylist() == list(range(21, 40, 2))
+            with pytest.raises(InvalidArgument):
+                await db.next_arrow(it, 1, upper=1.5)  # type: ignore[arg-type]
+
+    run(go())
+
+
 # --- persistence ----------------------------------------------------------------------------
 
 

@@ -19,6 +19,9 @@ POST     /v1/dbs/{db}/records                       write      produce (Arrow IP
 GET      /v1/dbs/{db}/shards/{shard}/frames         read       fetch stored frames (long poll)
 POST     /v1/dbs/{db}/fetch                         read       fetch many shards' frames (long poll)
 GET      /v1/dbs/{db}/shards/{shard}/offset         read       ``?ts=µs`` -> ``{"offset"}``
+GET      /v1/dbs/{db}/streams                       read       ``?filter=F`` -> the streams that may match
+POST     /v1/dbs/{db}/iterators                     read       ``{"stream", "filter"}`` -> ``{"iterator"}``
+POST     /v1/dbs/{db}/next                          read       an iterator's next records (long poll)
 GET      /v1/stats                                  read       store-wide stats
 POST     /v1/dbs/{db}/groups/{group}/join           read       join/rejoin a consumer group
 POST     /v1/dbs/{db}/groups/{group}/heartbeat      read       keep a membership alive
@@ -46,6 +49,15 @@ high watermark: readers drop rows outside ``[offset, high watermark)``) and the
 .../fetch`` with ``{"shards": {"<shard>": offset}, "wait_ms", "max_bytes"}``, answered as soon
 as any shard has records (:mod:`seglog.cluster.fetch_wire` draws the request and the reply).
 
+Streams (MQTT topic filters through learned streams; see
+:mod:`seglog.cluster.stream_routes`): ``GET .../streams?filter=F[&start_time_us=T][&shards=a,b]``
+-> ``{"streams": [{"shard", "id", "structure", "special", "generation", "pattern"}]}``; ``POST
+.../iterators`` ``{"stream": <one of them>, "filter", "start_time_us"?}`` -> ``{"iterator":
+base64}``; ``POST .../next`` ``{"iterator", "max_records"?, "wait_ms"?}`` -> an Arrow IPC stream
+of the records below the high watermark, the moved iterator in ``Seglog-Iterator`` and
+``Seglog-End-Of-Stream: 0|1``. Iterators carry :func:`wire_db_id` of the database's name, so
+they go on on any replica.
+
 Groups (JSON bodies; see :mod:`seglog.cluster.coordinator`): join ``{"session_timeout_ms",
 "member_id"?}`` and heartbeat ``{"member_id", "generation"}`` reply ``{"member_id",
 "generation", "assignment": [shard, ...], "session_timeout_ms"}`` (a heartbeat under an older
@@ -71,6 +83,7 @@ cap are 503 ``Overloaded`` and over the store quota 429 ``QuotaExceeded``, both 
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 from typing import Any, Final
 from urllib.parse import urlsplit
@@ -82,7 +95,9 @@ __all__ = [
     "ARROW_STREAM",
     "DEFAULT_PORT",
     "FRAMES",
+    "HEADER_END_OF_STREAM",
     "HEADER_HIGH_WATERMARK",
+    "HEADER_ITERATOR",
     "HEADER_LOG_END",
     "HEADER_LOG_START",
     "HEADER_NODE",
@@ -96,6 +111,7 @@ __all__ = [
     "is_retriable",
     "json_bytes",
     "status_for",
+    "wire_db_id",
 ]
 
 API_PREFIX: Final = "/v1"
@@ -109,6 +125,8 @@ FRAMES: Final = "application/vnd.seglog.frames"
 HEADER_LOG_START: Final = "Seglog-Log-Start"
 HEADER_LOG_END: Final = "Seglog-Log-End"
 HEADER_HIGH_WATERMARK: Final = "Seglog-High-Watermark"
+HEADER_ITERATOR: Final = "Seglog-Iterator"
+HEADER_END_OF_STREAM: Final = "Seglog-End-Of-Stream"
 # On every reply of a node (errors included), the wire version: a 2xx reply without it came
 # from something else (a wrong URL, a proxy's page), and the client says so instead of
 # misreading its body.
@@ -268,3 +286,9 @@ def json_bytes(value: bytes) -> str | dict[str, str]:
         return value.decode("utf-8")
     except UnicodeDecodeError:
         return {"base64": base64.b64encode(value).decode("ascii")}
+
+
+def wire_db_id(name: str) -> int:
+    """The database id stream iterators carry on the wire: from the database's name, so the
+    same on every replica (each node's own copy has a random id of its own)."""
+    return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8, person=b"seglog-db").digest(), "big")

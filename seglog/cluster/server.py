@@ -22,7 +22,7 @@ from typing import Any, Final
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from seglog.cluster import admin, fetch, group_routes, metrics, produce, replica_routes
+from seglog.cluster import admin, fetch, group_routes, metrics, produce, replica_routes, stream_routes
 from seglog.cluster.auth import Need, Perm, TokenTable, auth_middleware
 from seglog.cluster.connections import ConnectionGuard, GuardedSite
 from seglog.cluster.context import NODE, NodeContext, ServerLimits
@@ -108,6 +108,9 @@ ROUTE_NEEDS: Final[dict[tuple[str, str], Need]] = {
     ("GET", _DB + "/shards/{shard}/frames"): _READ,
     ("POST", _DB + "/fetch"): _READ,
     ("GET", _DB + "/shards/{shard}/offset"): _READ,
+    ("GET", _DB + "/streams"): _READ,
+    ("POST", _DB + "/iterators"): _READ,
+    ("POST", _DB + "/next"): _READ,
     ("POST", _DB + "/tier"): _ADMIN,
     ("POST", _DB + "/retention"): _ADMIN,
     ("POST", _GROUP + "/join"): _READ,
@@ -218,6 +221,7 @@ class NodeServer:
         app.router.add_post(db + "/retention", admin.retention_db)
         group_routes.add_routes(app, db)
         replica_routes.add_routes(app, db)
+        stream_routes.add_routes(app, db)
         return app
 
     async def start(self) -> NodeServer:

@@ -1,0 +1,266 @@
+"""MQTT stream reads over a node's HTTP API: the embedded ``get_streams`` / ``make_iterator`` /
+``next_arrow`` for services that are not the store's process.
+
+    async with StreamReader("http://127.0.0.1:7070", "telemetry") as reader:
+        for stream in await reader.get_streams("sensors/+/temp"):
+            it = await reader.make_iterator(stream, "sensors/+/temp")
+            it, table = await reader.next_arrow(it, 1000, wait_ms=500)
+
+Iterators are :class:`seglog.Iterator` objects: ``it.to_bytes()`` stores one in a few dozen
+bytes, and it goes on later on any node of the database (a replicated database's iterators
+survive a failover). Records come below the shard's high watermark only. With
+``bootstrap=`` (a cluster) each shard's requests go to its leader, found again after
+``NotLeader`` or a node that stopped answering.
+"""
+
+from __future__ import annotations
+
+import base64
+import ssl
+from collections.abc import Sequence
+from dataclasses import replace
+from types import TracebackType
+from typing import Any, Final
+
+import pyarrow as pa
+
+from seglog.client._http import DEFAULT_REQUEST_TIMEOUT_S, NodeSession
+from seglog.client._metadata import LeaderCache
+from seglog.cluster import protocol
+from seglog.errors import (
+    ClosedResourceError,
+    ForeignIterator,
+    InvalidArgument,
+    NotLeader,
+    RemoteError,
+    ServerUnavailable,
+)
+from seglog.iterators import Iterator, Stream
+from seglog.record import Record, records_from_table
+
+__all__ = ["StreamReader"]
+
+# Routed requests: how many times a shard's leader is looked up again after NotLeader or an
+# unreachable node before the error reaches the caller (a failover takes a lease TTL).
+_ROUTE_ATTEMPTS: Final = 8
+
+
+class StreamReader:
+    """Reads a database's MQTT streams from a node (or a cluster's shard leaders).
+
+    Args:
+        url: A node's URL.
+        db: The database.
+        bootstrap: The other nodes of a cluster: requests then go to each shard's leader.
+        token: A bearer token with ``read`` on the database.
+        ssl: TLS context for ``https://`` nodes.
+        request_timeout_s: Per request, on top of a long poll's ``wait_ms``.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        db: str,
+        *,
+        bootstrap: Sequence[str] | None = None,
+        token: str | None = None,
+        ssl: ssl.SSLContext | None = None,
+        request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
+    ) -> None:
+        if not isinstance(db, str) or not db:
+            raise InvalidArgument(f"db must be a database name, not {db!r}")
+        protocol.check_http_url(url)
+        self.db = db
+        self._path = f"{protocol.API_PREFIX}/dbs/{db}"
+        self._wire_id = protocol.wire_db_id(db)
+        self._timeout_s = request_timeout_s
+        self._session = NodeSession(url, token=token, ssl_context=ssl, timeout_s=request_timeout_s)
+        self._leaders = (
+            None
+            if bootstrap is None
+            else LeaderCache([url, *bootstrap], token=token, ssl_context=ssl, timeout_s=request_timeout_s)
+        )
+        self._closed = False
+
+    async def __aenter__(self) -> StreamReader:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close the connections; idempotent."""
+        self._closed = True
+        await self._session.close()
+        if self._leaders is not None:
+            await self._leaders.close()
+
+    # --- routing -------------------------------------------------------------------------
+
+    async def _to_shard(self, shard: int, method: str, path: str, **kw: Any) -> Any:
+        """One request to ``shard``'s leader (any node without ``bootstrap``)."""
+        if self._closed:
+            raise ClosedResourceError("the stream reader is closed")
+        if self._leaders is None:
+            return await self._session.request(method, self._path + path, **kw)
+        last: Exception | None = None
+        for attempt in range(_ROUTE_ATTEMPTS):
+            try:
+                url = await self._leaders.leader_url(self.db, shard)
+                return await self._leaders.session(url).request(method, self._path + path, **kw)
+            except (NotLeader, ServerUnavailable) as exc:
+                last = exc
+                await self._leaders.refresh(force=attempt > 0)
+        assert last is not None
+        raise last
+
+    async def _shards_by_leader(self) -> list[tuple[int | None, list[int] | None]]:
+        """``(a shard of the group, the group's shards)`` per leader; one ``(None, None)``
+        (every shard, one node) without ``bootstrap``."""
+        if self._leaders is None:
+            return [(None, None)]
+        view = await self._leaders.refresh(want_db=self.db)
+        leaders = view.leaders.get(self.db)
+        if leaders is None:
+            await self._leaders.leader_url(self.db, 0)  # raises DatabaseNotFound
+            leaders = self._leaders.view.leaders[self.db]
+        groups: dict[int, list[int]] = {}
+        for shard, (leader, _epoch) in enumerate(leaders):
+            groups.setdefault(leader, []).append(shard)
+        return [(shards[0], shards) for shards in groups.values()]
+
+    # --- the API -------------------------------------------------------------------------
+
+    async def get_streams(self, topic_filter: str, start_time_us: int = 0) -> list[Stream]:
+        """The streams that may hold records matching an MQTT topic filter (as
+        ``Database.get_streams``), ordered by generation, shard and id.
+
+        Raises:
+            InvalidTopicFilter: A malformed filter.
+            InvalidArgument: The database has no streams.
+        """
+        if not isinstance(topic_filter, str):
+            raise InvalidArgument(f"topic_filter must be a string, not {topic_filter!r}")
+        if type(start_time_us) is not int:
+            raise InvalidArgument(f"start_time_us must be an int (µs), not {start_time_us!r}")
+        found: list[Stream] = []
+        for shard, shards in await self._shards_by_leader():
+            params: dict[str, str | int] = {"filter": topic_filter, "start_time_us": start_time_us}
+            if shards is None or shard is None:
+                reply = await self._to_shard(0, "GET", "/streams", params=params)
+            else:
+                params["shards"] = ",".join(map(str, shards))
+                reply = await self._to_shard(shard, "GET", "/streams", params=params)
+            found.extend(self._stream(obj) for obj in _json(reply)["streams"])
+        found.sort(key=lambda s: (s.generation, s.shard, s.id))
+        return found
+
+    def _stream(self, obj: Any) -> Stream:
+        try:
+            return Stream(
+                int(obj["shard"]),
+                int(obj["id"]),
+                tuple(str(t) for t in obj["structure"]),
+                bool(obj["special"]),
+                self._wire_id,
+                int(obj["generation"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise RemoteError(f"malformed stream in a node's reply: {obj!r}") from exc
+
+    async def make_iterator(self, stream: Stream, topic_filter: str, start_time_us: int = 0) -> Iterator:
+        """An iterator at the start of ``stream`` for the records matching ``topic_filter``.
+
+        Raises:
+            ForeignIterator: ``stream`` is another database's.
+            UnknownStream: The database has no such stream (any more).
+            StreamFilterMismatch: The filter can match no topic of the stream.
+        """
+        if not isinstance(stream, Stream):
+            raise InvalidArgument(f"make_iterator takes a Stream, not {type(stream).__name__}")
+        if stream.db_id != self._wire_id:
+            raise ForeignIterator(
+                f"this stream is not one of {self.db!r}'s (from another reader or database)"
+            )
+        body = {
+            "stream": {
+                "shard": stream.shard,
+                "id": stream.id,
+                "structure": list(stream.structure),
+                "special": stream.special,
+                "generation": stream.generation,
+            },
+            "filter": topic_filter,
+            "start_time_us": start_time_us,
+        }
+        reply = await self._to_shard(stream.shard, "POST", "/iterators", json_body=body)
+        return _iterator(_json(reply).get("iterator"))
+
+    async def next_arrow(
+        self, iterator: Iterator, n: int = 1000, *, wait_ms: int = 0
+    ) -> tuple[Iterator, pa.Table]:
+        """The iterator's next records (at most ``n``), as ``Database.next_arrow``; with
+        ``wait_ms`` an empty answer waits that long for an append first.
+
+        Returns:
+            ``(next iterator, table)``: an empty table means nothing more yet, unless the
+            iterator has ``end_of_stream``.
+
+        Raises:
+            ForeignIterator: The iterator is another database's.
+            UnknownStream: The database has no such stream (any more).
+            GenerationDropped: The iterator's generation was dropped.
+        """
+        if not isinstance(iterator, Iterator):
+            raise InvalidArgument(f"next takes an Iterator, not {type(iterator).__name__}")
+        if type(n) is not int or n < 1:
+            raise InvalidArgument(f"n must be an int >= 1, not {n!r}")
+        if type(wait_ms) is not int or wait_ms < 0:
+            raise InvalidArgument(f"wait_ms must be an int >= 0, not {wait_ms!r}")
+        if iterator.db_id != self._wire_id:
+            raise ForeignIterator(f"this iterator is not one of {self.db!r}'s")
+        body = {
+            "iterator": base64.b64encode(iterator.to_bytes()).decode(),
+            "max_records": n,
+            "wait_ms": wait_ms,
+        }
+        reply = await self._to_shard(
+            iterator.shard,
+            "POST",
+            "/next",
+            json_body=body,
+            timeout_s=self._timeout_s + wait_ms / 1000,
+        )
+        moved = _iterator(reply.headers.get(protocol.HEADER_ITERATOR))
+        if moved.end_of_stream != (reply.headers.get(protocol.HEADER_END_OF_STREAM) == "1"):
+            raise RemoteError("a node's next reply disagrees with its own iterator on end_of_stream")
+        try:
+            table = pa.ipc.open_stream(reply.body).read_all()
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise RemoteError(f"a node's next reply is not an Arrow stream: {exc}") from exc
+        return replace(moved, db_id=self._wire_id), table
+
+    async def next(
+        self, iterator: Iterator, n: int = 1000, *, wait_ms: int = 0
+    ) -> tuple[Iterator, list[Record]]:
+        """Like :meth:`next_arrow`, as :class:`~seglog.Record` objects (``shard`` and ``offset`` set)."""
+        it, table = await self.next_arrow(iterator, n, wait_ms=wait_ms)
+        return it, records_from_table(table, iterator.shard)
+
+
+def _json(reply: Any) -> Any:
+    try:
+        return reply.json()
+    except ValueError as exc:
+        raise RemoteError(f"a node's reply is not JSON: {reply.body[:120]!r}") from exc
+
+
+def _iterator(text: Any) -> Iterator:
+    if not isinstance(text, str):
+        raise RemoteError("a node's reply carries no iterator")
+    try:
+        return Iterator.from_bytes(base64.b64decode(text, validate=True))
+    except ValueError as exc:  # binascii.Error, InvalidIterator
+        raise RemoteError(f"a node sent a malformed iterator: {exc}") from exc

@@ -1,0 +1,203 @@
+"""MQTT streams over HTTP: list the streams of a topic filter, make iterators, read them (long poll).
+
+The embedded API (``Database.get_streams`` / ``make_iterator`` / ``next_arrow``) on the wire:
+
+* ``GET .../streams?filter=F[&start_time_us=T][&shards=a,b]`` ->
+  ``{"streams": [{"shard", "id", "structure", "special", "generation", "pattern"}, ...]}``;
+* ``POST .../iterators`` ``{"stream": {...one of those}, "filter", "start_time_us"?}`` ->
+  ``{"iterator": base64}``;
+* ``POST .../next`` ``{"iterator", "max_records"?, "wait_ms"?}`` -> the records as an Arrow
+  IPC stream (``read_arrow``'s columns), the moved iterator in ``Seglog-Iterator`` and
+  ``Seglog-End-Of-Stream: 1`` once its generation is closed and read to the end. An empty
+  stream means nothing more yet; with ``wait_ms`` the reply waits for an append to the
+  shard (a long poll, woken, never a sleep loop) before answering empty.
+
+Iterators and streams are the embedded ones with the database id replaced on the wire by
+:func:`~seglog.cluster.protocol.wire_db_id` of the database's name, the same on every replica:
+an iterator made on one node goes on on another after a failover (the stream's structure
+check still guards the stream id), and one of another database is ``ForeignIterator``.
+Reads stop below the shard's high watermark, so a consumer never sees a record that a
+failover could take back; on a replicated database only the shard's leader answers
+(``NotLeader`` otherwise: the client refreshes its metadata and asks the new one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import time
+from dataclasses import replace
+from typing import Any, Final
+
+import pyarrow as pa
+from aiohttp import web
+
+from seglog.cluster import protocol
+from seglog.cluster.context import NODE, NodeContext
+from seglog.cluster.params import json_body, query_int
+from seglog.db import Database
+from seglog.errors import ForeignIterator, InvalidIterator, InvalidRequest
+from seglog.iterators import Iterator, Stream
+
+__all__ = ["DEFAULT_NEXT_RECORDS", "MAX_NEXT_RECORDS", "add_routes"]
+
+DEFAULT_NEXT_RECORDS: Final = 1000
+MAX_NEXT_RECORDS: Final = 100_000
+
+
+def add_routes(app: web.Application, db_path: str) -> None:
+    """Serve the stream endpoints under ``db_path`` (``/v1/dbs/{db}``)."""
+    app.router.add_get(db_path + "/streams", get_streams)
+    app.router.add_post(db_path + "/iterators", make_iterator)
+    app.router.add_post(db_path + "/next", next_records)
+
+
+def stream_json(stream: Stream) -> dict[str, Any]:
+    """One stream as the wire carries it (no database id: the URL names the database)."""
+    return {
+        "shard": stream.shard,
+        "id": stream.id,
+        "structure": list(stream.structure),
+        "special": stream.special,
+        "generation": stream.generation,
+        "pattern": stream.pattern,
+    }
+
+
+def stream_from_json(obj: Any, db_id: int) -> Stream:
+    """A stream of :func:`stream_json` bound to ``db_id``.
+
+    Raises:
+        InvalidRequest: Not of that shape.
+    """
+    try:
+        shard, sid, structure = obj["shard"], obj["id"], obj["structure"]
+        special, generation = obj.get("special", False), obj.get("generation", 1)
+    except (TypeError, KeyError) as exc:
+        raise InvalidRequest(f"a stream is {{shard, id, structure, special, generation}}: {exc!r}") from None
+    ints = (shard, sid, generation)
+    if not all(type(v) is int for v in ints) or type(special) is not bool:
+        raise InvalidRequest("a stream's shard, id and generation are ints, special a bool")
+    if not isinstance(structure, list) or not all(isinstance(t, str) for t in structure):
+        raise InvalidRequest("a stream's structure is a list of strings")
+    return Stream(shard, sid, tuple(structure), special, db_id, generation)
+
+
+def iterator_to_wire(it: Iterator, db: Database) -> str:
+    """The iterator with the database's wire id, base64."""
+    return base64.b64encode(replace(it, db_id=protocol.wire_db_id(db.name)).to_bytes()).decode()
+
+
+def iterator_from_wire(text: Any, db: Database) -> Iterator:
+    """An iterator of :func:`iterator_to_wire`, bound to this node's copy of ``db``.
+
+    Raises:
+        InvalidIterator: Not base64 of an iterator.
+        ForeignIterator: Another database's iterator.
+    """
+    if not isinstance(text, str):
+        raise InvalidIterator("the iterator is a base64 string")
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise InvalidIterator("the iterator is not base64") from None
+    it = Iterator.from_bytes(raw)
+    if it.db_id != protocol.wire_db_id(db.name):
+        raise ForeignIterator(f"this iterator belongs to another database, not {db.name!r}")
+    return replace(it, db_id=db.id)
+
+
+def _check_leader(node: NodeContext, db: Database, shards: list[int]) -> None:
+    cluster = node.cluster
+    if cluster is None or not cluster.replicated(db.name):
+        return
+    for shard in shards:
+        error = cluster.not_leader(db.name, shard)
+        if error is not None:
+            raise error
+
+
+async def get_streams(request: web.Request) -> web.Response:
+    """``GET .../streams``: the streams that may hold topics matching ``filter``."""
+    node = request.app[NODE]
+    db = await node.database(request.match_info["db"])
+    topic_filter = request.query.get("filter")
+    if topic_filter is None:
+        raise InvalidRequest("streams needs ?filter=<MQTT topic filter>")
+    start = query_int(request, "start_time_us", 0, minimum=-(1 << 63))
+    assert start is not None
+    shards = _shards_param(request, db.shards)
+    _check_leader(node, db, shards)
+    found = [s for s in db.get_streams(topic_filter, start) if s.shard in shards]
+    return web.json_response({"streams": [stream_json(s) for s in found]})
+
+
+def _shards_param(request: web.Request, count: int) -> list[int]:
+    raw = request.query.get("shards")
+    if raw is None:
+        return list(range(count))
+    try:
+        shards = [int(s) for s in raw.split(",")]
+    except ValueError:
+        raise InvalidRequest(f"shards must be comma-separated ints, not {raw!r}") from None
+    bad = [s for s in shards if not 0 <= s < count]
+    if bad:
+        raise InvalidRequest(f"shard must be in 0..{count - 1}, not {bad[0]}")
+    return shards
+
+
+async def make_iterator(request: web.Request) -> web.Response:
+    """``POST .../iterators``: an iterator at the start of a stream, for a filter."""
+    node = request.app[NODE]
+    db = await node.database(request.match_info["db"])
+    body = await json_body(request)
+    stream = stream_from_json(body.get("stream"), db.id)
+    topic_filter = body.get("filter")
+    if not isinstance(topic_filter, str):
+        raise InvalidRequest("an iterator needs the topic filter (a string) under 'filter'")
+    start = body.get("start_time_us", 0)
+    if type(start) is not int:
+        raise InvalidRequest("start_time_us is an int of µs")
+    _check_leader(node, db, [stream.shard])
+    it = db.make_iterator(stream, topic_filter, start)
+    return web.json_response({"iterator": iterator_to_wire(it, db)})
+
+
+async def next_records(request: web.Request) -> web.Response:
+    """``POST .../next``: the iterator's next records below the high watermark (long-polled)."""
+    node = request.app[NODE]
+    db = await node.database(request.match_info["db"])
+    body = await json_body(request)
+    it = iterator_from_wire(body.get("iterator"), db)
+    n = body.get("max_records", DEFAULT_NEXT_RECORDS)
+    wait_ms = body.get("wait_ms", 0)
+    if type(n) is not int or not 1 <= n <= MAX_NEXT_RECORDS:
+        raise InvalidRequest(f"max_records is an int in 1..{MAX_NEXT_RECORDS}")
+    if type(wait_ms) is not int or wait_ms < 0:
+        raise InvalidRequest("wait_ms is an int >= 0")
+    _check_leader(node, db, [it.shard])
+    deadline = time.monotonic() + min(wait_ms, node.limits.max_wait_ms) / 1000
+    it, table = await db.next_arrow(it, n, upper=db.high_watermark(it.shard))
+    while not table.num_rows and not it.end_of_stream and not node.closing:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            break
+        event = node.waiters.event(db.name, it.shard)  # armed before the re-check: no lost wake-up
+        if it.position >= db.high_watermark(it.shard):
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), remaining)
+        _check_leader(node, db, [it.shard])
+        it, table = await db.next_arrow(it, n, upper=db.high_watermark(it.shard))
+    headers = {
+        protocol.HEADER_ITERATOR: iterator_to_wire(it, db),
+        protocol.HEADER_END_OF_STREAM: "1" if it.end_of_stream else "0",
+        protocol.HEADER_HIGH_WATERMARK: str(db.high_watermark(it.shard)),
+    }
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return web.Response(
+        body=sink.getvalue().to_pybytes(), content_type=protocol.ARROW_STREAM, headers=headers
+    )

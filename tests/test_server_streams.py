@@ -1,0 +1,230 @@
+"""MQTT stream reads over a node's HTTP API (``seglog.client.StreamReader``) against a real
+``seglog serve`` process: wildcard reads equal a brute-force scan, iterators outlive a restart,
+long polls are woken by appends, and bad input gets its error class."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import random
+from collections.abc import Iterable
+from typing import Any
+
+import aiohttp
+import pyarrow as pa
+import pytest
+
+from seglog import Iterator, Stream
+from seglog.client import Producer, StreamReader
+from seglog.cluster import protocol
+from seglog.errors import (
+    DatabaseNotFound,
+    ForeignIterator,
+    InvalidArgument,
+    InvalidIterator,
+    InvalidTopicFilter,
+    PermissionDenied,
+    StreamFilterMismatch,
+    UnknownStream,
+)
+from seglog.topics import topic_matches
+from tests.server_fixtures import ServerFactory, ServerProcess
+
+DB = "telemetry"
+SHARDS = 3
+TS0 = 1_700_000_000_000_000
+WAIT_S = 60.0  # a bound on waits for events; never a measured duration
+FILTERS = ["site3/#", "+/dev5/t", "site1/+/t", "#", "site2/dev7/t", "$SYS/#", "nosuch/#"]
+
+
+def topics_for(n: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        if rng.random() < 0.05:
+            out.append(f"$SYS/broker/{rng.randrange(3)}")
+        else:
+            out.append(f"site{rng.randrange(6)}/dev{rng.randrange(12)}/t")
+    return out
+
+
+async def create(url: str, name: str = DB, **settings: Any) -> None:
+    body = {"name": name, "shards": SHARDS, "lts_thresholds": [100, 10], **settings}
+    async with aiohttp.ClientSession() as s, s.post(f"{url}/v1/dbs", json=body) as r:
+        assert r.status == 201, await r.text()
+
+
+async def produce(url: str, topics: list[str], start: int) -> list[tuple[int, int, str, bytes]]:
+    """Append one record per topic (keyed by device: spread over the shards); return
+    ``(shard, offset, topic, value)`` of each."""
+    values = [b"v%06d" % (start + i) for i in range(len(topics))]
+    table = pa.table(
+        {
+            "topic": pa.array(topics, pa.string()),
+            "key": pa.array([t.encode() for t in topics], pa.binary()),
+            "value": pa.array(values, pa.binary()),
+            "ts": pa.array([TS0 + start + i for i in range(len(topics))], pa.int64()),
+        }
+    )
+    async with Producer(url, DB, acks="all") as p:
+        meta = await (await p.send_arrow(table))
+    shards, offsets = meta.column("shard").to_pylist(), meta.column("offset").to_pylist()
+    return list(zip(shards, offsets, topics, values, strict=True))
+
+
+async def read_filter(
+    reader: StreamReader, topic_filter: str, n: int = 7
+) -> list[tuple[int, int, str, bytes]]:
+    out = []
+    for stream in await reader.get_streams(topic_filter):
+        it = await reader.make_iterator(stream, topic_filter)
+        while True:
+            it, records = await reader.next(it, n)
+            if not records:
+                break
+            out.extend((r.shard, r.offset, r.topic, r.value) for r in records)
+    return out
+
+
+def matching(
+    written: Iterable[tuple[int, int, str, bytes]], topic_filter: str
+) -> list[tuple[int, int, str, bytes]]:
+    return sorted(w for w in written if topic_matches(topic_filter, w[2]))
+
+
+def test_wildcard_reads_over_http_equal_a_brute_force_scan(server: ServerProcess) -> None:
+    async def main() -> None:
+        await create(server.url)
+        written = await produce(server.url, topics_for(600, 1), 0)
+        async with StreamReader(server.url, DB) as reader:
+            for f in FILTERS:
+                assert sorted(await read_filter(reader, f)) == matching(written, f), f
+            streams = await reader.get_streams("site3/#")
+            assert streams and all(isinstance(s, Stream) and s.pattern.startswith("site3") for s in streams)
+            assert {s.shard for s in await reader.get_streams("#")} == set(range(SHARDS))
+
+    asyncio.run(main())
+
+
+def test_an_iterator_goes_on_after_a_restart_and_sees_new_records(server: ServerProcess) -> None:
+    """An iterator saved as bytes mid-stream reads the rest after a restart, then what was
+    appended since: exactly what a fresh iterator of the stream reads, nothing twice."""
+
+    async def read_all(reader: StreamReader, it: Iterator) -> list[tuple[int, int, str, bytes]]:
+        out = []
+        while True:
+            it, records = await reader.next(it, 50)
+            if not records:
+                return out
+            out.extend((r.shard, r.offset, r.topic, r.value) for r in records)
+
+    async def main() -> tuple[Stream, bytes, list[tuple[int, int, str, bytes]]]:
+        await create(server.url)
+        await produce(server.url, topics_for(300, 2), 0)
+        async with StreamReader(server.url, DB) as reader:
+            streams = await reader.get_streams("site1/#")
+            stream = max(streams, key=lambda s: s.structure.count("+"))  # the busiest one
+            it = await reader.make_iterator(stream, "site1/#")
+            it, first = await reader.next(it, 3)
+            assert len(first) == 3
+            return stream, it.to_bytes(), [(r.shard, r.offset, r.topic, r.value) for r in first]
+
+    stream, saved, first = asyncio.run(main())
+    server.stop()
+    server.restart()
+
+    async def after() -> None:
+        await produce(server.url, topics_for(300, 3), 1000)
+        async with StreamReader(server.url, DB) as reader:
+            rest = await read_all(reader, Iterator.from_bytes(saved))
+            fresh = await read_all(reader, await reader.make_iterator(stream, "site1/#"))
+        assert first + rest == fresh
+        assert any(value >= b"v001000" for *_, value in rest)  # appended after the restart
+
+    asyncio.run(after())
+
+
+def test_a_long_poll_is_woken_by_a_matching_append(server: ServerProcess) -> None:
+    async def main() -> None:
+        await create(server.url)
+        await produce(server.url, ["site1/dev1/t"], 0)
+        async with StreamReader(server.url, DB) as reader:
+            (stream,) = await reader.get_streams("site1/dev1/t")
+            it = await reader.make_iterator(stream, "site1/dev1/t")
+            it, records = await reader.next(it, 10)
+            assert [r.topic for r in records] == ["site1/dev1/t"]
+            it, none = await reader.next(it, 10)  # at the end, no wait: empty at once
+            assert none == []
+            # Waits up to 10 minutes unless the append wakes it; the bound below fails the
+            # test long before that.
+            poll = asyncio.ensure_future(reader.next(it, 10, wait_ms=600_000))
+            await produce(server.url, ["site1/dev1/t"], 1)
+            it, woken = await asyncio.wait_for(poll, WAIT_S)
+            assert [r.value for r in woken] == [b"v000001"]
+            assert not it.end_of_stream
+
+    asyncio.run(main())
+
+
+def test_bad_requests_get_their_error_class(server: ServerProcess) -> None:
+    async def main() -> None:
+        await create(server.url)
+        await create(server.url, "other")
+        await create(server.url, "plain", lts_thresholds=None)
+        await produce(server.url, topics_for(50, 4), 0)
+        async with StreamReader(server.url, DB) as reader, StreamReader(server.url, "other") as other:
+            with pytest.raises(InvalidTopicFilter):
+                await reader.get_streams("a/#/b")
+            (stream, *_) = await reader.get_streams("site1/#")
+            with pytest.raises(StreamFilterMismatch):
+                await reader.make_iterator(stream, "elsewhere/x")
+            with pytest.raises(ForeignIterator):
+                await other.make_iterator(stream, "site1/#")  # a stream of another database
+            it = await reader.make_iterator(stream, "site1/#")
+            with pytest.raises(ForeignIterator):
+                await other.next(it)
+            with pytest.raises(UnknownStream):
+                await reader.make_iterator(Stream(0, 999, ("x",), False, stream.db_id), "#")
+            with pytest.raises(InvalidArgument):
+                await reader.next(it, 0)
+            async with StreamReader(server.url, "plain") as plain:
+                with pytest.raises(InvalidArgument, match="no streams"):
+                    await plain.get_streams("#")
+            async with StreamReader(server.url, "missing") as missing:
+                with pytest.raises(DatabaseNotFound):
+                    await missing.get_streams("#")
+        async with aiohttp.ClientSession() as s:
+            for body in ({"iterator": "not base64!"}, {"iterator": base64.b64encode(b"x" * 60).decode()}):
+                async with s.post(f"{server.url}/v1/dbs/{DB}/next", json=body) as r:
+                    assert r.status == 400
+                    assert (await r.json())["error"] == InvalidIterator.__name__
+            async with s.get(f"{server.url}/v1/dbs/{DB}/streams") as r:
+                assert r.status == 400  # no filter
+            good = {"iterator": base64.b64encode(it.to_bytes()).decode()}
+            for bad in ({"max_records": 0}, {"max_records": "9"}, {"wait_ms": -1}):
+                async with s.post(f"{server.url}/v1/dbs/{DB}/next", json={**good, **bad}) as r:
+                    assert r.status == 400, bad
+
+    asyncio.run(main())
+
+
+def test_stream_routes_need_read_on_the_database(server_factory: ServerFactory, tmp_path: Any) -> None:
+    tokens = tmp_path / "tokens"
+    tokens.write_text("admin-token-0123456789 ops admin\nread-token-0123456789 app other:read\n")
+    server = server_factory("--tokens", str(tokens))
+
+    async def main() -> None:
+        admin = aiohttp.ClientSession(headers={"Authorization": "Bearer admin-token-0123456789"})
+        body = {"name": DB, "shards": 1, "lts_thresholds": [100, 10]}
+        async with admin as s, s.post(f"{server.url}/v1/dbs", json=body) as r:
+            assert r.status == 201
+        async with StreamReader(server.url, DB, token="read-token-0123456789") as reader:
+            with pytest.raises(PermissionDenied):
+                await reader.get_streams("#")
+        async with StreamReader(server.url, DB, token="admin-token-0123456789") as reader:
+            assert await reader.get_streams("#") == []
+        async with aiohttp.ClientSession() as s, s.get(f"{server.url}/v1/dbs/{DB}/streams?filter=%23") as r:
+            assert r.status == 401
+            assert r.headers[protocol.HEADER_NODE]
+
+    asyncio.run(main())
