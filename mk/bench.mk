@@ -108,6 +108,12 @@ bench-net-tick: venv
 bench-streams: venv
 	$(BIN)/python -m bench.streams $(if $(QUICK),--quick)
 
+# Wildcard reads over the network: StreamReader against a network scan filtered in the client
+# (and the embedded reads) on one `seglog serve` (bench/net_streams.py).
+.PHONY: bench-net-streams
+bench-net-streams: venv
+	$(BIN)/python -m bench.net_streams
+
 # Cluster benchmark (issue 13, bench/cluster.py): etcd + three `seglog serve --fsync always
 # --etcd` nodes on this machine against one node, embedded append_arrow and a 3-broker Kafka
 # (acks=all, min.insync.replicas=2; --no-kafka skips it), acks all/quorum/1, steady 10k

@@ -30,3 +30,13 @@ def test_streams_bench_quick_runs(tmp_path: Path) -> None:
         assert shape in out  # the fleet append A/B, each shape
     assert "compiled topic cache" in out  # the database stamped with the extension
     assert "| 16 | compiled |" in out and "| 16 | numpy |" in out  # stamp() alone, both caches
+
+
+def test_net_streams_bench_runs(tmp_path: Path) -> None:
+    """Every reader finds the same records (the bench raises otherwise)."""
+    from bench.net_streams import markdown, run
+
+    result = run(tmp_path, 20_000, 2_000, 1)
+    assert result["matching"] > 0
+    assert set(result["rows"]) == {"network, streams", "network, scan", "embedded, streams", "embedded, scan"}
+    assert "| network, streams |" in markdown(result)

@@ -17,8 +17,9 @@ Iterators and streams are the embedded ones with the database id replaced on the
 an iterator made on one node goes on on another after a failover (the stream's structure
 check still guards the stream id), and one of another database is ``ForeignIterator``.
 Reads stop below the shard's high watermark, so a consumer never sees a record that a
-failover could take back; on a replicated database only the shard's leader answers
-(``NotLeader`` otherwise: the client refreshes its metadata and asks the new one).
+failover could take back. On a replicated database every replica answers, below its own
+high watermark (a follower's trails its leader's by a fetch round); a reader given the
+cluster (``StreamReader(bootstrap=...)``) asks each shard's leader.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import pyarrow as pa
 from aiohttp import web
 
 from seglog.cluster import protocol
-from seglog.cluster.context import NODE, NodeContext
+from seglog.cluster.context import NODE
 from seglog.cluster.params import json_body, query_int
 from seglog.db import Database
 from seglog.errors import ForeignIterator, InvalidIterator, InvalidRequest
@@ -109,16 +110,6 @@ def iterator_from_wire(text: Any, db: Database) -> Iterator:
     return replace(it, db_id=db.id)
 
 
-def _check_leader(node: NodeContext, db: Database, shards: list[int]) -> None:
-    cluster = node.cluster
-    if cluster is None or not cluster.replicated(db.name):
-        return
-    for shard in shards:
-        error = cluster.not_leader(db.name, shard)
-        if error is not None:
-            raise error
-
-
 async def get_streams(request: web.Request) -> web.Response:
     """``GET .../streams``: the streams that may hold topics matching ``filter``."""
     node = request.app[NODE]
@@ -129,7 +120,6 @@ async def get_streams(request: web.Request) -> web.Response:
     start = query_int(request, "start_time_us", 0, minimum=-(1 << 63))
     assert start is not None
     shards = _shards_param(request, db.shards)
-    _check_leader(node, db, shards)
     found = [s for s in db.get_streams(topic_filter, start) if s.shard in shards]
     return web.json_response({"streams": [stream_json(s) for s in found]})
 
@@ -160,7 +150,6 @@ async def make_iterator(request: web.Request) -> web.Response:
     start = body.get("start_time_us", 0)
     if type(start) is not int:
         raise InvalidRequest("start_time_us is an int of µs")
-    _check_leader(node, db, [stream.shard])
     it = db.make_iterator(stream, topic_filter, start)
     return web.json_response({"iterator": iterator_to_wire(it, db)})
 
@@ -177,7 +166,6 @@ async def next_records(request: web.Request) -> web.Response:
         raise InvalidRequest(f"max_records is an int in 1..{MAX_NEXT_RECORDS}")
     if type(wait_ms) is not int or wait_ms < 0:
         raise InvalidRequest("wait_ms is an int >= 0")
-    _check_leader(node, db, [it.shard])
     deadline = time.monotonic() + min(wait_ms, node.limits.max_wait_ms) / 1000
     it, table = await db.next_arrow(it, n, upper=db.high_watermark(it.shard))
     while not table.num_rows and not it.end_of_stream and not node.closing:
@@ -188,8 +176,7 @@ async def next_records(request: web.Request) -> web.Response:
         if it.position >= db.high_watermark(it.shard):
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(event.wait(), remaining)
-        _check_leader(node, db, [it.shard])
-        it, table = await db.next_arrow(it, n, upper=db.high_watermark(it.shard))
+            it, table = await db.next_arrow(it, n, upper=db.high_watermark(it.shard))
     headers = {
         protocol.HEADER_ITERATOR: iterator_to_wire(it, db),
         protocol.HEADER_END_OF_STREAM: "1" if it.end_of_stream else "0",
