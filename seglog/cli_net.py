@@ -289,6 +289,11 @@ def add_admin_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     ti = leaf("tier", "upload sealed segments to the node's tier now (a node started with --tier)")
     ti.add_argument("db")
     ti.add_argument("--seal", action="store_true", help="seal the active segments first")
+    leaf("generations", "the database's generations, one line each").add_argument("db")
+    leaf("add-generation", "close the current generation and start the next").add_argument("db")
+    dg = leaf("drop-generation", "drop a closed generation and the data only it holds")
+    dg.add_argument("db")
+    dg.add_argument("generation", type=_int_at_least(1))
 
 
 def _set_option(parser: argparse.ArgumentParser) -> None:
@@ -447,10 +452,30 @@ async def _admin_action(session: NodeSession, args: argparse.Namespace) -> int:
     elif action == "tier":
         reply = (await session.request("POST", path + "/tier", json_body={"seal": args.seal})).json()
         print("\n".join(tier_report_lines(reply["committed"], reply["tier"])))
+    elif action == "generations":
+        for slab in (await session.request("GET", path + "/generations")).json()["generations"]:
+            print(_generation_line(slab))
+    elif action == "add-generation":
+        slab = (await session.request("POST", path + "/generations")).json()
+        print(f"added {_generation_line(slab)}")
+    elif action == "drop-generation":
+        reply = (await session.request("DELETE", f"{path}/generations/{args.generation}")).json()
+        print(f"dropped generation {reply['generation']} of {args.db}; freed {reply['freed_bytes']:,} bytes")
     else:  # drop
         await session.request("DELETE", path)
         print(f"dropped {args.db}")
     return 0
+
+
+def _generation_line(slab: dict[str, Any]) -> str:
+    """``generation 2 (current): shard 0 from 5, shard 1 from 0`` (closed ones: ``5..9``)."""
+    state = "current" if slab["current"] else "dropped" if slab["dropped"] else "closed"
+    until = slab["until"] or [None] * len(slab["since"])
+    spans = ", ".join(
+        f"shard {i} from {a:,}" if b is None else f"shard {i} {a:,}..{b:,}"
+        for i, (a, b) in enumerate(zip(slab["since"], until, strict=True))
+    )
+    return f"generation {slab['generation']} ({state}): {spans}"
 
 
 async def _from_leaders(

@@ -275,6 +275,24 @@ def test_follow_prints_later_records_and_stops_cleanly(
         assert ok(sh("consume", "--url", server.url, "f", "--group", group)) == ""
 
 
+def test_admin_generations(server: ServerProcess, tmp_path: Path) -> None:
+    create(server, "g", 2, "--set", "lts_thresholds=[100, 10]")
+    ok(sh("produce", "--url", server.url, "g", "--file", str(lines_file(tmp_path, make(10)))))
+    one = ok(sh("admin", "--url", server.url, "generations", "g"))
+    assert one == "generation 1 (current): shard 0 from 0, shard 1 from 0\n"
+    added = ok(sh("admin", "--url", server.url, "add-generation", "g"))
+    assert added.startswith("added generation 2 (current): shard 0 from ")
+    lines = ok(sh("admin", "--url", server.url, "generations", "g")).splitlines()
+    assert lines[0].startswith("generation 1 (closed): shard 0 0..") and lines[1].startswith(
+        "generation 2 (current)"
+    )
+    one_error_line(sh("admin", "--url", server.url, "drop-generation", "g", "2"), "CurrentGeneration")
+    one_error_line(sh("admin", "--url", server.url, "drop-generation", "g", "9"), "UnknownGeneration")
+    dropped = ok(sh("admin", "--url", server.url, "drop-generation", "g", "1"))
+    assert dropped.startswith("dropped generation 1 of g; freed ")
+    assert ok(sh("admin", "--url", server.url, "generations", "g")).startswith("generation 1 (dropped)")
+
+
 def test_follow_a_topic_filter_prints_matching_later_records(server: ServerProcess, tmp_path: Path) -> None:
     """``consume --url --topic F --follow`` long-polls each stream, picks up streams learned
     after it started, prints only what matches, and stops with exit 0 on SIGTERM."""
@@ -522,3 +540,6 @@ def test_replicated_database_on_a_cluster_node(server_factory: ServerFactory, et
     assert "?shard=N" in err and "nothing was produced" in err
     got = docs(ok(sh("consume", "--url", url, "r")))
     assert [(d["shard"], d["offset"], d["value"]) for d in got] == [(1, 0, "v1")]
+    # Generations are not replicated: a replicated database refuses to add one.
+    err = one_error_line(sh("admin", "--url", url, "add-generation", "r"), "InvalidArgument")
+    assert "not replicated" in err

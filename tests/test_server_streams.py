@@ -16,15 +16,19 @@ import pytest
 
 from seglog import Iterator, Stream
 from seglog.client import Producer, StreamReader
+from seglog.client._http import NodeSession
 from seglog.cluster import protocol
 from seglog.errors import (
+    CurrentGeneration,
     DatabaseNotFound,
     ForeignIterator,
+    GenerationDropped,
     InvalidArgument,
     InvalidIterator,
     InvalidTopicFilter,
     PermissionDenied,
     StreamFilterMismatch,
+    UnknownGeneration,
     UnknownStream,
 )
 from seglog.topics import topic_matches
@@ -226,5 +230,48 @@ def test_stream_routes_need_read_on_the_database(server_factory: ServerFactory, 
         async with aiohttp.ClientSession() as s, s.get(f"{server.url}/v1/dbs/{DB}/streams?filter=%23") as r:
             assert r.status == 401
             assert r.headers[protocol.HEADER_NODE]
+
+    asyncio.run(main())
+
+
+def test_generations_over_http_end_old_iterators_and_drop(server: ServerProcess) -> None:
+    """An added generation closes the old one: its iterators read to ``end_of_stream`` over the
+    network; dropping it makes them ``GenerationDropped``; the current one cannot be dropped."""
+
+    async def main() -> None:
+        await create(server.url)
+        await produce(server.url, ["site1/dev1/t"] * 5, 0)
+        session = NodeSession(server.url)
+        path = f"/v1/dbs/{DB}/generations"
+        try:
+            async with StreamReader(server.url, DB) as reader:
+                (old,) = await reader.get_streams("site1/dev1/t")
+                it = await reader.make_iterator(old, "site1/dev1/t")
+                it, first = await reader.next(it, 2)
+                added = (await session.request("POST", path)).json()
+                assert added["generation"] == 2 and added["current"] and added["until"] is None
+                await produce(server.url, ["site1/dev1/t"] * 3, 100)
+                it, rest = await reader.next(it, 100)
+                assert [r.value for r in first + rest] == [b"v%06d" % i for i in range(5)]
+                it, none = await reader.next(it, 100, wait_ms=60_000)  # closed: no wait
+                assert none == [] and it.end_of_stream
+                new = [s for s in await reader.get_streams("site1/dev1/t") if s.generation == 2]
+                _, fresh = await reader.next(await reader.make_iterator(new[0], "site1/dev1/t"), 100)
+                assert [r.value for r in fresh] == [b"v%06d" % i for i in range(100, 103)]
+                gens = (await session.request("GET", path)).json()["generations"]
+                assert [(g["generation"], g["current"], g["dropped"]) for g in gens] == [
+                    (1, False, False),
+                    (2, True, False),
+                ]
+                with pytest.raises(CurrentGeneration):
+                    await session.request("DELETE", path + "/2")
+                with pytest.raises(UnknownGeneration):
+                    await session.request("DELETE", path + "/7")
+                dropped = (await session.request("DELETE", path + "/1")).json()
+                assert dropped["generation"] == 1 and dropped["freed_bytes"] >= 0
+                with pytest.raises(GenerationDropped):
+                    await reader.next(await reader.make_iterator(old, "site1/dev1/t"), 10)
+        finally:
+            await session.close()
 
     asyncio.run(main())

@@ -22,6 +22,9 @@ GET      /v1/dbs/{db}/shards/{shard}/offset         read       ``?ts=µs`` -> ``
 GET      /v1/dbs/{db}/streams                       read       ``?filter=F`` -> the streams that may match
 POST     /v1/dbs/{db}/iterators                     read       ``{"stream", "filter"}`` -> ``{"iterator"}``
 POST     /v1/dbs/{db}/next                          read       an iterator's next records (long poll)
+GET      /v1/dbs/{db}/generations                   read       ``{"generations": [slab, ...]}``
+POST     /v1/dbs/{db}/generations                   admin      add a generation (201, the new slab)
+DELETE   /v1/dbs/{db}/generations/{generation}      admin      drop a closed generation
 GET      /v1/stats                                  read       store-wide stats
 POST     /v1/dbs/{db}/groups/{group}/join           read       join/rejoin a consumer group
 POST     /v1/dbs/{db}/groups/{group}/heartbeat      read       keep a membership alive

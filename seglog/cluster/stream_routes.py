@@ -10,7 +10,11 @@ The embedded API (``Database.get_streams`` / ``make_iterator`` / ``next_arrow``)
   IPC stream (``read_arrow``'s columns), the moved iterator in ``Seglog-Iterator`` and
   ``Seglog-End-Of-Stream: 1`` once its generation is closed and read to the end. An empty
   stream means nothing more yet; with ``wait_ms`` the reply waits for an append to the
-  shard (a long poll, woken, never a sleep loop) before answering empty.
+  shard (a long poll, woken, never a sleep loop) before answering empty;
+* ``GET .../generations`` -> ``{"generations": [slab, ...]}`` (``Database.list_slabs``);
+  ``POST .../generations`` adds one (201, the new slab); ``DELETE .../generations/{n}`` drops
+  a closed one (``{"generation", "freed_bytes"}``). Generations are not replicated: a
+  replicated database refuses both changes (``InvalidArgument``).
 
 Iterators and streams are the embedded ones with the database id replaced on the wire by
 :func:`~seglog.cluster.protocol.wire_db_id` of the database's name, the same on every replica:
@@ -39,8 +43,8 @@ from seglog.cluster import protocol
 from seglog.cluster.context import NODE
 from seglog.cluster.params import json_body, query_int
 from seglog.db import Database
-from seglog.errors import ForeignIterator, InvalidIterator, InvalidRequest
-from seglog.iterators import Iterator, Stream
+from seglog.errors import ForeignIterator, InvalidArgument, InvalidIterator, InvalidRequest
+from seglog.iterators import Iterator, Slab, Stream
 
 __all__ = ["DEFAULT_NEXT_RECORDS", "MAX_NEXT_RECORDS", "add_routes"]
 
@@ -53,6 +57,9 @@ def add_routes(app: web.Application, db_path: str) -> None:
     app.router.add_get(db_path + "/streams", get_streams)
     app.router.add_post(db_path + "/iterators", make_iterator)
     app.router.add_post(db_path + "/next", next_records)
+    app.router.add_get(db_path + "/generations", list_generations)
+    app.router.add_post(db_path + "/generations", add_generation)
+    app.router.add_delete(db_path + "/generations/{generation}", drop_generation)
 
 
 def stream_json(stream: Stream) -> dict[str, Any]:
@@ -188,3 +195,51 @@ async def next_records(request: web.Request) -> web.Response:
     return web.Response(
         body=sink.getvalue().to_pybytes(), content_type=protocol.ARROW_STREAM, headers=headers
     )
+
+
+def slab_json(slab: Slab) -> dict[str, Any]:
+    """One generation as the wire carries it."""
+    return {
+        "generation": slab.generation,
+        "created_us": slab.created_us,
+        "until_us": slab.until_us,
+        "since": list(slab.since),
+        "until": None if slab.until is None else list(slab.until),
+        "dropped": slab.dropped,
+        "current": slab.current,
+    }
+
+
+async def list_generations(request: web.Request) -> web.Response:
+    """``GET .../generations``: every generation, dropped ones too, oldest first."""
+    db = await request.app[NODE].database(request.match_info["db"])
+    return web.json_response({"generations": [slab_json(s) for s in db.list_slabs()]})
+
+
+def _refuse_replicated(request: web.Request, db: Database, what: str) -> None:
+    cluster = request.app[NODE].cluster
+    if cluster is not None and cluster.replicated(db.name):
+        raise InvalidArgument(
+            f"cannot {what} of {db.name!r}: generations are not replicated yet, and its replicas "
+            "would stamp other stream ids"
+        )
+
+
+async def add_generation(request: web.Request) -> web.Response:
+    """``POST .../generations``: close the current generation and start the next (201)."""
+    db = await request.app[NODE].database(request.match_info["db"])
+    if await json_body(request):
+        raise InvalidRequest("adding a generation takes no body")
+    _refuse_replicated(request, db, "add a generation")
+    return web.json_response(slab_json(await db.add_generation()), status=201)
+
+
+async def drop_generation(request: web.Request) -> web.Response:
+    """``DELETE .../generations/{generation}``: drop a closed generation and what only it holds."""
+    db = await request.app[NODE].database(request.match_info["db"])
+    raw = request.match_info["generation"]
+    if not raw.isdigit():
+        raise InvalidRequest(f"a generation is a positive int, not {raw!r}")
+    _refuse_replicated(request, db, "drop a generation")
+    freed = await db.drop_slab(int(raw))
+    return web.json_response({"generation": int(raw), "freed_bytes": freed})
