@@ -170,6 +170,28 @@ def test_a_long_poll_is_woken_by_a_matching_append(server: ServerProcess) -> Non
     asyncio.run(main())
 
 
+def test_a_long_poll_skips_appends_its_filter_does_not_take(server: ServerProcess) -> None:
+    """Appends to the iterator's stream that its filter does not take wake the poll, move the
+    iterator past them and the poll waits on; the matching append is what it answers."""
+
+    async def main() -> None:
+        await create(server.url, shards=1, lts_thresholds=[100, 0])  # site1/<anything>: one stream
+        await produce(server.url, ["site1/a"], 0)
+        async with StreamReader(server.url, DB) as reader:
+            (stream,) = await reader.get_streams("site1/a")
+            assert stream.pattern == "site1/+"
+            it, first = await reader.next(await reader.make_iterator(stream, "site1/a"), 10)
+            assert [r.topic for r in first] == ["site1/a"]
+            poll = asyncio.ensure_future(reader.next(it, 10, wait_ms=600_000))
+            await produce(server.url, ["site1/b", "site1/c"], 1)
+            await produce(server.url, ["site1/b", "site1/a"], 3)
+            it, woken = await asyncio.wait_for(poll, WAIT_S)
+            assert [(r.topic, r.value) for r in woken] == [("site1/a", b"v000004")]
+            assert it.position == 5
+
+    asyncio.run(main())
+
+
 def test_bad_requests_get_their_error_class(server: ServerProcess) -> None:
     async def main() -> None:
         await create(server.url)

@@ -174,16 +174,17 @@ async def next_records(request: web.Request) -> web.Response:
     if type(wait_ms) is not int or wait_ms < 0:
         raise InvalidRequest("wait_ms is an int >= 0")
     deadline = time.monotonic() + min(wait_ms, node.limits.max_wait_ms) / 1000
-    it, table = await db.next_arrow(it, n, upper=db.high_watermark(it.shard))
-    while not table.num_rows and not it.end_of_stream and not node.closing:
+    while True:
+        # A read may stop short of the high watermark (its frame budget): then it reads on at
+        # once; at the watermark it waits for the shard to move.
+        it, table = await db.next_arrow(it, n, upper=db.high_watermark(it.shard))
         remaining = deadline - time.monotonic()
-        if remaining <= 0:
+        if table.num_rows or it.end_of_stream or node.closing or remaining <= 0:
             break
         event = node.waiters.event(db.name, it.shard)  # armed before the re-check: no lost wake-up
         if it.position >= db.high_watermark(it.shard):
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(event.wait(), remaining)
-            it, table = await db.next_arrow(it, n, upper=db.high_watermark(it.shard))
     headers = {
         protocol.HEADER_ITERATOR: iterator_to_wire(it, db),
         protocol.HEADER_END_OF_STREAM: "1" if it.end_of_stream else "0",
