@@ -51,7 +51,7 @@ from seglog.errors import (
     SeglogError,
     StaleGeneration,
 )
-from seglog.record import Record
+from seglog.record import Record, records_from_table
 
 if TYPE_CHECKING:
     from seglog.client import Consumer
@@ -770,7 +770,7 @@ async def _consume(args: argparse.Namespace) -> int:
 
 # How often ``consume --url --topic --follow`` asks for streams learned since it started.
 STREAMS_REFRESH_S: Final = 5.0
-# A stream's long poll while following (each stream has its own task).
+# The long poll of one round of `consume --url --topic --follow` (all its streams at once).
 _STREAM_WAIT_MS: Final = 1000
 
 
@@ -812,61 +812,47 @@ async def _consume_topic(args: argparse.Namespace) -> int:
 async def _print_streams(
     reader: Any, args: argparse.Namespace, start_us: int, shards: set[int] | None
 ) -> None:
-    """Print the records of every stream of ``--topic`` (up to ``--max``): without ``--follow``
-    each stream until a read comes back empty; with it, a long poll per stream, and streams
-    learned later are picked up every :data:`STREAMS_REFRESH_S`."""
+    """Print the records of every stream of ``--topic`` (up to ``--max``), all streams read by
+    one request per round (``next_many``, rotated so that no stream starves the others):
+    without ``--follow`` until a round finds nothing; with it, a long poll per round, and
+    streams learned later are picked up every :data:`STREAMS_REFRESH_S`."""
     remaining: int | None = args.max
-    # Records of a stream, None when a stream's read ended, or the error that ended it.
-    out: asyncio.Queue[list[Record] | BaseException | None] = asyncio.Queue()
-    tasks: dict[tuple[int, int, int], asyncio.Task[None]] = {}
-
-    async def read(stream: Any) -> None:
-        try:
-            it = await reader.make_iterator(stream, args.topic, start_us)
-            while not it.end_of_stream:
-                it, records = await reader.next(it, 1000, wait_ms=_STREAM_WAIT_MS if args.follow else 0)
-                if records:
-                    await out.put(records)
-                elif not args.follow:
-                    break
-        except SeglogError as exc:
-            await out.put(exc)
-            return
-        await out.put(None)
+    known: set[tuple[int, int, int]] = set()
+    iterators: list[Any] = []
 
     async def start_new() -> None:
         for stream in await reader.get_streams(args.topic, start_us):
             key = (stream.generation, stream.shard, stream.id)
-            if key not in tasks and (shards is None or stream.shard in shards):
-                tasks[key] = asyncio.create_task(read(stream))
+            if key not in known and (shards is None or stream.shard in shards):
+                known.add(key)
+                iterators.append(await reader.make_iterator(stream, args.topic, start_us))
 
-    try:
-        await start_new()
-        running = len(tasks)
-        refresh_at = time.monotonic() + STREAMS_REFRESH_S
-        while (remaining is None or remaining > 0) and (args.follow or running):
-            try:
-                wait_s = max(0.0, refresh_at - time.monotonic()) if args.follow else None
-                item = await asyncio.wait_for(out.get(), wait_s)
-            except TimeoutError:  # following: look for streams learned since
-                before = len(tasks)
-                await start_new()
-                running += len(tasks) - before
-                refresh_at = time.monotonic() + STREAMS_REFRESH_S
-                continue
-            if isinstance(item, BaseException):
-                raise item
-            if item is None:
-                running -= 1
-                continue
+    await start_new()
+    refresh_at = time.monotonic() + STREAMS_REFRESH_S
+    while (iterators or args.follow) and (remaining is None or remaining > 0):
+        if not iterators:  # following a filter no stream matches yet
+            await asyncio.sleep(max(0.0, refresh_at - time.monotonic()))
+            await start_new()
+            refresh_at = time.monotonic() + STREAMS_REFRESH_S
+            continue
+        wait_ms = _STREAM_WAIT_MS if args.follow else 0
+        before = [it.position for it in iterators]
+        results = await reader.next_many(iterators, min(remaining or 1000, 1000), wait_ms=wait_ms)
+        moved = [it.position for it, _ in results] != before
+        got = 0
+        for it, table in results:
+            records = records_from_table(table, it.shard)[: remaining if remaining is not None else None]
+            _write(records, args)
+            got += len(records)
             if remaining is not None:
-                item = item[:remaining]
-                remaining -= len(item)
-            _write(item, args)
-    finally:
-        for t in tasks.values():
-            t.cancel()
-        await asyncio.gather(*tasks.values(), return_exceptions=True)
+                remaining -= len(records)
+        live = [it for it, _ in results if not it.end_of_stream]
+        iterators[:] = live[1:] + live[:1]  # rotated: the budget goes round
+        if not args.follow and not got and not moved:
+            return
+        if args.follow and time.monotonic() >= refresh_at:
+            await start_new()
+            refresh_at = time.monotonic() + STREAMS_REFRESH_S
 
 
 async def _print_records(consumer: Consumer, args: argparse.Namespace) -> None:

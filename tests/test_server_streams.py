@@ -31,6 +31,7 @@ from seglog.errors import (
     UnknownGeneration,
     UnknownStream,
 )
+from seglog.record import records_from_table
 from seglog.topics import topic_matches
 from tests.server_fixtures import ServerFactory, ServerProcess
 
@@ -188,6 +189,54 @@ def test_a_long_poll_skips_appends_its_filter_does_not_take(server: ServerProces
             it, woken = await asyncio.wait_for(poll, WAIT_S)
             assert [(r.topic, r.value) for r in woken] == [("site1/a", b"v000004")]
             assert it.position == 5
+
+    asyncio.run(main())
+
+
+def test_many_iterators_in_one_request(server: ServerProcess) -> None:
+    """``next_many`` reads every stream of a filter a budget at a time (rotated), equal to a
+    brute-force scan; one long poll over all of them answers with the stream an append woke."""
+
+    async def main() -> None:
+        await create(server.url)
+        written = await produce(server.url, topics_for(500, 5), 0)
+        async with StreamReader(server.url, DB) as reader:
+            iterators = [await reader.make_iterator(s, "#") for s in await reader.get_streams("#")]
+            assert len(iterators) > 10
+            got: list[tuple[int, int, str, bytes]] = []
+            rounds = 0
+            while True:
+                results = await reader.next_many(iterators, 37)
+                rows = [r for it, t in results for r in records_from_table(t, it.shard)]
+                assert len(rows) <= 37  # the budget of the request, over all iterators
+                got.extend((r.shard, r.offset, r.topic, r.value) for r in rows)
+                iterators = [it for it, _ in results]
+                iterators = iterators[1:] + iterators[:1]
+                rounds += 1
+                if not rows:
+                    break
+            assert rounds > 10
+            assert sorted(got) == matching(written, "#")
+            # One poll over all of them: an append to one stream answers it.
+            poll = asyncio.ensure_future(reader.next_many(iterators, 100, wait_ms=600_000))
+            ((shard, offset, topic, _),) = await produce(server.url, ["site4/dev2/t"], 9000)
+            results = await asyncio.wait_for(poll, WAIT_S)
+            answered = [
+                (it.shard, r.offset, r.topic) for it, t in results for r in records_from_table(t, it.shard)
+            ]
+            assert answered == [(shard, offset, topic)]
+            with pytest.raises(InvalidArgument):
+                await reader.next_many([])
+            with pytest.raises(InvalidArgument):
+                await reader.next_many(iterators, 0)
+            async with StreamReader(server.url, "other") as other:
+                with pytest.raises(ForeignIterator):
+                    await other.next_many(iterators)
+        async with aiohttp.ClientSession() as s:
+            async with s.post(f"{server.url}/v1/dbs/{DB}/next", json={"iterators": []}) as r:
+                assert r.status == 400
+            async with s.post(f"{server.url}/v1/dbs/{DB}/next", json={"iterators": ["bad!"]}) as r:
+                assert r.status == 400 and "iterator 0" in (await r.json())["message"]
 
     asyncio.run(main())
 

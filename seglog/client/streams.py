@@ -15,6 +15,7 @@ survive a failover). Records come below the shard's high watermark only. With
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import ssl
 from collections.abc import Sequence
@@ -27,6 +28,7 @@ import pyarrow as pa
 from seglog.client._http import DEFAULT_REQUEST_TIMEOUT_S, NodeSession
 from seglog.client._metadata import LeaderCache
 from seglog.cluster import protocol
+from seglog.cluster.next_wire import MAX_NEXT_ITERATORS, MAX_NEXT_RECORDS, decode_next_reply
 from seglog.errors import (
     ClosedResourceError,
     ForeignIterator,
@@ -36,7 +38,7 @@ from seglog.errors import (
     ServerUnavailable,
 )
 from seglog.iterators import Iterator, Stream
-from seglog.record import Record, records_from_table
+from seglog.record import READ_SCHEMA, Record, records_from_table
 
 __all__ = ["StreamReader"]
 
@@ -241,6 +243,72 @@ class StreamReader:
         except (pa.ArrowInvalid, OSError) as exc:
             raise RemoteError(f"a node's next reply is not an Arrow stream: {exc}") from exc
         return replace(moved, db_id=self._wire_id), table
+
+    async def next_many(
+        self, iterators: Sequence[Iterator], n: int = 1000, *, wait_ms: int = 0
+    ) -> list[tuple[Iterator, pa.Table]]:
+        """The next records of many iterators at once: one long poll per node (each shard's
+        leader with ``bootstrap=``), answered as soon as any has records.
+
+        ``n`` is the budget of one node's answer, spent in the order given: rotate the
+        iterators between calls so that a busy stream does not starve the rest.
+
+        Returns:
+            ``(next iterator, table)`` per iterator, in the order given; an iterator whose node
+            did not answer first (another one had records) comes back unchanged.
+        """
+        its = list(iterators)
+        if not its:
+            raise InvalidArgument("next_many needs at least one iterator")
+        if len(its) > MAX_NEXT_ITERATORS:
+            raise InvalidArgument(f"next_many takes at most {MAX_NEXT_ITERATORS} iterators")
+        for it in its:
+            if not isinstance(it, Iterator):
+                raise InvalidArgument(f"next_many takes Iterators, not {type(it).__name__}")
+            if it.db_id != self._wire_id:
+                raise ForeignIterator(f"an iterator is not one of {self.db!r}'s")
+        if type(n) is not int or not 1 <= n <= MAX_NEXT_RECORDS:
+            raise InvalidArgument(f"n must be an int in 1..{MAX_NEXT_RECORDS}, not {n!r}")
+        if type(wait_ms) is not int or wait_ms < 0:
+            raise InvalidArgument(f"wait_ms must be an int >= 0, not {wait_ms!r}")
+        groups: dict[str | None, list[int]] = {}
+        for i, it in enumerate(its):
+            url = None if self._leaders is None else await self._leaders.leader_url(self.db, it.shard)
+            groups.setdefault(url, []).append(i)
+        out: list[tuple[Iterator, pa.Table]] = [(it, READ_SCHEMA.empty_table()) for it in its]
+
+        async def ask(indexes: list[int]) -> None:
+            body = {
+                "iterators": [base64.b64encode(its[i].to_bytes()).decode() for i in indexes],
+                "max_records": n,
+                "wait_ms": wait_ms,
+            }
+            reply = await self._to_shard(
+                its[indexes[0]].shard,
+                "POST",
+                "/next",
+                json_body=body,
+                timeout_s=self._timeout_s + wait_ms / 1000,
+            )
+            wired, ends, tables = decode_next_reply(reply.body)
+            if len(wired) != len(indexes):
+                raise RemoteError("a node answered for other iterators than it was asked")
+            for i, text, end, table in zip(indexes, wired, ends, tables, strict=True):
+                moved = _iterator(text)
+                if moved.end_of_stream != end:
+                    raise RemoteError("a node's next reply disagrees with its own iterator on end_of_stream")
+                out[i] = (replace(moved, db_id=self._wire_id), table)
+
+        tasks = [asyncio.ensure_future(ask(indexes)) for indexes in groups.values()]
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                task.result()  # its error, if it failed
+        finally:
+            for task in tasks:
+                task.cancel()  # a read changes nothing on the node: the unanswered stay as they were
+            await asyncio.gather(*tasks, return_exceptions=True)
+        return out
 
     async def next(
         self, iterator: Iterator, n: int = 1000, *, wait_ms: int = 0

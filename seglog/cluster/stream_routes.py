@@ -11,6 +11,13 @@ The embedded API (``Database.get_streams`` / ``make_iterator`` / ``next_arrow``)
   ``Seglog-End-Of-Stream: 1`` once its generation is closed and read to the end. An empty
   stream means nothing more yet; with ``wait_ms`` the reply waits for an append to the
   shard (a long poll, woken, never a sleep loop) before answering empty;
+* ``POST .../next`` ``{"iterators": [base64, ...], "max_records"?, "wait_ms"?}``: many
+  iterators in one long poll (a reader of a filter with many streams), answered as soon as
+  any has records (or reached ``end_of_stream``); ``max_records`` is the budget of them all,
+  spent in the order given (clients rotate it). The reply (``application/vnd.seglog.next-reply``)
+  is ``uint32 big-endian n``, ``n`` bytes of JSON ``{"iterators": [...], "end_of_stream":
+  [...], "counts": [...]}`` (each moved iterator and how many rows are its), then one Arrow
+  IPC stream of every iterator's rows, in iterator order;
 * ``GET .../generations`` -> ``{"generations": [slab, ...]}`` (``Database.list_slabs``);
   ``POST .../generations`` adds one (201, the new slab); ``DELETE .../generations/{n}`` drops
   a closed one (``{"generation", "freed_bytes"}``). Generations are not replicated: a
@@ -41,15 +48,16 @@ from aiohttp import web
 
 from seglog.cluster import protocol
 from seglog.cluster.context import NODE
+from seglog.cluster.next_wire import MAX_NEXT_ITERATORS, MAX_NEXT_RECORDS, NEXT_REPLY, encode_next_reply
 from seglog.cluster.params import json_body, query_int
 from seglog.db import Database
 from seglog.errors import ForeignIterator, InvalidArgument, InvalidIterator, InvalidRequest
 from seglog.iterators import Iterator, Slab, Stream
+from seglog.record import READ_SCHEMA
 
-__all__ = ["DEFAULT_NEXT_RECORDS", "MAX_NEXT_RECORDS", "add_routes"]
+__all__ = ["DEFAULT_NEXT_RECORDS", "add_routes"]
 
 DEFAULT_NEXT_RECORDS: Final = 1000
-MAX_NEXT_RECORDS: Final = 100_000
 
 
 def add_routes(app: web.Application, db_path: str) -> None:
@@ -166,13 +174,15 @@ async def next_records(request: web.Request) -> web.Response:
     node = request.app[NODE]
     db = await node.database(request.match_info["db"])
     body = await json_body(request)
-    it = iterator_from_wire(body.get("iterator"), db)
     n = body.get("max_records", DEFAULT_NEXT_RECORDS)
     wait_ms = body.get("wait_ms", 0)
     if type(n) is not int or not 1 <= n <= MAX_NEXT_RECORDS:
         raise InvalidRequest(f"max_records is an int in 1..{MAX_NEXT_RECORDS}")
     if type(wait_ms) is not int or wait_ms < 0:
         raise InvalidRequest("wait_ms is an int >= 0")
+    if "iterators" in body:
+        return await _next_many(request, db, body["iterators"], n, wait_ms)
+    it = iterator_from_wire(body.get("iterator"), db)
     deadline = time.monotonic() + min(wait_ms, node.limits.max_wait_ms) / 1000
     while True:
         # A read may stop short of the high watermark (its frame budget): then it reads on at
@@ -196,6 +206,46 @@ async def next_records(request: web.Request) -> web.Response:
     return web.Response(
         body=sink.getvalue().to_pybytes(), content_type=protocol.ARROW_STREAM, headers=headers
     )
+
+
+async def _next_many(request: web.Request, db: Database, raw: Any, n: int, wait_ms: int) -> web.Response:
+    """Many iterators in one long poll (see the module docstring)."""
+    node = request.app[NODE]
+    if not isinstance(raw, list) or not 1 <= len(raw) <= MAX_NEXT_ITERATORS:
+        raise InvalidRequest(f"iterators is a list of 1..{MAX_NEXT_ITERATORS} base64 iterators")
+    its = []
+    for i, text in enumerate(raw):
+        try:
+            its.append(iterator_from_wire(text, db))
+        except InvalidIterator as exc:
+            raise type(exc)(f"iterator {i}: {exc}") from None
+    ended = [it.end_of_stream for it in its]
+    shards = {it.shard for it in its}
+    deadline = time.monotonic() + min(wait_ms, node.limits.max_wait_ms) / 1000
+    while True:
+        tables: list[pa.Table] = []
+        budget = n
+        for i, it in enumerate(its):
+            if budget > 0 and not it.end_of_stream:
+                its[i], table = await db.next_arrow(it, budget, upper=db.high_watermark(it.shard))
+                budget -= table.num_rows
+            else:
+                table = READ_SCHEMA.empty_table()
+            tables.append(table)
+        news = budget < n or any(it.end_of_stream and not e for it, e in zip(its, ended, strict=True))
+        remaining = deadline - time.monotonic()
+        if news or node.closing or remaining <= 0:
+            break
+        with node.waiters.watching((db.name, s) for s in shards) as moved:
+            # Armed before the re-check: no lost wake-up. An iterator a read left below its
+            # shard's high watermark (its frame budget) reads on at once.
+            if all(it.end_of_stream or it.position >= db.high_watermark(it.shard) for it in its):
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(moved.wait(), remaining)
+    body = encode_next_reply(
+        [iterator_to_wire(it, db) for it in its], [it.end_of_stream for it in its], tables
+    )
+    return web.Response(body=body, content_type=NEXT_REPLY)
 
 
 def slab_json(slab: Slab) -> dict[str, Any]:

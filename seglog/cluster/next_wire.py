@@ -1,0 +1,65 @@
+"""The many-iterator stream read reply (``POST /v1/dbs/{db}/next`` with ``"iterators"``).
+
+::
+
+    HEAD_LEN   uint32 big-endian: length of the JSON head
+    HEAD       JSON {"iterators": [base64, ...], "end_of_stream": [bool, ...], "counts": [int, ...]}
+    ROWS       one Arrow IPC stream (``read_arrow``'s columns): every iterator's rows, in
+               iterator order, ``counts[i]`` of them for iterator ``i``
+
+Shared by the server (:mod:`seglog.cluster.stream_routes`) and the client
+(:mod:`seglog.client.streams`); nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from typing import Final
+
+import pyarrow as pa
+
+from seglog.errors import RemoteError
+from seglog.record import READ_SCHEMA
+
+__all__ = ["MAX_NEXT_ITERATORS", "MAX_NEXT_RECORDS", "NEXT_REPLY", "decode_next_reply", "encode_next_reply"]
+
+NEXT_REPLY: Final = "application/vnd.seglog.next-reply"
+# Bounds of one next request: records answered, iterators asked.
+MAX_NEXT_RECORDS: Final = 100_000
+MAX_NEXT_ITERATORS: Final = 10_000
+_HEAD_LEN: Final = struct.Struct(">I")
+
+
+def encode_next_reply(iterators: list[str], ends: list[bool], tables: list[pa.Table]) -> bytes:
+    """The many-iterator reply: the directory, then every iterator's rows in one Arrow stream."""
+    head = {"iterators": iterators, "end_of_stream": ends, "counts": [t.num_rows for t in tables]}
+    raw = json.dumps(head, separators=(",", ":")).encode()
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, READ_SCHEMA) as writer:
+        for table in tables:
+            if table.num_rows:
+                writer.write_table(table.cast(READ_SCHEMA))
+    return b"".join([_HEAD_LEN.pack(len(raw)), raw, sink.getvalue().to_pybytes()])
+
+
+def decode_next_reply(body: bytes) -> tuple[list[str], list[bool], list[pa.Table]]:
+    """The iterators (base64), end flags and each iterator's rows of :func:`encode_next_reply`.
+
+    Raises:
+        RemoteError: The body is not such a reply.
+    """
+    try:
+        (size,) = _HEAD_LEN.unpack_from(body, 0)
+        head = json.loads(body[_HEAD_LEN.size : _HEAD_LEN.size + size])
+        iterators, ends, counts = head["iterators"], head["end_of_stream"], head["counts"]
+        table = pa.ipc.open_stream(body[_HEAD_LEN.size + size :]).read_all()
+        if not len(iterators) == len(ends) == len(counts) or sum(counts) != table.num_rows:
+            raise ValueError("the directory does not match the rows")
+    except (struct.error, ValueError, KeyError, TypeError, pa.ArrowInvalid) as exc:
+        raise RemoteError(f"malformed next reply from a node: {exc}") from exc
+    tables, at = [], 0
+    for count in counts:
+        tables.append(table.slice(at, count))
+        at += count
+    return iterators, ends, tables
