@@ -26,7 +26,7 @@ import signal
 import ssl
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Final
 
@@ -746,6 +746,17 @@ async def _consume(args: argparse.Namespace) -> int:
         from_time_us=None if args.from_time is None else _parse_time(args.from_time),
         request_timeout_s=args.timeout_s,
     )
+
+    async def body() -> None:
+        async with consumer:  # a signal cancels wherever it waits: it still stops (and leaves its group)
+            await _print_records(consumer, args)
+
+    return await _until_signalled(body, follow=args.follow)
+
+
+async def _until_signalled(body: Callable[[], Awaitable[None]], *, follow: bool) -> int:
+    """Run ``body``; SIGINT/SIGTERM cancel it wherever it waits: exit 0 when following (the
+    way to stop), else 130 (interrupted)."""
     task = asyncio.current_task()
     assert task is not None
     signalled = False
@@ -754,17 +765,16 @@ async def _consume(args: argparse.Namespace) -> int:
         nonlocal signalled
         if not signalled:
             signalled = True
-            task.cancel()  # wherever it waits; the consumer still stops (and leaves its group)
+            task.cancel()
 
     try:
         with _on_signals(stop):
-            async with consumer:
-                await _print_records(consumer, args)
+            await body()
     except asyncio.CancelledError:
         if not signalled:
             raise
         task.uncancel()
-        return 0 if args.follow else 130
+        return 0 if follow else 130
     return 0
 
 
@@ -784,29 +794,15 @@ async def _consume_topic(args: argparse.Namespace) -> int:
         raise InvalidArgument("--topic reads each stream from its start (or --from-time): drop --latest")
     start_us = 0 if args.from_time is None else _parse_time(args.from_time)
     shards = None if args.shard is None else set(args.shard)
-    task = asyncio.current_task()
-    assert task is not None
-    signalled = False
-
-    def stop() -> None:
-        nonlocal signalled
-        if not signalled:
-            signalled = True
-            task.cancel()
-
     reader = StreamReader(
         _url(args), args.db, token=_token(args), ssl=_ssl(args), request_timeout_s=args.timeout_s
     )
-    try:
-        with _on_signals(stop):
-            async with reader:
-                await _print_streams(reader, args, start_us, shards)
-    except asyncio.CancelledError:
-        if not signalled:
-            raise
-        task.uncancel()
-        return 0 if args.follow else 130
-    return 0
+
+    async def body() -> None:
+        async with reader:
+            await _print_streams(reader, args, start_us, shards)
+
+    return await _until_signalled(body, follow=args.follow)
 
 
 async def _print_streams(

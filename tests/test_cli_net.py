@@ -241,6 +241,16 @@ def test_consume_group_commits_and_a_second_run_continues(server: ServerProcess,
     assert len(docs(ok(sh("consume", "--url", server.url, "g", "--group", "others")))) == 30
 
 
+def stop_following(child: subprocess.Popen[bytes], out: ChildLines, sig: signal.Signals) -> None:
+    """Signal a following ``consume``: it exits 0, printing nothing more, nothing on stderr."""
+    assert child.stderr is not None
+    child.send_signal(sig)
+    assert child.wait(WAIT_S) == 0
+    assert out.next() == b""
+    err = child.stderr.read().decode()
+    assert "Traceback" not in err and err == "", err
+
+
 @pytest.mark.parametrize(("sig", "group"), [(signal.SIGINT, None), (signal.SIGTERM, "tail")])
 def test_follow_prints_later_records_and_stops_cleanly(
     server: ServerProcess, tmp_path: Path, sig: signal.Signals, group: str | None
@@ -262,11 +272,7 @@ def test_follow_prints_later_records_and_stops_cleanly(
         with pytest.raises(queue.Empty):
             out.next(timeout_s=0.2)  # nothing more, and still running
         assert child.poll() is None
-        child.send_signal(sig)
-        assert child.wait(WAIT_S) == 0
-        assert out.next() == b""
-        err = child.stderr.read().decode()
-        assert "Traceback" not in err and err == "", err
+        stop_following(child, out, sig)
     finally:
         if child.poll() is None:
             child.kill()
@@ -314,11 +320,7 @@ def test_follow_a_topic_filter_prints_matching_later_records(server: ServerProce
         ok(sh("produce", "--url", server.url, "ft", "--file", str(lines_file(tmp_path, later))))
         got = [json.loads(out.next()) for _ in range(2)]
         assert sorted(map(shape, got)) == sorted(map(shape, [later[0], later[2]]))
-        child.send_signal(signal.SIGTERM)
-        assert child.wait(WAIT_S) == 0
-        assert out.next() == b""  # the non-matching record was never printed
-        err = child.stderr.read().decode()
-        assert "Traceback" not in err and err == "", err
+        stop_following(child, out, signal.SIGTERM)  # the non-matching record was never printed
     finally:
         if child.poll() is None:
             child.kill()

@@ -88,6 +88,13 @@ async def create_replicated(
     await session.request("POST", "/v1/dbs", json_body=body)
 
 
+async def all_led(session: NodeSession) -> dict[str, Any] | None:
+    """The node's cluster view once every shard of the test database has a leader, else None."""
+    view = await cluster_view(session)
+    ok = DB in view["dbs"] and all(s["leader"] > 0 for s in view["dbs"][DB]["state"])
+    return view if ok else None
+
+
 async def leading_node(sessions: dict[int, NodeSession], among: list[int]) -> int | None:
     """The node among ``among`` that leads shard 0 of the test database by its own account."""
     for i in among:
@@ -646,12 +653,7 @@ def test_consumer_follows_leaders_through_a_failover(
         try:
             await create_replicated(admin, 2, 3, 2)
 
-            async def led() -> dict[str, Any] | None:
-                view = await cluster_view(admin)
-                ok = DB in view["dbs"] and all(s["leader"] > 0 for s in view["dbs"][DB]["state"])
-                return view if ok else None
-
-            view = await until(led, "leaders")
+            view = await until(lambda: all_led(admin), "leaders")
             victim = int(view["dbs"][DB]["state"][0]["leader"])
             others = [p.url for i, p in nodes.items() if i != victim]
             # A node that does not lead a shard refuses it to a leader-only fetch, naming the leader.
@@ -918,12 +920,7 @@ def test_stream_iterators_go_on_through_a_failover(
         try:
             await create_replicated(admin, 2, 3, 2, lts_thresholds=[100, 10])
 
-            async def led() -> dict[str, Any] | None:
-                view = await cluster_view(admin)
-                ok = DB in view["dbs"] and all(s["leader"] > 0 for s in view["dbs"][DB]["state"])
-                return view if ok else None
-
-            view = await until(led, "leaders")
+            view = await until(lambda: all_led(admin), "leaders")
             victim = int(view["dbs"][DB]["state"][0]["leader"])
             others = [p.url for i, p in nodes.items() if i != victim]
             sent: list[tuple[int, int, str, bytes]] = []

@@ -60,6 +60,11 @@ async def tiered_db(
     return db, entries
 
 
+def local_tier_store(tmp_path: Path, **kw: Any) -> seglog.Store:
+    """A store over ``tmp_path/data`` tiering to the directory ``tmp_path/tier``."""
+    return seglog.open(tmp_path / "data", retention_interval_ms=None, tier=(tmp_path / "tier").as_uri(), **kw)
+
+
 def row_groups_of(e: ManifestEntry) -> int:
     return -(-e.rows // ROW_GROUP_ROWS)
 
@@ -117,12 +122,7 @@ def test_without_a_cache_every_read_fetches_its_footer_and_row_group(tmp_path: P
     """``tier_cache_bytes=0`` keeps nothing: what the counters count is real downloads."""
 
     async def main() -> None:
-        async with seglog.open(
-            tmp_path / "data",
-            retention_interval_ms=None,
-            tier=(tmp_path / "tier").as_uri(),
-            tier_cache_bytes=0,
-        ) as store:
+        async with local_tier_store(tmp_path, tier_cache_bytes=0) as store:
             db, entries = await tiered_db(store)
             _, calls = await read_sequentially(db, 20_000, 1000)
             stats = store.tier_cache_stats()
@@ -143,12 +143,7 @@ def test_a_small_cache_evicts_within_its_capacity_and_still_saves_downloads(tmp_
     capacity = 1 << 20
 
     async def main() -> None:
-        async with seglog.open(
-            tmp_path / "data",
-            retention_interval_ms=None,
-            tier=(tmp_path / "tier").as_uri(),
-            tier_cache_bytes=capacity,
-        ) as store:
+        async with local_tier_store(tmp_path, tier_cache_bytes=capacity) as store:
             db, entries = await tiered_db(store)
             cold = db.local_start_offset(0)
             got, calls = await read_sequentially(db, cold, 5000)
@@ -223,9 +218,7 @@ def test_concurrent_reads_of_one_cached_object_agree(tmp_path: Path) -> None:
     """Reads run in worker threads; many at once decode row groups of the same cached object."""
 
     async def main() -> None:
-        async with seglog.open(
-            tmp_path / "data", retention_interval_ms=None, tier=(tmp_path / "tier").as_uri()
-        ) as store:
+        async with local_tier_store(tmp_path) as store:
             db, _ = await tiered_db(store)
             cold = db.local_start_offset(0)
             starts = [(k * 7919) % (cold - 500) for k in range(48)]
@@ -322,12 +315,7 @@ def test_a_rotted_row_group_fails_its_reads_and_spares_the_others(tmp_path: Path
     """Each fetched part is checked against its CRC32C before Parquet decodes it."""
 
     async def main() -> None:
-        async with seglog.open(
-            tmp_path / "data",
-            retention_interval_ms=None,
-            tier=(tmp_path / "tier").as_uri(),
-            tier_cache_bytes=0,
-        ) as store:
+        async with local_tier_store(tmp_path, tier_cache_bytes=0) as store:
             db, entries = await tiered_db(store)
             first = entries[0]
             group = first.parts[1]
@@ -347,9 +335,7 @@ def test_objects_tiered_before_ranged_reads_are_read_whole(tmp_path: Path) -> No
     """An entry without parts (an older manifest) is downloaded whole and checked by sha256."""
 
     async def main() -> None:
-        async with seglog.open(
-            tmp_path / "data", retention_interval_ms=None, tier=(tmp_path / "tier").as_uri()
-        ) as store:
+        async with local_tier_store(tmp_path) as store:
             _, entries = await tiered_db(store)
         old = dataclasses.replace(entries[0], parts=())
         target = LocalTarget(tmp_path / "tier")
