@@ -34,6 +34,7 @@ import pyarrow as pa
 
 from seglog.cli import (
     _RECORD_PREFIX,
+    DEMO_FILTER,
     _BadLine,
     _Input,
     _int_at_least,
@@ -52,6 +53,7 @@ from seglog.errors import (
     StaleGeneration,
 )
 from seglog.record import Record, records_from_table
+from seglog.topics import DEFAULT_LTS_THRESHOLDS, topic_matches
 
 if TYPE_CHECKING:
     from seglog.client import Consumer
@@ -993,6 +995,28 @@ class _DemoNode:
             await self.proc.wait()
 
 
+async def _demo_network_streams(url: str, db: str) -> tuple[int, int]:
+    """Read :data:`DEMO_FILTER` through the node's streams: (records, streams)."""
+    from seglog.client import StreamReader
+
+    async with StreamReader(url, db) as reader:
+        iterators = [
+            await reader.make_iterator(s, DEMO_FILTER) for s in await reader.get_streams(DEMO_FILTER)
+        ]
+        streams = len(iterators)
+        total = 0
+        while iterators:
+            before = [it.position for it in iterators]
+            results = await reader.next_many(iterators, 10_000)
+            got = sum(t.num_rows for _, t in results)
+            total += got
+            iterators = [it for it, _ in results]
+            if not got and [it.position for it in iterators] == before:
+                break
+            iterators = iterators[1:] + iterators[:1]
+        return total, streams
+
+
 async def demo_network(node_dir: Path, records: Sequence[Record], shards: int, batch_records: int) -> None:
     """Start ``seglog serve`` on ``node_dir``, send ``records`` through it as Arrow, read them
     all back with a network consumer, print both rates, stop the server with SIGTERM.
@@ -1008,9 +1032,8 @@ async def demo_network(node_dir: Path, records: Sequence[Record], shards: int, b
         url = await node.start()
         admin = NodeSession(url)
         try:
-            await admin.request(
-                "POST", f"{protocol.API_PREFIX}/dbs", json_body={"name": DEMO_NET_DB, "shards": shards}
-            )
+            body = {"name": DEMO_NET_DB, "shards": shards, "lts_thresholds": list(DEFAULT_LTS_THRESHOLDS)}
+            await admin.request("POST", f"{protocol.API_PREFIX}/dbs", json_body=body)
         finally:
             await admin.close()
         tables = demo_tables(records, batch_records)
@@ -1021,6 +1044,9 @@ async def demo_network(node_dir: Path, records: Sequence[Record], shards: int, b
         t0 = time.perf_counter()
         consumed = await _demo_network_consume(url, DEMO_NET_DB, acked)
         consume_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        matched, streams = await _demo_network_streams(url, DEMO_NET_DB)
+        streams_s = time.perf_counter() - t0
         await node.stop()
     finally:
         await node.kill()
@@ -1033,6 +1059,13 @@ async def demo_network(node_dir: Path, records: Sequence[Record], shards: int, b
         f"{'consumed (HTTP arrow)':<22}{consumed:>14,} records in {consume_s:6.2f} s  = "
         f"{consumed / consume_s:>12,.0f} records/s (Consumer.getmany_arrow)"
     )
+    expected = sum(1 for r in records if topic_matches(DEMO_FILTER, r.topic))
+    print(
+        f"{'wildcard (HTTP)':<22}{DEMO_FILTER} -> {matched:,} records from {streams} streams in "
+        f"{streams_s * 1000:.1f} ms (StreamReader.next_many)"
+    )
     if not acked == consumed == n:
         raise SeglogError(f"network step: sent {n:,}, acknowledged {acked:,}, consumed {consumed:,}")
-    print(f"{'network check':<22}sent = acknowledged = consumed = {n:,}")
+    if matched != expected:
+        raise SeglogError(f"network step: {DEMO_FILTER} read {matched:,} records, {expected:,} match")
+    print(f"{'network check':<22}sent = acknowledged = consumed = {n:,}; wildcard = {expected:,} matching")

@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import queue
+import re
 import signal
 import socket
 import subprocess
@@ -428,6 +429,11 @@ def test_demo_network_step(tmp_path: Path) -> None:
         assert "produced (Producer)            2,000 records" in out
         assert "consumed (HTTP arrow)          2,000 records" in out
         assert "sent = acknowledged = consumed = 2,000" in out and "stopped with SIGTERM" in out
+        # The wildcard read through the node's streams found every matching record sent.
+        assert re.search(
+            r"wildcard \(HTTP\) +sensors/site03/\+/temp -> [1-9][\d,]* records from \d+ streams", out
+        )
+        assert re.search(r"wildcard = [1-9][\d,]* matching", out)
     assert (tmp_path / "demo-node" / ".seglog-demo").is_file()
     assert (tmp_path / "demo-node" / "data" / "seglog.json").is_file()
     # A node directory the demo did not make is refused, and nothing is touched.
