@@ -819,11 +819,14 @@ async def _print_streams(
     iterators: list[Any] = []
 
     async def start_new() -> None:
+        new = []
         for stream in await reader.get_streams(args.topic, start_us):
             key = (stream.generation, stream.shard, stream.id)
             if key not in known and (shards is None or stream.shard in shards):
                 known.add(key)
-                iterators.append(await reader.make_iterator(stream, args.topic, start_us))
+                new.append(stream)
+        if new:
+            iterators.extend(await reader.make_iterators(new, args.topic, start_us))
 
     await start_new()
     refresh_at = time.monotonic() + STREAMS_REFRESH_S
@@ -1000,9 +1003,7 @@ async def _demo_network_streams(url: str, db: str) -> tuple[int, int]:
     from seglog.client import StreamReader
 
     async with StreamReader(url, db) as reader:
-        iterators = [
-            await reader.make_iterator(s, DEMO_FILTER) for s in await reader.get_streams(DEMO_FILTER)
-        ]
+        iterators = await reader.make_iterators(await reader.get_streams(DEMO_FILTER), DEMO_FILTER)
         streams = len(iterators)
         total = 0
         while iterators:

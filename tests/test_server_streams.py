@@ -201,8 +201,11 @@ def test_many_iterators_in_one_request(server: ServerProcess) -> None:
         await create(server.url)
         written = await produce(server.url, topics_for(500, 5), 0)
         async with StreamReader(server.url, DB) as reader:
-            iterators = [await reader.make_iterator(s, "#") for s in await reader.get_streams("#")]
+            streams = await reader.get_streams("#")
+            iterators = await reader.make_iterators(streams, "#")  # one request for all of them
+            assert iterators == [await reader.make_iterator(s, "#") for s in streams]
             assert len(iterators) > 10
+            assert await reader.make_iterators([], "#") == []
             got: list[tuple[int, int, str, bytes]] = []
             rounds = 0
             while True:
@@ -232,6 +235,8 @@ def test_many_iterators_in_one_request(server: ServerProcess) -> None:
             async with StreamReader(server.url, "other") as other:
                 with pytest.raises(ForeignIterator):
                     await other.next_many(iterators)
+                with pytest.raises(ForeignIterator):
+                    await other.make_iterators(streams, "#")
         async with aiohttp.ClientSession() as s:
             async with s.post(f"{server.url}/v1/dbs/{DB}/next", json={"iterators": []}) as r:
                 assert r.status == 400

@@ -28,7 +28,7 @@ import pyarrow as pa
 from seglog.client._http import DEFAULT_REQUEST_TIMEOUT_S, NodeSession
 from seglog.client._metadata import LeaderCache
 from seglog.cluster import protocol
-from seglog.cluster.next_wire import MAX_NEXT_ITERATORS, MAX_NEXT_RECORDS, decode_next_reply
+from seglog.cluster.stream_wire import MAX_NEXT_ITERATORS, MAX_NEXT_RECORDS, decode_next_reply, stream_json
 from seglog.errors import (
     ClosedResourceError,
     ForeignIterator,
@@ -186,19 +186,40 @@ class StreamReader:
             raise ForeignIterator(
                 f"this stream is not one of {self.db!r}'s (from another reader or database)"
             )
-        body = {
-            "stream": {
-                "shard": stream.shard,
-                "id": stream.id,
-                "structure": list(stream.structure),
-                "special": stream.special,
-                "generation": stream.generation,
-            },
-            "filter": topic_filter,
-            "start_time_us": start_time_us,
-        }
+        body = {"stream": stream_json(stream), "filter": topic_filter, "start_time_us": start_time_us}
         reply = await self._to_shard(stream.shard, "POST", "/iterators", json_body=body)
         return _iterator(_json(reply).get("iterator"))
+
+    async def make_iterators(
+        self, streams: Sequence[Stream], topic_filter: str, start_time_us: int = 0
+    ) -> list[Iterator]:
+        """:meth:`make_iterator` for many streams: one request per node, in the order given."""
+        streams = list(streams)
+        for stream in streams:
+            if not isinstance(stream, Stream):
+                raise InvalidArgument(f"make_iterators takes Streams, not {type(stream).__name__}")
+            if stream.db_id != self._wire_id:
+                raise ForeignIterator(f"a stream is not one of {self.db!r}'s")
+        if len(streams) > MAX_NEXT_ITERATORS:
+            raise InvalidArgument(f"make_iterators takes at most {MAX_NEXT_ITERATORS} streams")
+        groups: dict[str | None, list[int]] = {}
+        for i, stream in enumerate(streams):
+            url = None if self._leaders is None else await self._leaders.leader_url(self.db, stream.shard)
+            groups.setdefault(url, []).append(i)
+        out: list[Iterator | None] = [None] * len(streams)
+        for indexes in groups.values():
+            body = {
+                "streams": [stream_json(streams[i]) for i in indexes],
+                "filter": topic_filter,
+                "start_time_us": start_time_us,
+            }
+            reply = await self._to_shard(streams[indexes[0]].shard, "POST", "/iterators", json_body=body)
+            made = _json(reply).get("iterators")
+            if not isinstance(made, list) or len(made) != len(indexes):
+                raise RemoteError("a node answered for other streams than it was asked")
+            for i, text in zip(indexes, made, strict=True):
+                out[i] = replace(_iterator(text), db_id=self._wire_id)
+        return [it for it in out if it is not None]
 
     async def next_arrow(
         self, iterator: Iterator, n: int = 1000, *, wait_ms: int = 0

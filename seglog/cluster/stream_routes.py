@@ -5,7 +5,7 @@ The embedded API (``Database.get_streams`` / ``make_iterator`` / ``next_arrow``)
 * ``GET .../streams?filter=F[&start_time_us=T][&shards=a,b]`` ->
   ``{"streams": [{"shard", "id", "structure", "special", "generation", "pattern"}, ...]}``;
 * ``POST .../iterators`` ``{"stream": {...one of those}, "filter", "start_time_us"?}`` ->
-  ``{"iterator": base64}``;
+  ``{"iterator": base64}`` (``{"streams": [...]}`` -> ``{"iterators": [...]}``: many at once);
 * ``POST .../next`` ``{"iterator", "max_records"?, "wait_ms"?}`` -> the records as an Arrow
   IPC stream (``read_arrow``'s columns), the moved iterator in ``Seglog-Iterator`` and
   ``Seglog-End-Of-Stream: 1`` once its generation is closed and read to the end. An empty
@@ -48,8 +48,14 @@ from aiohttp import web
 
 from seglog.cluster import protocol
 from seglog.cluster.context import NODE
-from seglog.cluster.next_wire import MAX_NEXT_ITERATORS, MAX_NEXT_RECORDS, NEXT_REPLY, encode_next_reply
 from seglog.cluster.params import json_body, query_int
+from seglog.cluster.stream_wire import (
+    MAX_NEXT_ITERATORS,
+    MAX_NEXT_RECORDS,
+    NEXT_REPLY,
+    encode_next_reply,
+    stream_json,
+)
 from seglog.db import Database
 from seglog.errors import ForeignIterator, InvalidArgument, InvalidIterator, InvalidRequest
 from seglog.iterators import Iterator, Slab, Stream
@@ -68,18 +74,6 @@ def add_routes(app: web.Application, db_path: str) -> None:
     app.router.add_get(db_path + "/generations", list_generations)
     app.router.add_post(db_path + "/generations", add_generation)
     app.router.add_delete(db_path + "/generations/{generation}", drop_generation)
-
-
-def stream_json(stream: Stream) -> dict[str, Any]:
-    """One stream as the wire carries it (no database id: the URL names the database)."""
-    return {
-        "shard": stream.shard,
-        "id": stream.id,
-        "structure": list(stream.structure),
-        "special": stream.special,
-        "generation": stream.generation,
-        "pattern": stream.pattern,
-    }
 
 
 def stream_from_json(obj: Any, db_id: int) -> Stream:
@@ -158,14 +152,19 @@ async def make_iterator(request: web.Request) -> web.Response:
     node = request.app[NODE]
     db = await node.database(request.match_info["db"])
     body = await json_body(request)
-    stream = stream_from_json(body.get("stream"), db.id)
     topic_filter = body.get("filter")
     if not isinstance(topic_filter, str):
         raise InvalidRequest("an iterator needs the topic filter (a string) under 'filter'")
     start = body.get("start_time_us", 0)
     if type(start) is not int:
         raise InvalidRequest("start_time_us is an int of µs")
-    it = db.make_iterator(stream, topic_filter, start)
+    if "streams" in body:  # many at once: {"streams": [...]} -> {"iterators": [...]}, in order
+        raw = body["streams"]
+        if not isinstance(raw, list) or not 1 <= len(raw) <= MAX_NEXT_ITERATORS:
+            raise InvalidRequest(f"streams is a list of 1..{MAX_NEXT_ITERATORS} streams")
+        made = [db.make_iterator(stream_from_json(obj, db.id), topic_filter, start) for obj in raw]
+        return web.json_response({"iterators": [iterator_to_wire(it, db) for it in made]})
+    it = db.make_iterator(stream_from_json(body.get("stream"), db.id), topic_filter, start)
     return web.json_response({"iterator": iterator_to_wire(it, db)})
 
 

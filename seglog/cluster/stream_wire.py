@@ -1,34 +1,53 @@
-"""The many-iterator stream read reply (``POST /v1/dbs/{db}/next`` with ``"iterators"``).
+"""The stream endpoints' wire shapes, shared by the server (:mod:`seglog.cluster.stream_routes`)
+and the client (:mod:`seglog.client.streams`); nothing here does I/O.
 
-::
+A stream travels as :func:`stream_json` (no database id: the URL names the database). The
+many-iterator read reply (``POST /v1/dbs/{db}/next`` with ``"iterators"``) is::
 
     HEAD_LEN   uint32 big-endian: length of the JSON head
     HEAD       JSON {"iterators": [base64, ...], "end_of_stream": [bool, ...], "counts": [int, ...]}
     ROWS       one Arrow IPC stream (``read_arrow``'s columns): every iterator's rows, in
                iterator order, ``counts[i]`` of them for iterator ``i``
-
-Shared by the server (:mod:`seglog.cluster.stream_routes`) and the client
-(:mod:`seglog.client.streams`); nothing here does I/O.
 """
 
 from __future__ import annotations
 
 import json
 import struct
-from typing import Final
+from typing import Any, Final
 
 import pyarrow as pa
 
 from seglog.errors import RemoteError
+from seglog.iterators import Stream
 from seglog.record import READ_SCHEMA
 
-__all__ = ["MAX_NEXT_ITERATORS", "MAX_NEXT_RECORDS", "NEXT_REPLY", "decode_next_reply", "encode_next_reply"]
+__all__ = [
+    "MAX_NEXT_ITERATORS",
+    "MAX_NEXT_RECORDS",
+    "NEXT_REPLY",
+    "decode_next_reply",
+    "encode_next_reply",
+    "stream_json",
+]
 
 NEXT_REPLY: Final = "application/vnd.seglog.next-reply"
 # Bounds of one next request: records answered, iterators asked.
 MAX_NEXT_RECORDS: Final = 100_000
 MAX_NEXT_ITERATORS: Final = 10_000
 _HEAD_LEN: Final = struct.Struct(">I")
+
+
+def stream_json(stream: Stream) -> dict[str, Any]:
+    """One stream as the wire carries it (the database is the URL's)."""
+    return {
+        "shard": stream.shard,
+        "id": stream.id,
+        "structure": list(stream.structure),
+        "special": stream.special,
+        "generation": stream.generation,
+        "pattern": stream.pattern,
+    }
 
 
 def encode_next_reply(iterators: list[str], ends: list[bool], tables: list[pa.Table]) -> bytes:
