@@ -66,3 +66,31 @@ def test_metrics_count_appends_fetches_fsyncs_connections_and_errors(server: Ser
         assert got[("seglog_inflight_appends", ())] == 0
 
     asyncio.run(main())
+
+
+def test_metrics_count_stream_reads(server: ServerProcess) -> None:
+    from seglog.client import StreamReader
+
+    async def main() -> None:
+        async with aiohttp.ClientSession() as s:
+            body = {"name": DB, "shards": 1, "lts_thresholds": [100]}
+            async with s.post(f"{server.url}/v1/dbs", json=body) as r:
+                assert r.status == 201
+            lines = b"\n".join(json.dumps({"topic": f"t/{i % 2}", "value": "x"}).encode() for i in range(9))
+            headers = {"Content-Type": protocol.NDJSON}
+            async with s.post(f"{server.url}/v1/dbs/{DB}/records", data=lines, headers=headers) as r:
+                assert r.status == 200
+            async with StreamReader(server.url, DB) as reader:
+                streams = await reader.get_streams("t/1")
+                its = await reader.make_iterators(streams, "t/1")
+                _, table = await reader.next_arrow(its[0], 100)
+                assert table.num_rows == 4
+                results = await reader.next_many(its, 100)  # the same records again: one more read
+                assert sum(t.num_rows for _, t in results) == 4
+            async with s.get(f"{server.url}/metrics") as r:
+                got = _samples(await r.text())
+        db = (("db", DB),)
+        assert got[("seglog_stream_read_requests_total", db)] == 2
+        assert got[("seglog_stream_read_records_total", db)] == 8
+
+    asyncio.run(main())

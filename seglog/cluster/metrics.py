@@ -55,6 +55,15 @@ class NodeMetrics:
             registry=r,
             buckets=_LAG_BUCKETS,
         )
+        self.stream_requests = Counter(
+            "seglog_stream_read_requests",
+            "Stream reads answered (next, one or many iterators)",
+            ["db"],
+            registry=r,
+        )
+        self.stream_records = Counter(
+            "seglog_stream_read_records", "Records stream reads answered", ["db"], registry=r
+        )
         self.open_connections = Gauge("seglog_open_connections", "Open client connections", registry=r)
         self.inflight_appends = Gauge(
             "seglog_inflight_appends", "Produce requests being written now", registry=r
@@ -80,6 +89,11 @@ class NodeMetrics:
         self.append_records.labels(db).inc(records)
         self.append_bytes.labels(db).inc(nbytes)
         self.append_latency.observe(seconds)
+
+    def stream_read_done(self, db: str, records: int) -> None:
+        """One stream read (``POST .../next``) answered ``records``."""
+        self.stream_requests.labels(db).inc()
+        self.stream_records.labels(db).inc(records)
 
     def fetch_done(self, db: str, nbytes: int, lag: int) -> None:
         """One fetch answered ``nbytes``, asked ``lag`` records behind the log end."""

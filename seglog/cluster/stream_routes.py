@@ -194,6 +194,7 @@ async def next_records(request: web.Request) -> web.Response:
         if it.position >= db.high_watermark(it.shard):
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(event.wait(), remaining)
+    node.metrics.stream_read_done(db.name, table.num_rows)
     headers = {
         protocol.HEADER_ITERATOR: iterator_to_wire(it, db),
         protocol.HEADER_END_OF_STREAM: "1" if it.end_of_stream else "0",
@@ -241,6 +242,7 @@ async def _next_many(request: web.Request, db: Database, raw: Any, n: int, wait_
             if all(it.end_of_stream or it.position >= db.high_watermark(it.shard) for it in its):
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(moved.wait(), remaining)
+    node.metrics.stream_read_done(db.name, n - budget)
     body = encode_next_reply(
         [iterator_to_wire(it, db) for it in its], [it.end_of_stream for it in its], tables
     )
