@@ -290,7 +290,11 @@ def test_bad_requests_get_their_error_class(server: ServerProcess) -> None:
 
 def test_stream_routes_need_read_on_the_database(server_factory: ServerFactory, tmp_path: Any) -> None:
     tokens = tmp_path / "tokens"
-    tokens.write_text("admin-token-0123456789 ops admin\nread-token-0123456789 app other:read\n")
+    tokens.write_text(
+        "admin-token-0123456789 ops admin\n"
+        "read-token-0123456789 app other:read\n"
+        f"reader-token-0123456789 app {DB}:read\n"
+    )
     server = server_factory("--tokens", str(tokens))
 
     async def main() -> None:
@@ -303,6 +307,21 @@ def test_stream_routes_need_read_on_the_database(server_factory: ServerFactory, 
                 await reader.get_streams("#")
         async with StreamReader(server.url, DB, token="admin-token-0123456789") as reader:
             assert await reader.get_streams("#") == []
+        reader_session = NodeSession(server.url, token="reader-token-0123456789")
+        try:  # read on the database: streams and the list of generations, not changing them
+            assert (
+                await reader_session.request("GET", f"/v1/dbs/{DB}/streams", params={"filter": "#"})
+            ).json() == {"streams": []}
+            assert (
+                len((await reader_session.request("GET", f"/v1/dbs/{DB}/generations")).json()["generations"])
+                == 1
+            )
+            with pytest.raises(PermissionDenied):
+                await reader_session.request("POST", f"/v1/dbs/{DB}/generations")
+            with pytest.raises(PermissionDenied):
+                await reader_session.request("DELETE", f"/v1/dbs/{DB}/generations/1")
+        finally:
+            await reader_session.close()
         async with aiohttp.ClientSession() as s, s.get(f"{server.url}/v1/dbs/{DB}/streams?filter=%23") as r:
             assert r.status == 401
             assert r.headers[protocol.HEADER_NODE]
