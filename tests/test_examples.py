@@ -36,6 +36,7 @@ def test_readme_shows_every_example_file_verbatim() -> None:
         "tiering.py",
         "spark_read.py",
         "streams.py",
+        "network_streams.py",
         "subscriptions.py",
         "generations.py",
         "cli_quickstart.sh",
@@ -121,6 +122,13 @@ def test_streams_example(tmp_path: Path) -> None:
     assert out[0] == "['north/+/temp', 'north/+/temp']"
     assert out[-2] == "iterator bytes: [54, 54]"
     assert out[-1] == "the rest after a restart: 30"
+
+
+def test_network_streams_example(tmp_path: Path) -> None:
+    out = run(
+        sys.executable, str(EXAMPLES / "network_streams.py"), str(tmp_path / "data"), cwd=tmp_path
+    ).splitlines()
+    assert out == ["2 streams, 50 records, 50 topics", "the long poll woke with: [b'21.5']"]
 
 
 def test_generations_example(tmp_path: Path) -> None:
