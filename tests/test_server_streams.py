@@ -18,6 +18,7 @@ from seglog import Iterator, Stream
 from seglog.client import Producer, StreamReader
 from seglog.client._http import NodeSession
 from seglog.cluster import protocol
+from seglog.cluster.stream_wire import stream_json
 from seglog.errors import (
     CurrentGeneration,
     DatabaseNotFound,
@@ -107,6 +108,43 @@ def test_wildcard_reads_over_http_equal_a_brute_force_scan(server: ServerProcess
             streams = await reader.get_streams("site3/#")
             assert streams and all(isinstance(s, Stream) and s.pattern.startswith("site3") for s in streams)
             assert {s.shard for s in await reader.get_streams("#")} == set(range(SHARDS))
+
+    asyncio.run(main())
+
+
+def test_the_single_iterator_forms_for_curl_users(server: ServerProcess) -> None:
+    """``{"stream"}`` -> ``{"iterator"}`` and ``{"iterator"}`` -> an Arrow body with the moved
+    iterator in ``Seglog-Iterator``: what ``StreamReader``'s many-iterator requests read."""
+
+    async def main() -> None:
+        await create(server.url)
+        written = await produce(server.url, topics_for(200, 6), 0)
+        async with StreamReader(server.url, DB) as reader:
+            streams = await reader.get_streams("site2/#")
+        async with aiohttp.ClientSession() as s:
+            got = []
+            for stream in streams:
+                body = {"stream": stream_json(stream), "filter": "site2/#"}
+                async with s.post(f"{server.url}/v1/dbs/{DB}/iterators", json=body) as r:
+                    assert r.status == 200
+                    text = (await r.json())["iterator"]
+                while True:
+                    async with s.post(
+                        f"{server.url}/v1/dbs/{DB}/next", json={"iterator": text, "max_records": 5}
+                    ) as r:
+                        assert r.status == 200 and r.content_type == protocol.ARROW_STREAM
+                        table = pa.ipc.open_stream(await r.read()).read_all()
+                        text = r.headers[protocol.HEADER_ITERATOR]
+                        assert r.headers[protocol.HEADER_END_OF_STREAM] == "0"
+                    if not table.num_rows:
+                        break
+                    got += [
+                        (stream.shard, o, t)
+                        for o, t in zip(
+                            table.column("offset").to_pylist(), table.column("topic").to_pylist(), strict=True
+                        )
+                    ]
+        assert sorted(got) == [(sh, o, t) for sh, o, t, _ in matching(written, "site2/#")]
 
     asyncio.run(main())
 

@@ -16,10 +16,8 @@ survive a failover). Records come below the shard's high watermark only. With
 from __future__ import annotations
 
 import asyncio
-import base64
 import ssl
 from collections.abc import Sequence
-from dataclasses import replace
 from types import TracebackType
 from typing import Any, Final
 
@@ -28,11 +26,20 @@ import pyarrow as pa
 from seglog.client._http import DEFAULT_REQUEST_TIMEOUT_S, NodeSession
 from seglog.client._metadata import LeaderCache
 from seglog.cluster import protocol
-from seglog.cluster.stream_wire import MAX_NEXT_ITERATORS, MAX_NEXT_RECORDS, decode_next_reply, stream_json
+from seglog.cluster.stream_wire import (
+    MAX_NEXT_ITERATORS,
+    MAX_NEXT_RECORDS,
+    decode_next_reply,
+    iterator_from_text,
+    iterator_text,
+    stream_from_json,
+    stream_json,
+)
 from seglog.errors import (
     ClosedResourceError,
     ForeignIterator,
     InvalidArgument,
+    InvalidIterator,
     NotLeader,
     RemoteError,
     ServerUnavailable,
@@ -161,16 +168,9 @@ class StreamReader:
 
     def _stream(self, obj: Any) -> Stream:
         try:
-            return Stream(
-                int(obj["shard"]),
-                int(obj["id"]),
-                tuple(str(t) for t in obj["structure"]),
-                bool(obj["special"]),
-                self._wire_id,
-                int(obj["generation"]),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise RemoteError(f"malformed stream in a node's reply: {obj!r}") from exc
+            return stream_from_json(obj, self._wire_id)
+        except ValueError as exc:
+            raise RemoteError(f"malformed stream in a node's reply: {exc}") from exc
 
     async def make_iterator(self, stream: Stream, topic_filter: str, start_time_us: int = 0) -> Iterator:
         """An iterator at the start of ``stream`` for the records matching ``topic_filter``.
@@ -180,15 +180,8 @@ class StreamReader:
             UnknownStream: The database has no such stream (any more).
             StreamFilterMismatch: The filter can match no topic of the stream.
         """
-        if not isinstance(stream, Stream):
-            raise InvalidArgument(f"make_iterator takes a Stream, not {type(stream).__name__}")
-        if stream.db_id != self._wire_id:
-            raise ForeignIterator(
-                f"this stream is not one of {self.db!r}'s (from another reader or database)"
-            )
-        body = {"stream": stream_json(stream), "filter": topic_filter, "start_time_us": start_time_us}
-        reply = await self._to_shard(stream.shard, "POST", "/iterators", json_body=body)
-        return _iterator(_json(reply).get("iterator"))
+        (it,) = await self.make_iterators([stream], topic_filter, start_time_us)
+        return it
 
     async def make_iterators(
         self, streams: Sequence[Stream], topic_filter: str, start_time_us: int = 0
@@ -218,7 +211,7 @@ class StreamReader:
             if not isinstance(made, list) or len(made) != len(indexes):
                 raise RemoteError("a node answered for other streams than it was asked")
             for i, text in zip(indexes, made, strict=True):
-                out[i] = replace(_iterator(text), db_id=self._wire_id)
+                out[i] = _iterator(text)
         return [it for it in out if it is not None]
 
     async def next_arrow(
@@ -236,34 +229,8 @@ class StreamReader:
             UnknownStream: The database has no such stream (any more).
             GenerationDropped: The iterator's generation was dropped.
         """
-        if not isinstance(iterator, Iterator):
-            raise InvalidArgument(f"next takes an Iterator, not {type(iterator).__name__}")
-        if type(n) is not int or n < 1:
-            raise InvalidArgument(f"n must be an int >= 1, not {n!r}")
-        if type(wait_ms) is not int or wait_ms < 0:
-            raise InvalidArgument(f"wait_ms must be an int >= 0, not {wait_ms!r}")
-        if iterator.db_id != self._wire_id:
-            raise ForeignIterator(f"this iterator is not one of {self.db!r}'s")
-        body = {
-            "iterator": base64.b64encode(iterator.to_bytes()).decode(),
-            "max_records": n,
-            "wait_ms": wait_ms,
-        }
-        reply = await self._to_shard(
-            iterator.shard,
-            "POST",
-            "/next",
-            json_body=body,
-            timeout_s=self._timeout_s + wait_ms / 1000,
-        )
-        moved = _iterator(reply.headers.get(protocol.HEADER_ITERATOR))
-        if moved.end_of_stream != (reply.headers.get(protocol.HEADER_END_OF_STREAM) == "1"):
-            raise RemoteError("a node's next reply disagrees with its own iterator on end_of_stream")
-        try:
-            table = pa.ipc.open_stream(reply.body).read_all()
-        except (pa.ArrowInvalid, OSError) as exc:
-            raise RemoteError(f"a node's next reply is not an Arrow stream: {exc}") from exc
-        return replace(moved, db_id=self._wire_id), table
+        ((moved, table),) = await self.next_many([iterator], n, wait_ms=wait_ms)
+        return moved, table
 
     async def next_many(
         self, iterators: Sequence[Iterator], n: int = 1000, *, wait_ms: int = 0
@@ -300,7 +267,7 @@ class StreamReader:
 
         async def ask(indexes: list[int]) -> None:
             body = {
-                "iterators": [base64.b64encode(its[i].to_bytes()).decode() for i in indexes],
+                "iterators": [iterator_text(its[i], self._wire_id) for i in indexes],
                 "max_records": n,
                 "wait_ms": wait_ms,
             }
@@ -318,7 +285,7 @@ class StreamReader:
                 moved = _iterator(text)
                 if moved.end_of_stream != end:
                     raise RemoteError("a node's next reply disagrees with its own iterator on end_of_stream")
-                out[i] = (replace(moved, db_id=self._wire_id), table)
+                out[i] = (moved, table)
 
         tasks = [asyncio.ensure_future(ask(indexes)) for indexes in groups.values()]
         try:
@@ -347,9 +314,7 @@ def _json(reply: Any) -> Any:
 
 
 def _iterator(text: Any) -> Iterator:
-    if not isinstance(text, str):
-        raise RemoteError("a node's reply carries no iterator")
     try:
-        return Iterator.from_bytes(base64.b64decode(text, validate=True))
-    except ValueError as exc:  # binascii.Error, InvalidIterator
+        return iterator_from_text(text)
+    except InvalidIterator as exc:
         raise RemoteError(f"a node sent a malformed iterator: {exc}") from exc

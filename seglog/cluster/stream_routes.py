@@ -36,8 +36,6 @@ cluster (``StreamReader(bootstrap=...)``) asks each shard's leader.
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import contextlib
 import time
 from dataclasses import replace
@@ -54,6 +52,9 @@ from seglog.cluster.stream_wire import (
     MAX_NEXT_RECORDS,
     NEXT_REPLY,
     encode_next_reply,
+    iterator_from_text,
+    iterator_text,
+    stream_from_json,
     stream_json,
 )
 from seglog.db import Database
@@ -76,28 +77,16 @@ def add_routes(app: web.Application, db_path: str) -> None:
     app.router.add_delete(db_path + "/generations/{generation}", drop_generation)
 
 
-def stream_from_json(obj: Any, db_id: int) -> Stream:
-    """A stream of :func:`stream_json` bound to ``db_id``.
-
-    Raises:
-        InvalidRequest: Not of that shape.
-    """
+def _stream(obj: Any, db: Database) -> Stream:
     try:
-        shard, sid, structure = obj["shard"], obj["id"], obj["structure"]
-        special, generation = obj.get("special", False), obj.get("generation", 1)
-    except (TypeError, KeyError) as exc:
-        raise InvalidRequest(f"a stream is {{shard, id, structure, special, generation}}: {exc!r}") from None
-    ints = (shard, sid, generation)
-    if not all(type(v) is int for v in ints) or type(special) is not bool:
-        raise InvalidRequest("a stream's shard, id and generation are ints, special a bool")
-    if not isinstance(structure, list) or not all(isinstance(t, str) for t in structure):
-        raise InvalidRequest("a stream's structure is a list of strings")
-    return Stream(shard, sid, tuple(structure), special, db_id, generation)
+        return stream_from_json(obj, db.id)
+    except ValueError as exc:
+        raise InvalidRequest(str(exc)) from None
 
 
 def iterator_to_wire(it: Iterator, db: Database) -> str:
     """The iterator with the database's wire id, base64."""
-    return base64.b64encode(replace(it, db_id=protocol.wire_db_id(db.name)).to_bytes()).decode()
+    return iterator_text(it, protocol.wire_db_id(db.name))
 
 
 def iterator_from_wire(text: Any, db: Database) -> Iterator:
@@ -107,13 +96,7 @@ def iterator_from_wire(text: Any, db: Database) -> Iterator:
         InvalidIterator: Not base64 of an iterator.
         ForeignIterator: Another database's iterator.
     """
-    if not isinstance(text, str):
-        raise InvalidIterator("the iterator is a base64 string")
-    try:
-        raw = base64.b64decode(text, validate=True)
-    except (binascii.Error, ValueError):
-        raise InvalidIterator("the iterator is not base64") from None
-    it = Iterator.from_bytes(raw)
+    it = iterator_from_text(text)
     if it.db_id != protocol.wire_db_id(db.name):
         raise ForeignIterator(f"this iterator belongs to another database, not {db.name!r}")
     return replace(it, db_id=db.id)
@@ -164,7 +147,7 @@ async def make_iterator(request: web.Request) -> web.Response:
             raise InvalidRequest(f"streams is a list of 1..{MAX_NEXT_ITERATORS} streams")
         made = [db.make_iterator(stream_from_json(obj, db.id), topic_filter, start) for obj in raw]
         return web.json_response({"iterators": [iterator_to_wire(it, db) for it in made]})
-    it = db.make_iterator(stream_from_json(body.get("stream"), db.id), topic_filter, start)
+    it = db.make_iterator(_stream(body.get("stream"), db), topic_filter, start)
     return web.json_response({"iterator": iterator_to_wire(it, db)})
 
 
@@ -180,21 +163,15 @@ async def next_records(request: web.Request) -> web.Response:
     if type(wait_ms) is not int or wait_ms < 0:
         raise InvalidRequest("wait_ms is an int >= 0")
     if "iterators" in body:
-        return await _next_many(request, db, body["iterators"], n, wait_ms)
-    it = iterator_from_wire(body.get("iterator"), db)
-    deadline = time.monotonic() + min(wait_ms, node.limits.max_wait_ms) / 1000
-    while True:
-        # A read may stop short of the high watermark (its frame budget): then it reads on at
-        # once; at the watermark it waits for the shard to move.
-        it, table = await db.next_arrow(it, n, upper=db.high_watermark(it.shard))
-        remaining = deadline - time.monotonic()
-        if table.num_rows or it.end_of_stream or node.closing or remaining <= 0:
-            break
-        event = node.waiters.event(db.name, it.shard)  # armed before the re-check: no lost wake-up
-        if it.position >= db.high_watermark(it.shard):
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(event.wait(), remaining)
-    node.metrics.stream_read_done(db.name, table.num_rows)
+        its = _iterators(body["iterators"], db)
+        tables = await _read_or_wait(request, db, its, n, wait_ms)
+        reply = encode_next_reply(
+            [iterator_to_wire(it, db) for it in its], [it.end_of_stream for it in its], tables
+        )
+        return web.Response(body=reply, content_type=NEXT_REPLY)
+    its = [iterator_from_wire(body.get("iterator"), db)]
+    (table,) = await _read_or_wait(request, db, its, n, wait_ms)
+    (it,) = its
     headers = {
         protocol.HEADER_ITERATOR: iterator_to_wire(it, db),
         protocol.HEADER_END_OF_STREAM: "1" if it.end_of_stream else "0",
@@ -208,9 +185,7 @@ async def next_records(request: web.Request) -> web.Response:
     )
 
 
-async def _next_many(request: web.Request, db: Database, raw: Any, n: int, wait_ms: int) -> web.Response:
-    """Many iterators in one long poll (see the module docstring)."""
-    node = request.app[NODE]
+def _iterators(raw: Any, db: Database) -> list[Iterator]:
     if not isinstance(raw, list) or not 1 <= len(raw) <= MAX_NEXT_ITERATORS:
         raise InvalidRequest(f"iterators is a list of 1..{MAX_NEXT_ITERATORS} base64 iterators")
     its = []
@@ -219,6 +194,19 @@ async def _next_many(request: web.Request, db: Database, raw: Any, n: int, wait_
             its.append(iterator_from_wire(text, db))
         except InvalidIterator as exc:
             raise type(exc)(f"iterator {i}: {exc}") from None
+    return its
+
+
+async def _read_or_wait(
+    request: web.Request, db: Database, its: list[Iterator], n: int, wait_ms: int
+) -> list[pa.Table]:
+    """Read ``its`` on (moved in place), ``n`` records in all, below each shard's high
+    watermark; with nothing to answer, wait up to ``wait_ms`` for one of their shards to move.
+
+    Answers once any iterator has records or newly reached ``end_of_stream``. An iterator a
+    read left below its shard's high watermark (its frame budget) reads on at once.
+    """
+    node = request.app[NODE]
     ended = [it.end_of_stream for it in its]
     shards = {it.shard for it in its}
     deadline = time.monotonic() + min(wait_ms, node.limits.max_wait_ms) / 1000
@@ -236,17 +224,12 @@ async def _next_many(request: web.Request, db: Database, raw: Any, n: int, wait_
         remaining = deadline - time.monotonic()
         if news or node.closing or remaining <= 0:
             break
-        with node.waiters.watching((db.name, s) for s in shards) as moved:
-            # Armed before the re-check: no lost wake-up. An iterator a read left below its
-            # shard's high watermark (its frame budget) reads on at once.
+        with node.waiters.watching((db.name, s) for s in shards) as moved:  # armed before the re-check
             if all(it.end_of_stream or it.position >= db.high_watermark(it.shard) for it in its):
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(moved.wait(), remaining)
     node.metrics.stream_read_done(db.name, n - budget)
-    body = encode_next_reply(
-        [iterator_to_wire(it, db) for it in its], [it.end_of_stream for it in its], tables
-    )
-    return web.Response(body=body, content_type=NEXT_REPLY)
+    return tables
 
 
 def slab_json(slab: Slab) -> dict[str, Any]:

@@ -12,14 +12,17 @@ many-iterator read reply (``POST /v1/dbs/{db}/next`` with ``"iterators"``) is::
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import struct
+from dataclasses import replace
 from typing import Any, Final
 
 import pyarrow as pa
 
-from seglog.errors import RemoteError
-from seglog.iterators import Stream
+from seglog.errors import InvalidIterator, RemoteError
+from seglog.iterators import Iterator, Stream
 from seglog.record import READ_SCHEMA
 
 __all__ = [
@@ -28,6 +31,9 @@ __all__ = [
     "NEXT_REPLY",
     "decode_next_reply",
     "encode_next_reply",
+    "iterator_from_text",
+    "iterator_text",
+    "stream_from_json",
     "stream_json",
 ]
 
@@ -48,6 +54,45 @@ def stream_json(stream: Stream) -> dict[str, Any]:
         "generation": stream.generation,
         "pattern": stream.pattern,
     }
+
+
+def stream_from_json(obj: Any, db_id: int) -> Stream:
+    """A stream of :func:`stream_json`, bound to ``db_id``.
+
+    Raises:
+        ValueError: Not of that shape (the server answers ``InvalidRequest``, the client
+            raises ``RemoteError``).
+    """
+    try:
+        shard, sid, structure = obj["shard"], obj["id"], obj["structure"]
+        special, generation = obj.get("special", False), obj.get("generation", 1)
+    except (TypeError, KeyError, AttributeError) as exc:
+        raise ValueError(f"a stream is {{shard, id, structure, special, generation}}: {exc!r}") from None
+    if not all(type(v) is int for v in (shard, sid, generation)) or type(special) is not bool:
+        raise ValueError("a stream's shard, id and generation are ints, special a bool")
+    if not isinstance(structure, list) or not all(isinstance(t, str) for t in structure):
+        raise ValueError("a stream's structure is a list of strings")
+    return Stream(shard, sid, tuple(structure), special, db_id, generation)
+
+
+def iterator_text(it: Iterator, db_id: int) -> str:
+    """An iterator as the wire carries it: base64 of its bytes with the database id ``db_id``."""
+    return base64.b64encode(replace(it, db_id=db_id).to_bytes()).decode()
+
+
+def iterator_from_text(text: Any) -> Iterator:
+    """The iterator of :func:`iterator_text` (its database id as sent).
+
+    Raises:
+        InvalidIterator: Not base64 of an iterator.
+    """
+    if not isinstance(text, str):
+        raise InvalidIterator("the iterator is a base64 string")
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise InvalidIterator("the iterator is not base64") from None
+    return Iterator.from_bytes(raw)
 
 
 def encode_next_reply(iterators: list[str], ends: list[bool], tables: list[pa.Table]) -> bytes:
