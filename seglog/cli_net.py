@@ -807,6 +807,20 @@ async def _consume_topic(args: argparse.Namespace) -> int:
     return await _until_signalled(body, follow=args.follow)
 
 
+async def _stream_round(
+    reader: Any, iterators: list[Any], n: int, wait_ms: int
+) -> tuple[list[tuple[Any, pa.Table]], bool]:
+    """One ``next_many`` over ``iterators``, which it replaces in place by the moved ones still
+    open, rotated so that the budget goes round; returns the results and whether the round
+    read records or moved an iterator (a round that did neither found everything read)."""
+    before = [it.position for it in iterators]
+    results = await reader.next_many(iterators, n, wait_ms=wait_ms)
+    progressed = any(t.num_rows for _, t in results) or [it.position for it, _ in results] != before
+    live = [it for it, _ in results if not it.end_of_stream]
+    iterators[:] = live[1:] + live[:1]
+    return results, progressed
+
+
 async def _print_streams(
     reader: Any, args: argparse.Namespace, start_us: int, shards: set[int] | None
 ) -> None:
@@ -837,19 +851,13 @@ async def _print_streams(
             refresh_at = time.monotonic() + STREAMS_REFRESH_S
             continue
         wait_ms = _STREAM_WAIT_MS if args.follow else 0
-        before = [it.position for it in iterators]
-        results = await reader.next_many(iterators, min(remaining or 1000, 1000), wait_ms=wait_ms)
-        moved = [it.position for it, _ in results] != before
-        got = 0
+        results, progressed = await _stream_round(reader, iterators, min(remaining or 1000, 1000), wait_ms)
         for it, table in results:
             records = records_from_table(table, it.shard)[: remaining if remaining is not None else None]
             _write(records, args)
-            got += len(records)
             if remaining is not None:
                 remaining -= len(records)
-        live = [it for it, _ in results if not it.end_of_stream]
-        iterators[:] = live[1:] + live[:1]  # rotated: the budget goes round
-        if not args.follow and not got and not moved:
+        if not args.follow and not progressed:
             return
         if args.follow and time.monotonic() >= refresh_at:
             await start_new()
@@ -1007,14 +1015,10 @@ async def _demo_network_streams(url: str, db: str) -> tuple[int, int]:
         streams = len(iterators)
         total = 0
         while iterators:
-            before = [it.position for it in iterators]
-            results = await reader.next_many(iterators, 10_000)
-            got = sum(t.num_rows for _, t in results)
-            total += got
-            iterators = [it for it, _ in results]
-            if not got and [it.position for it in iterators] == before:
+            results, progressed = await _stream_round(reader, iterators, 10_000, 0)
+            total += sum(t.num_rows for _, t in results)
+            if not progressed:
                 break
-            iterators = iterators[1:] + iterators[:1]
         return total, streams
 
 
