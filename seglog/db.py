@@ -1017,6 +1017,18 @@ class Database:
         if self._tier is not None:
             self._tier.follow_leads(leads)
 
+    async def tier_committed_end(self, shard: int) -> int:
+        """Offset after the last record of ``shard`` committed in the tier, as the tier holds
+        it now (a replicated database's shared manifest is read again): 0 when none is.
+
+        Raises:
+            InvalidArgument: The database does not tier, or no such shard.
+            TierError: The tier could not be read.
+        """
+        tier = self._tiered_storage()
+        self._check_shard(shard)
+        return await tier.committed_end(shard)
+
     async def tier_now(self) -> list[ManifestEntry]:
         """Upload every sealed, not yet committed local segment, then apply local retention.
 

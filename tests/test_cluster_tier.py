@@ -39,13 +39,13 @@ async def _tier(url: str) -> dict[str, Any]:
         await session.close()
 
 
-async def _leaders(admin: NodeSession) -> dict[int, tuple[int, int]]:
+async def _leaders(admin: NodeSession, shards: int = SHARDS) -> dict[int, tuple[int, int]]:
     """``{shard: (leader node, leader epoch)}`` once every shard has a leader."""
 
     async def led() -> dict[int, tuple[int, int]] | None:
         view = await cluster_view(admin)
         states = view["dbs"].get(DB, {}).get("state", [])
-        if len(states) != SHARDS or any(s["leader"] <= 0 for s in states):
+        if len(states) != shards or any(s["leader"] <= 0 for s in states):
             return None
         return {i: (int(s["leader"]), int(s["leader_epoch"])) for i, s in enumerate(states)}
 
@@ -194,3 +194,105 @@ def test_a_replicated_database_is_tiered_by_its_leaders(
         (s, o, v) for s, values in sent_all.items() for o, v in enumerate(values)
     )
     print(json.dumps({"tier objects": len(list(tier.rglob("*.parquet")))}))
+
+
+def test_an_unclean_leader_takes_up_the_shard_at_the_tiers_end(
+    server_factory: ServerFactory, etcd: EtcdProcess, tmp_path: Path, run: Run[None]
+) -> None:
+    """Unclean election on a tiered database: the new leader lacks records the old one tiered.
+
+    Without a check it would take new records at offsets the tier already holds (the tier
+    keeps the old ones, the log the new: two records per offset) and its uploads would overlap
+    committed objects forever. It starts its log over at the tier's end before it takes a write:
+    the tiered records stay readable below that, new ones go after it, tiering goes on.
+    """
+    tier = tmp_path / "tier"
+    nodes = start_cluster(server_factory, etcd, extra=("--tier", tier.as_uri(), "--tier-interval-ms", "0"))
+    urls = {i: p.url for i, p in nodes.items()}
+
+    async def main() -> None:
+        admin = NodeSession(urls[1])
+        sessions = {i: NodeSession(u) for i, u in urls.items()}
+        try:
+            await create_replicated(
+                admin, 1, 3, 1, unclean_election=True, segment_bytes=4096, local_retention_bytes=0
+            )
+            ((old, epoch),) = (await _leaders(admin, 1)).values()
+            late = next(i for i in urls if i != old)  # out of the ISR before anything is written
+            nodes[late].kill()
+            await sessions[late].close()
+
+            async def isr_without_late() -> bool:
+                view = await cluster_view(sessions[old])
+                return late not in view["dbs"][DB]["state"][0]["isr"]
+
+            await until(isr_without_late, "the killed replica out of the ISR")
+            alive = [urls[old]] + [u for i, u in urls.items() if i not in (old, late)]
+            first = await _send_one_shard(alive, b"a")
+            committed = (await _tier(urls[old]))["committed"]
+            tiered_end = max(e["end_offset"] for e in committed) + 1
+            assert 0 < tiered_end <= len(first)
+            for i in urls:
+                if i != late:
+                    nodes[i].kill()
+                    await sessions[i].close()
+            nodes[late].restart()
+            sessions[late] = NodeSession(urls[late])
+
+            async def unclean() -> bool:
+                view = await cluster_view(sessions[late])
+                states = view["dbs"].get(DB, {}).get("state", [])
+                if not states:
+                    return False
+                state = states[0]
+                return state["leader"] == late and state["leader_epoch"] > epoch and bool(view["leading"])
+
+            await until(unclean, "the out-of-sync replica elected")
+            second = await _send_one_shard([urls[late]], b"b")
+            reply = await _tier(urls[late])
+            assert reply["committed"], reply  # tiering goes on at the new leader's epoch
+            manifest = _manifest(tier)
+            ranges = committed_run(manifest, 0)
+            assert ranges[0][0] == 0 and ranges[-1][1] >= tiered_end, ranges
+            # One record per offset: the old leader's tiered ones, then the new leader's.
+            expected = list(enumerate(first[:tiered_end])) + [
+                (tiered_end + i, v) for i, v in enumerate(second)
+            ]
+            async with Consumer(urls[late], DB, max_wait_ms=200) as consumer, asyncio.timeout(WAIT_S):
+                got: list[tuple[int, bytes]] = []
+                while len(got) < len(expected):
+                    for records in (await consumer.getmany(timeout_ms=None)).values():
+                        got += [(r.offset or 0, r.value) for r in records]
+            assert got == expected
+            assert any("starts its log over at the tier's end" in x for x in nodes[late].output)
+            # The old replicas come back as followers: each cuts what it held past the tier's
+            # end (lost to the unclean election, as that setting documents) and takes the
+            # new leader's records there.
+            for i in urls:
+                if i != late:
+                    nodes[i].restart()
+                    sessions[i] = NodeSession(urls[i])
+
+            async def all_in_sync() -> bool:
+                view = await cluster_view(sessions[late])
+                return len(view["dbs"][DB]["state"][0]["isr"]) == 3
+
+            await until(all_in_sync, "every replica back in the ISR")
+            for i in urls:
+                described = (await sessions[i].request("GET", f"/v1/dbs/{DB}")).json()
+                assert described["offsets"][0]["end"] == tiered_end + len(second), (i, described)
+        finally:
+            await admin.close()
+            for s in sessions.values():
+                await s.close()
+
+    run(main())
+
+
+async def _send_one_shard(urls: list[str], wave: bytes) -> list[bytes]:
+    """``PER_WAVE`` records into shard 0 (the only one), acknowledged with ``acks="all"``."""
+    async with Producer(urls[0], DB, bootstrap=urls[1:], acks="all", retries=None) as producer:
+        values = [wave + b"%04d" % i for i in range(PER_WAVE)]
+        futs = [await producer.send("t", v) for v in values]
+        await asyncio.wait_for(asyncio.gather(*futs), WAIT_S)
+    return values

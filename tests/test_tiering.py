@@ -61,8 +61,12 @@ def test_round_trip_with_local_retention(kind: str, tmp_path: Path, request: pyt
             await fill(db)
             before = await read_all(db, 0)
             assert len(before) == N
+            assert await db.tier_committed_end(0) == 0
             entries = await db.tier_now()
             assert entries and all(e.state is EntryState.COMMITTED for e in entries)
+            assert await db.tier_committed_end(0) == max(e.end_offset for e in entries) + 1
+            with pytest.raises(InvalidArgument):
+                await db.tier_committed_end(1)
             assert db.local_start_offset(0) > 0  # local segments went
             assert db.start_offset(0) == 0  # ... but the history did not
             stats = db.tier_stats()[0]
@@ -288,6 +292,16 @@ def test_minio_down_appends_continue_then_tiering_resumes(
             assert [r.offset for r in after] == list(range(1500))
             want = make_records(1500)
             assert [(r.topic, r.value, r.key) for r in after] == [(r.topic, r.value, r.key) for r in want]
+
+    asyncio.run(main())
+
+
+def test_a_database_without_a_tier_has_no_committed_end(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with seglog.open(tmp_path / "a") as store:
+            db = await store.create_db(DB, 1)
+            with pytest.raises(InvalidArgument, match="has no tier"):
+                await db.tier_committed_end(0)
 
     asyncio.run(main())
 

@@ -48,6 +48,7 @@ from seglog.errors import (
     SeglogError,
     ServerUnavailable,
     StaleMetadata,
+    TierError,
 )
 from seglog.isr import Acks, ShardLeaderState
 from seglog.isr.leader_state import DEFAULT_REPLICA_LAG_TIME_MAX_MS
@@ -154,6 +155,9 @@ class ClusterNode:
         # the log before the next fetch (the damaged frame's offset).
         self._repairing: dict[ShardKey, asyncio.Task[None]] = {}
         self._damaged: dict[ShardKey, int] = {}
+        # A metadata re-read after a shard's leadership could not be taken up (see
+        # ``_start_at_tier_end``); one at a time.
+        self._retry_apply: asyncio.Task[None] | None = None
         self._http: aiohttp.ClientSession | None = None
         # Set once the first metadata snapshot was applied (roles known).
         self.ready = asyncio.Event()
@@ -183,6 +187,7 @@ class ClusterNode:
             *self._tasks,
             *self._expanding.values(),
             *self._repairing.values(),
+            *([self._retry_apply] if self._retry_apply is not None else []),
             *(f.task for f in self._fetchers.values() if f.task is not None),
         ]
         for task in tasks:
@@ -443,7 +448,11 @@ class ClusterNode:
                 return
             if lead is not None:
                 lead.resign(state.leader, state.leader_epoch)
+                del self.leading[key]
             db = await self.store.open_db(name)
+            if self.dbs[name].unclean_election and db.tiered and not await self._start_at_tier_end(db, shard):
+                self._apply_again_soon()
+                return
             end = db.end_offset(shard)
             self.leading[key] = ShardLeaderState(
                 shard,
@@ -478,6 +487,57 @@ class ClusterNode:
                 self.following[key] = _Following(state.leader, state.leader_epoch)
         else:
             self.following.pop(key, None)
+
+    async def _start_at_tier_end(self, db: Database, shard: int) -> bool:
+        """Before leading a shard of a tiered database that allows unclean election: start the
+        log over at the tier's end if it ends below it.
+
+        An unclean election can make a leader of a replica that lacks records its predecessor
+        tiered. Taking writes at its own end would put a second record at offsets the tier
+        holds, its uploads would overlap the tier's objects, and local retention would drop
+        the new records as if tiered. Its records below the tier's end are in the tier (or
+        were cut by its retention), so starting over there loses none of them.
+
+        Returns:
+            False when the tier could not be read: the shard then has no acting leader here
+            until a later try reads it.
+        """
+        try:
+            tier_end = await db.tier_committed_end(shard)
+        except TierError as exc:
+            log.warning(
+                "node %d: not taking up %s/%d yet: its tier could not be read (%s); retrying",
+                self.node_id,
+                db.name,
+                shard,
+                exc,
+            )
+            return False
+        end = db.end_offset(shard)
+        if tier_end > end:
+            await db.restart_at(shard, tier_end)
+            log.warning(
+                "node %d: %s/%d ends at %d, below the tier's end %d (an unclean election): it "
+                "starts its log over at the tier's end",
+                self.node_id,
+                db.name,
+                shard,
+                end,
+                tier_end,
+            )
+        return True
+
+    def _apply_again_soon(self) -> None:
+        """Re-read the metadata after :data:`RETRY_DELAY_S` (once, however many shards ask)."""
+        if self._retry_apply is None or self._retry_apply.done():
+            self._retry_apply = asyncio.create_task(self._apply_later(), name=f"reapply-{self.node_id}")
+
+    async def _apply_later(self) -> None:
+        await asyncio.sleep(RETRY_DELAY_S)  # a back-off before retrying, not synchronisation
+        try:
+            await self._refresh()
+        except Exception:  # the watch loop's next change re-reads it too
+            log.exception("node %d: re-reading the metadata failed", self.node_id)
 
     def _tier_leads(self, name: str) -> dict[int, int]:
         """The shards of ``name`` this node leads now, with their leader epochs: the ones its

@@ -81,6 +81,18 @@ class TierOrchestrator:
         """Offset after the last record of ``shard`` committed in the tier (0: none)."""
         return self._tier.tiered_end(shard)
 
+    async def committed_end(self, shard: int) -> int:
+        """:meth:`tiered_end` as the tier holds it now (a shared manifest is read again first).
+
+        Raises:
+            TierError: The tier could not be read.
+        """
+        tier = self._tier
+        async with self._lock:  # the manifest is not re-read under a pass that changes it
+            if tier.shared or not tier.recovered:
+                await asyncio.to_thread(tier.recover)
+            return tier.tiered_end(shard)
+
     def cold_stats(self, shard: int) -> ColdStats:
         """Committed objects of ``shard`` and their bytes."""
         return ColdStats(self._tier.cold_bytes(shard), len(self._tier.manifest.committed(shard)))

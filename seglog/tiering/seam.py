@@ -91,6 +91,13 @@ class TieredStorage(Protocol):
     def tiered_end(self, shard: int) -> int:
         """Offset after the last record of ``shard`` committed in the tier (0: none)."""
 
+    async def committed_end(self, shard: int) -> int:
+        """:meth:`tiered_end` as the tier holds it now: a shared manifest is read again first.
+
+        Raises:
+            TierError: The tier could not be read.
+        """
+
     def cold_stats(self, shard: int) -> ColdStats:
         """Committed objects of ``shard`` and their bytes."""
 
