@@ -450,7 +450,8 @@ class ClusterNode:
                 lead.resign(state.leader, state.leader_epoch)
                 del self.leading[key]
             db = await self.store.open_db(name)
-            if self.dbs[name].unclean_election and db.tiered and not await self._start_at_tier_end(db, shard):
+            may_lack = self.dbs[name].unclean_election or self.store.last_shutdown is Shutdown.MACHINE_RESTART
+            if may_lack and db.tiered and not await self._start_at_tier_end(db, shard):
                 self._apply_again_soon()
                 return
             end = db.end_offset(shard)
@@ -489,11 +490,13 @@ class ClusterNode:
             self.following.pop(key, None)
 
     async def _start_at_tier_end(self, db: Database, shard: int) -> bool:
-        """Before leading a shard of a tiered database that allows unclean election: start the
-        log over at the tier's end if it ends below it.
+        """Before leading a shard of a tiered database that allows unclean election, or on a
+        node whose machine restarted under it: start the log over at the tier's end if it
+        ends below it.
 
-        An unclean election can make a leader of a replica that lacks records its predecessor
-        tiered. Taking writes at its own end would put a second record at offsets the tier
+        An unclean election (or an election of the last replica standing after a machine
+        restart took its unsynced tail, KIP-966) can make a leader of a replica that lacks
+        records its predecessor tiered. Taking writes at its own end would put a second record at offsets the tier
         holds, its uploads would overlap the tier's objects, and local retention would drop
         the new records as if tiered. Its records below the tier's end are in the tier (or
         were cut by its retention), so starting over there loses none of them.
