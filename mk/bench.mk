@@ -127,3 +127,10 @@ BENCH_CLUSTER_ARGS ?=
 .PHONY: bench-cluster
 bench-cluster: venv etcd peer-kafka
 	$(BIN)/python -m bench.cluster --cache $(CACHE) $(BENCH_CLUSTER_ARGS)
+
+# The tier manifest as history grows (bench/manifest.py): load, save, one upload's manifest
+# work and lookups at 1,000 to 100,000 objects; `make bench-manifest BEFORE=<git ref>` also
+# runs that commit's seglog (up to 10,000 objects) -> bench/results/manifest-<date>.md/.json.
+.PHONY: bench-manifest
+bench-manifest: venv
+	$(BIN)/python -m bench.manifest $(if $(BEFORE),--before $(BEFORE))

@@ -158,3 +158,33 @@ def test_a_deposed_leader_cuts_its_diverged_tail_below_what_the_new_leader_tiere
             assert [r.value for r in await read_all(old, 0)] == [r.value for r in await read_all(new, 0)]
 
     run(main())
+
+
+def test_a_refresh_parses_the_tier_copy_only_when_it_changed(
+    target: TierTarget, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every tier pass of every node refreshes the database's manifest: a copy it already
+    merged (or saved itself) is not parsed again, since parsing grows with the history."""
+    a = Manifest.load_shared(target, DB)
+    b = Manifest.load_shared(target, DB)
+    a.claim(target, 0, 1)
+    b.claim(target, 1, 1)
+    upload_segment(target, a, 0, seg(0))  # type: ignore[arg-type]
+    parsed: list[int] = []
+    real = Manifest.from_json.__func__  # type: ignore[attr-defined]
+
+    def counting(cls: type[Manifest], *args: object, **kwargs: object) -> Manifest:
+        parsed.append(1)
+        result: Manifest = real(cls, *args, **kwargs)
+        return result
+
+    monkeypatch.setattr(Manifest, "from_json", classmethod(counting))
+    a.refresh(target)
+    a.refresh(target)
+    assert parsed == []  # a saved the copy the tier holds
+    upload_segment(target, b, 1, seg(0))  # type: ignore[arg-type]
+    parsed.clear()  # b's saves met a's copy and merged it
+    assert a.refresh(target) == []
+    assert len(parsed) == 1 and committed_ranges(a, 1) == [(0, ROWS - 1)]
+    a.refresh(target)
+    assert len(parsed) == 1

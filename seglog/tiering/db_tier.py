@@ -33,23 +33,18 @@ LOCAL_MANIFEST_FILE: Final = "tier-manifest.json"
 
 def cold_run(manifest: Manifest, shard: int, local_start: int) -> list[ManifestEntry]:
     """The committed objects of ``manifest`` that run contiguously up to ``local_start``, oldest first."""
-    start = local_start
-    run: list[ManifestEntry] = []
-    for e in reversed(manifest.committed(shard, end_offset=max(local_start - 1, 0))):
-        if e.base_offset < start <= e.end_offset + 1:
-            start = e.base_offset
-            run.append(e)
-        elif e.end_offset + 1 < start:
-            break
-    run.reverse()
-    return run
+    start = manifest.run_start(shard, local_start)
+    if start is None:
+        return []
+    return manifest.committed(shard, start_offset=start, end_offset=local_start - 1)
 
 
 def logical_start(manifest: Manifest, shard: int, local_start: int) -> int:
     """First readable offset of ``shard``: the start of the contiguous cold run before
     ``local_start``, but never below the retention floor (:meth:`Manifest.log_start`)."""
-    run = cold_run(manifest, shard, local_start)
-    start = run[0].base_offset if run else local_start
+    start = manifest.run_start(shard, local_start)
+    if start is None:
+        start = local_start
     return max(start, min(manifest.log_start(shard), local_start))
 
 
@@ -251,11 +246,12 @@ class DbTier:
 
     def tiered_end(self, shard: int) -> int:
         """Offset after the last record of ``shard`` in a committed object (0: none)."""
-        return max((e.end_offset + 1 for e in self.manifest.committed(shard)), default=0)
+        end = self.manifest.tiered_end(shard)
+        return 0 if end is None else end + 1
 
     def cold_bytes(self, shard: int) -> int:
         """Bytes of the committed objects of ``shard``."""
-        return sum(e.bytes for e in self.manifest.committed(shard))
+        return self.manifest.committed_bytes(shard)
 
     def _rows(
         self, shard: int, first: int, last: int, *, stream: int | None = None, fill: bool = True

@@ -64,8 +64,10 @@ import enum
 import json
 import logging
 import threading
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, field, replace
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +93,10 @@ MANIFEST_NAME = "_manifest.json"
 # Conditional puts of a shared manifest lost to other writers in a row before a save gives up
 # (each loss means another writer saved: with a few leaders per database, a handful at most).
 _SHARED_SAVE_ATTEMPTS = 32
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"))
 
 
 def manifest_key(db: str) -> str:
@@ -209,12 +215,20 @@ class ManifestEntry:
 
     def to_json(self) -> dict[str, Any]:
         """Returns the JSON-ready dict."""
-        d = asdict(self)
-        d["state"] = self.state.value
-        if self.parts:
+        d: dict[str, Any] = {
+            "key": self.key,
+            "shard": self.shard,
+            "base_offset": self.base_offset,
+            "end_offset": self.end_offset,
+            "min_ts": self.min_ts,
+            "max_ts": self.max_ts,
+            "rows": self.rows,
+            "bytes": self.bytes,
+            "checksum": self.checksum,
+            "state": self.state.value,
+        }
+        if self.parts:  # absent: the document older readers wrote and read
             d["parts"] = [[p.start, p.end, p.crc32c] for p in self.parts]
-        else:
-            del d["parts"]  # the document older readers wrote and read
         return d
 
     @classmethod
@@ -246,10 +260,43 @@ def _parts_from_json(raw: Any) -> tuple[ObjectPart, ...]:
         raise TypeError("parts must be a list")
     parts = []
     for item in raw:
-        if not (isinstance(item, list) and len(item) == 3 and all(type(v) is int for v in item)):
+        if type(item) is not list or len(item) != 3:
             raise TypeError("each part must be [start, end, crc32c] integers")
-        parts.append(ObjectPart(*item))
+        start, end, crc = item
+        if type(start) is not int or type(end) is not int or type(crc) is not int:
+            raise TypeError("each part must be [start, end, crc32c] integers")
+        parts.append(ObjectPart(start, end, crc))
     return tuple(parts)
+
+
+@dataclass
+class _ShardView:
+    """One shard's entries sorted by offset, and what lookups need of them (built on demand,
+    dropped on any change to the shard: lookups far outnumber changes)."""
+
+    # Every entry (any state), by base offset. A shard's entries never overlap, so their end
+    # offsets are sorted too.
+    all: list[ManifestEntry]
+    bases: list[int] = field(init=False)
+    committed: list[ManifestEntry] = field(init=False)
+    committed_ends: list[int] = field(init=False)
+    committed_bases: list[int] = field(init=False)
+    # Per committed entry: the base offset of the first one of the gapless run it is in.
+    run_starts: list[int] = field(init=False)
+    committed_bytes: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.bases = [e.base_offset for e in self.all]
+        self.committed = [e for e in self.all if e.state is EntryState.COMMITTED]
+        self.committed_ends = [e.end_offset for e in self.committed]
+        self.committed_bases = [e.base_offset for e in self.committed]
+        self.run_starts = []
+        prev: ManifestEntry | None = None
+        for e in self.committed:
+            contiguous = prev is not None and prev.end_offset + 1 == e.base_offset
+            self.run_starts.append(self.run_starts[-1] if contiguous else e.base_offset)
+            prev = e
+        self.committed_bytes = sum(e.bytes for e in self.committed)
 
 
 class Manifest:
@@ -277,14 +324,19 @@ class Manifest:
         self._log_starts: dict[int, int] = dict(log_starts or {})
         self._writer_epochs: dict[int, int] = dict(writer_epochs or {})
         self._entries: dict[str, ManifestEntry] = {}
+        # The same entries by shard, and each shard's sorted view (see _view).
+        self._by_shard: dict[int, dict[str, ManifestEntry]] = {}
+        self._views: dict[int, _ShardView] = {}
+        # Each entry's JSON text as the last save wrote it: a save serialises only the
+        # entries that changed since (entries are immutable; a change is a new object).
+        self._texts: dict[str, tuple[ManifestEntry, str]] = {}
         self._lock = threading.RLock()
         # Shared mode: the shards this process writes, with its epoch for each, and the tier
         # copy's version this state was last merged with (None: there was none).
         self._shared = False
         self._owned: dict[int, int] = {}
         self._version: str | None = None
-        for entry in entries:
-            self._add(entry)
+        self._add_all(entries)
 
     @property
     def db(self) -> str:
@@ -301,16 +353,27 @@ class Manifest:
     def to_json(self) -> str:
         """Returns the JSON document (entries sorted by shard, then base offset)."""
         with self._lock:
-            doc = {
+            doc: dict[str, Any] = {
                 "version": MANIFEST_VERSION,
                 "db": self._db,
                 "seq": self._seq,
-                "entries": [e.to_json() for e in self._sorted()],
+                "entries": [],
                 "log_starts": {str(k): v for k, v in sorted(self._log_starts.items())},
             }
             if self._writer_epochs:
                 doc["writer_epochs"] = {str(k): v for k, v in sorted(self._writer_epochs.items())}
-        return json.dumps(doc, indent=1, sort_keys=True) + "\n"
+            texts: dict[str, tuple[ManifestEntry, str]] = {}
+            for e in self._sorted():
+                cached = self._texts.get(e.key)
+                if cached is None or cached[0] is not e:
+                    cached = (e, _dumps(e.to_json()))
+                texts[e.key] = cached
+            self._texts = texts
+            entries = ",".join(text for _, text in texts.values())
+        # The one place the empty list stands in the document: a string holding these
+        # characters would have its quotes escaped.
+        head, tail = _dumps(doc).split('"entries":[]', 1)
+        return f'{head}"entries":[{entries}]{tail}\n'
 
     @classmethod
     def from_json(cls, text: str | bytes, *, db: str | None = None, shared: bool = False) -> Manifest:
@@ -432,7 +495,16 @@ class Manifest:
         Raises:
             TierError: If the tier fails or its copy is malformed.
         """
-        remote, version = self._read_remote(target)
+        with self._lock:
+            known = self._version
+        try:
+            data, version = target.get_versioned(manifest_key(self._db))
+        except ObjectNotFound:
+            remote, version = Manifest(self._db), None
+        else:
+            if version is not None and version == known:
+                return []  # what this copy last merged or saved: nothing to take in
+            remote = Manifest.from_json(data, db=self._db)
         with self._lock:
             return self._merge(remote, version)
 
@@ -491,9 +563,16 @@ class Manifest:
                 remote._writer_epochs[shard],
             )
         mine = set(self._owned)
-        entries = {k: e for k, e in self._entries.items() if e.shard in mine}
-        entries.update({k: e for k, e in remote._entries.items() if e.shard not in mine})
-        self._entries = entries
+        by_shard = {s: v for s, v in self._by_shard.items() if s in mine}
+        for s, theirs in remote._by_shard.items():
+            if s in mine:
+                continue
+            # Keep this copy's object of an unchanged entry: its saved text stays valid.
+            by_shard[s] = {k: e if (old := self._entries.get(k)) != e else old for k, e in theirs.items()}
+            self._views.pop(s, None)
+        self._by_shard = {s: dict(v) for s, v in by_shard.items()}
+        self._entries = {k: e for v in self._by_shard.values() for k, e in v.items()}
+        self._views = {s: v for s, v in self._views.items() if s in self._by_shard}
         starts = {s: v for s, v in remote._log_starts.items() if s not in mine}
         starts.update({s: v for s, v in self._log_starts.items() if s in mine})
         self._log_starts = starts
@@ -565,18 +644,59 @@ class Manifest:
                 f"shard {shard} of {self._db!r}: this process does not write it (claim it first)"
             )
 
-    def _add(self, entry: ManifestEntry) -> None:
+    def _check_key(self, entry: ManifestEntry) -> None:
         db, shard, base, end = parse_object_key(entry.key)
         if (db, shard, base, end) != (self._db, entry.shard, entry.base_offset, entry.end_offset):
             raise InvalidArgument(f"entry key {entry.key!r} does not match its db/shard/range")
-        for other in self._entries.values():
-            if (
-                other.key != entry.key
-                and other.shard == entry.shard
-                and other.overlaps_offsets(entry.base_offset, entry.end_offset)
-            ):
-                raise InvalidArgument(f"{entry.key!r} overlaps tiered object {other.key!r}")
+
+    def _add(self, entry: ManifestEntry) -> None:
+        self._check_key(entry)
+        view = self._view(entry.shard)
+        # The entries starting at or before this one's end: the last of them (other than
+        # this key's own) is the only one that can reach into it.
+        i = bisect_right(view.bases, entry.end_offset) - 1
+        if i >= 0 and view.all[i].key == entry.key:
+            i -= 1
+        if i >= 0 and view.all[i].end_offset >= entry.base_offset:
+            raise InvalidArgument(f"{entry.key!r} overlaps tiered object {view.all[i].key!r}")
+        self._put(entry)
+
+    def _add_all(self, entries: Iterable[ManifestEntry]) -> None:
+        """Add many entries at once (a document being loaded): one sort per shard checks
+        them for overlaps, not a search per entry."""
+        added: set[int] = set()
+        for entry in entries:
+            self._check_key(entry)
+            if entry.key in self._entries:
+                raise InvalidArgument(f"{entry.key!r} is in the manifest twice")
+            self._put(entry)
+            added.add(entry.shard)
+        for shard in added:
+            view = self._view(shard)
+            for before, after in pairwise(view.all):
+                if before.end_offset >= after.base_offset:
+                    raise InvalidArgument(f"{after.key!r} overlaps tiered object {before.key!r}")
+
+    def _put(self, entry: ManifestEntry) -> None:
         self._entries[entry.key] = entry
+        self._by_shard.setdefault(entry.shard, {})[entry.key] = entry
+        self._views.pop(entry.shard, None)
+
+    def _drop(self, entry: ManifestEntry) -> None:
+        del self._entries[entry.key]
+        shard = self._by_shard[entry.shard]
+        del shard[entry.key]
+        if not shard:
+            del self._by_shard[entry.shard]
+        self._views.pop(entry.shard, None)
+
+    def _view(self, shard: int) -> _ShardView:
+        """``shard``'s sorted view, built now if a change dropped it (hold the lock)."""
+        view = self._views.get(shard)
+        if view is None:
+            entries = self._by_shard.get(shard, {})
+            view = self._views[shard] = _ShardView(sorted(entries.values(), key=lambda e: e.base_offset))
+        return view
 
     def begin_upload(self, entry: ManifestEntry) -> ManifestEntry:
         """Records the intent to upload ``entry`` (state forced to ``uploading``).
@@ -607,7 +727,7 @@ class Manifest:
             if _NEXT_STATE.get(entry.state) is not to:
                 raise InvalidArgument(f"{key!r}: cannot go from {entry.state} to {to}")
             entry = replace(entry, state=to)
-            self._entries[key] = entry
+            self._put(entry)
             return entry
 
     def mark_committed(self, key: str) -> ManifestEntry:
@@ -627,12 +747,12 @@ class Manifest:
             self._check_writer(entry.shard)
             if entry.state is EntryState.COMMITTED:
                 raise InvalidArgument(f"{key!r} is committed: mark it deleting first")
-            del self._entries[key]
+            self._drop(entry)
 
     # --- queries -------------------------------------------------------------------------
 
     def _sorted(self) -> list[ManifestEntry]:
-        return sorted(self._entries.values(), key=lambda e: (e.shard, e.base_offset))
+        return [e for shard in sorted(self._by_shard) for e in self._view(shard).all]
 
     def get(self, key: str) -> ManifestEntry | None:
         """Returns the entry for ``key`` in any state, or ``None``."""
@@ -642,6 +762,8 @@ class Manifest:
     def entries(self, state: EntryState | None = None) -> list[ManifestEntry]:
         """Returns entries (optionally only those in ``state``), by shard then offset."""
         with self._lock:
+            if state is EntryState.COMMITTED:
+                return [e for shard in sorted(self._by_shard) for e in self._view(shard).committed]
             return [e for e in self._sorted() if state is None or e.state is state]
 
     def committed(
@@ -665,13 +787,20 @@ class Manifest:
         Returns:
             Matching entries sorted by shard, then base offset.
         """
-        return [
-            e
-            for e in self.entries(EntryState.COMMITTED)
-            if (shard is None or e.shard == shard)
-            and e.overlaps_offsets(start_offset, end_offset)
-            and e.overlaps_time(start_ts, end_ts)
-        ]
+        out: list[ManifestEntry] = []
+        with self._lock:
+            for s in sorted(self._by_shard) if shard is None else [shard]:
+                if s not in self._by_shard:
+                    continue
+                view = self._view(s)
+                committed = view.committed
+                i = 0 if start_offset is None else bisect_left(view.committed_ends, start_offset)
+                j = len(committed) if end_offset is None else bisect_right(view.committed_bases, end_offset)
+                if start_ts is None and end_ts is None:
+                    out += committed[i:j]
+                else:
+                    out += [e for e in committed[i:j] if e.overlaps_time(start_ts, end_ts)]
+        return out
 
     def find_offset(self, shard: int, offset: int) -> ManifestEntry | None:
         """Returns the committed entry of ``shard`` holding ``offset``, or ``None``."""
@@ -680,13 +809,32 @@ class Manifest:
 
     def tiered_end(self, shard: int) -> int | None:
         """Returns the highest committed ``end_offset`` of ``shard`` (None if none)."""
-        ends = [e.end_offset for e in self.committed(shard)]
-        return max(ends) if ends else None
+        with self._lock:
+            committed = self._view(shard).committed if shard in self._by_shard else []
+            return committed[-1].end_offset if committed else None
+
+    def committed_bytes(self, shard: int) -> int:
+        """Bytes of the committed objects of ``shard``."""
+        with self._lock:
+            return self._view(shard).committed_bytes if shard in self._by_shard else 0
+
+    def run_start(self, shard: int, offset: int) -> int | None:
+        """The first offset of the gapless run of committed objects of ``shard`` whose last
+        object holds ``offset - 1`` (``None``: no committed object holds it)."""
+        with self._lock:
+            if shard not in self._by_shard:
+                return None
+            view = self._view(shard)
+            # The first object ending at or past offset - 1 holds it if it starts below offset.
+            i = bisect_left(view.committed_ends, offset - 1)
+            if i == len(view.committed) or view.committed[i].base_offset >= offset:
+                return None
+            return view.run_starts[i]
 
     def shards(self) -> list[int]:
         """Returns the shards with at least one entry, sorted."""
         with self._lock:
-            return sorted({e.shard for e in self._entries.values()})
+            return sorted(self._by_shard)
 
     # --- recovery ------------------------------------------------------------------------
 
