@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -176,6 +177,7 @@ def test_a_replicated_database_is_tiered_by_its_leaders(
                 )
 
             await until(restarted, "the restarted node's log line")
+
             reply = await _tier(urls[victim])
             assert all(e["shard"] != 0 for e in reply["committed"]), reply
             _check_manifest(tier, ends)
@@ -296,3 +298,57 @@ async def _send_one_shard(urls: list[str], wave: bytes) -> list[bytes]:
         futs = [await producer.send("t", v) for v in values]
         await asyncio.wait_for(asyncio.gather(*futs), WAIT_S)
     return values
+
+
+def test_a_follower_restarted_at_its_leaders_start_reads_the_tier_at_once(
+    server_factory: ServerFactory, etcd: EtcdProcess, tmp_path: Path, run: Run[None]
+) -> None:
+    """A follower paused while its leader tiered and dropped its local copies starts over at
+    the leader's start; it reads the manifest then, so it serves the tiered records below that
+    start at once instead of failing reads there until its next tier pass (none here)."""
+    tier = tmp_path / "tier"
+    nodes = start_cluster(server_factory, etcd, extra=("--tier", tier.as_uri(), "--tier-interval-ms", "0"))
+    urls = {i: p.url for i, p in nodes.items()}
+
+    async def main() -> None:
+        admin = NodeSession(urls[1])
+        try:
+            await create_replicated(admin, 1, 3, 2, segment_bytes=4096, local_retention_bytes=0)
+            ((leader, _),) = (await _leaders(admin, 1)).values()
+            paused = next(i for i in urls if i != leader)
+            proc = nodes[paused].proc
+            assert proc is not None
+            # Paused while the leader writes and tiers everything and drops its local copies:
+            # it resumes with its start of the manifest (read at open: nothing tiered yet).
+            proc.send_signal(signal.SIGSTOP)
+            try:
+                others = [urls[leader]] + [u for i, u in urls.items() if i not in (leader, paused)]
+                first = await _send_one_shard(others, b"a")
+                assert (await _tier(urls[leader]))["committed"]
+                second = await _send_one_shard(others, b"b")
+                assert (await _tier(urls[leader]))["committed"]
+            finally:
+                proc.send_signal(signal.SIGCONT)
+
+            async def restarted() -> bool:
+                return any("restarted empty there" in x for x in nodes[paused].output)
+
+            await until(restarted, "the paused follower restarted at its leader's start")
+            session = NodeSession(urls[paused])
+            try:
+
+                async def start_on_paused() -> int:
+                    described = (await session.request("GET", f"/v1/dbs/{DB}")).json()
+                    return int(described["offsets"][0]["start"]) + 1  # until() wants a truthy value
+
+                # Its log starts at the leader's start (the end of what was tiered); its first
+                # readable offset is the tier's.
+                assert await until(start_on_paused, "the paused follower's start") == 1
+                described = (await session.request("GET", f"/v1/dbs/{DB}")).json()
+                assert described["offsets"][0]["end"] >= len(first) + len(second) > 0
+            finally:
+                await session.close()
+        finally:
+            await admin.close()
+
+    run(main())

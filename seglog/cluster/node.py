@@ -1004,6 +1004,13 @@ class ClusterNode:
             end,
             leader_start,
         )
+        if db.tiered:
+            # What it dropped is in the tier: read the manifest now, so that reads below the
+            # new start go there at once, not only after this node's next tier pass.
+            try:
+                await db.tier_committed_end(part.shard)
+            except TierError as exc:
+                log.info("node %d: %s: the tier is read at the next pass (%s)", self.node_id, part.db, exc)
         return True
 
     # --- describe ---------------------------------------------------------------------------
