@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import random
 from collections.abc import Iterable
 from typing import Any
@@ -13,6 +14,7 @@ from typing import Any
 import aiohttp
 import pyarrow as pa
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from seglog import Iterator, Stream
 from seglog.client import Producer, StreamReader
@@ -227,6 +229,51 @@ def test_a_long_poll_skips_appends_its_filter_does_not_take(server: ServerProces
             it, woken = await asyncio.wait_for(poll, WAIT_S)
             assert [(r.topic, r.value) for r in woken] == [("site1/a", b"v000004")]
             assert it.position == 5
+
+    asyncio.run(main())
+
+
+def test_readers_at_one_position_share_one_read(server: ServerProcess) -> None:
+    """Many network readers tailing one stream, woken by one append, read it once for all
+    (the node's single flight: ``seglog_stream_reads{kind="joined"}``), and every one gets
+    the records."""
+    readers_n = 30
+
+    async def main() -> None:
+        await create(server.url, shards=1)
+        await produce(server.url, ["site1/dev1/t"], 0)
+        async with contextlib.AsyncExitStack() as stack:
+            readers = [
+                await stack.enter_async_context(StreamReader(server.url, DB)) for _ in range(readers_n)
+            ]
+            (stream,) = await readers[0].get_streams("site1/dev1/t")
+            it, first = await readers[0].next(await readers[0].make_iterator(stream, "site1/dev1/t"), 10)
+            assert len(first) == 1
+            polls = [asyncio.ensure_future(r.next(it, 10, wait_ms=600_000)) for r in readers]
+            session = await stack.enter_async_context(aiohttp.ClientSession())
+
+            async def metric(name: str, **labels: str) -> float:
+                async with session.get(f"{server.url}/metrics") as r:
+                    text = await r.text()
+                for family in text_string_to_metric_families(text):
+                    for sample in family.samples:
+                        if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                            return float(sample.value)
+                return 0.0
+
+            async with asyncio.timeout(WAIT_S):
+                while await metric("seglog_stream_waiting") < readers_n:  # every reader parked
+                    await asyncio.sleep(0.01)
+            own = await metric("seglog_stream_reads_total", db=DB, kind="own")
+            joined = await metric("seglog_stream_reads_total", db=DB, kind="joined")
+            await produce(server.url, ["site1/dev1/t", "site2/dev1/t"], 1)
+            results = await asyncio.wait_for(asyncio.gather(*polls), WAIT_S)
+            for moved, records in results:
+                assert [(r.topic, r.value) for r in records] == [("site1/dev1/t", b"v000001")]
+                assert moved.position == 3
+            # One read answered the wave (a second at most, for a reader that lagged a step).
+            assert await metric("seglog_stream_reads_total", db=DB, kind="own") - own <= 2
+            assert await metric("seglog_stream_reads_total", db=DB, kind="joined") - joined >= readers_n - 2
 
     asyncio.run(main())
 

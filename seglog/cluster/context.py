@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Final
 from aiohttp import web
 
 from seglog.cluster.metrics import NodeMetrics
+from seglog.cluster.shared_reads import SharedReads
 from seglog.db import Database
 from seglog.db_config import validate_db_name
 from seglog.errors import ClosedResourceError, DatabaseNotFound
@@ -124,9 +125,14 @@ class NodeContext:
     idle: asyncio.Event = field(default_factory=asyncio.Event)
     # Set on a node started with --etcd: replicated databases publish through the ISR.
     cluster: ClusterNode | None = None
+    # Stream reads (``POST .../next``) that readers at one position share.
+    stream_reads: SharedReads = field(init=False)
     # Databases this node opened (and published), by name: every request after the first
     # finds its database here, without the store's config read in a thread.
     _open: dict[str, Database] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.stream_reads = SharedReads(self.metrics.stream_read_started)
 
     async def database(self, name: str) -> Database:
         """The open database ``name`` (opened on first use; :class:`DatabaseNotFound` if none)."""

@@ -64,6 +64,16 @@ class NodeMetrics:
         self.stream_records = Counter(
             "seglog_stream_read_records", "Records stream reads answered", ["db"], registry=r
         )
+        self.stream_reads = Counter(
+            "seglog_stream_reads",
+            "Reads of streams for POST .../next: done for the request ('own') or shared with a "
+            "request at the same position already reading ('joined')",
+            ["db", "kind"],
+            registry=r,
+        )
+        self.stream_waiting = Gauge(
+            "seglog_stream_waiting", "Stream long polls waiting for an append now", registry=r
+        )
         self.open_connections = Gauge("seglog_open_connections", "Open client connections", registry=r)
         self.inflight_appends = Gauge(
             "seglog_inflight_appends", "Produce requests being written now", registry=r
@@ -94,6 +104,10 @@ class NodeMetrics:
         """One stream read (``POST .../next``) answered ``records``."""
         self.stream_requests.labels(db).inc()
         self.stream_records.labels(db).inc(records)
+
+    def stream_read_started(self, db: str, joined: bool) -> None:
+        """One read of a stream iterator, shared (``joined``) or not."""
+        self.stream_reads.labels(db, "joined" if joined else "own").inc()
 
     def fetch_done(self, db: str, nbytes: int, lag: int) -> None:
         """One fetch answered ``nbytes``, asked ``lag`` records behind the log end."""

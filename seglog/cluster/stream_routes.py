@@ -215,7 +215,9 @@ async def _read_or_wait(
         budget = n
         for i, it in enumerate(its):
             if budget > 0 and not it.end_of_stream:
-                its[i], table = await db.next_arrow(it, budget, upper=db.high_watermark(it.shard))
+                its[i], table = await node.stream_reads.next_arrow(
+                    db, it, budget, db.high_watermark(it.shard)
+                )
                 budget -= table.num_rows
             else:
                 table = READ_SCHEMA.empty_table()
@@ -226,8 +228,12 @@ async def _read_or_wait(
             break
         with node.waiters.watching((db.name, s) for s in shards) as moved:  # armed before the re-check
             if all(it.end_of_stream or it.position >= db.high_watermark(it.shard) for it in its):
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(moved.wait(), remaining)
+                node.metrics.stream_waiting.inc()
+                try:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(moved.wait(), remaining)
+                finally:
+                    node.metrics.stream_waiting.dec()
     node.metrics.stream_read_done(db.name, n - budget)
     return tables
 
