@@ -134,3 +134,10 @@ bench-cluster: venv etcd peer-kafka
 .PHONY: bench-manifest
 bench-manifest: venv
 	$(BIN)/python -m bench.manifest $(if $(BEFORE),--before $(BEFORE))
+
+# Many network readers tailing one stream (bench/net_fanout.py): node CPU per append, delivery
+# latency and the node's reads per append; `make bench-net-fanout BEFORE=<git ref>` also runs
+# nodes of that commit (no shared reads) -> bench/results/net-fanout-<date>.md/.json.
+.PHONY: bench-net-fanout
+bench-net-fanout: venv
+	$(BIN)/python -m bench.net_fanout $(if $(BEFORE),--before $(BEFORE))

@@ -52,6 +52,8 @@ __all__ = ["StreamReader"]
 # Routed requests: how many times a shard's leader is looked up again after NotLeader or an
 # unreachable node before the error reaches the caller (a failover takes a lease TTL).
 _ROUTE_ATTEMPTS: Final = 8
+# An iterator's rows until its node answers (tables are immutable: one serves them all).
+_NO_ROWS: Final = READ_SCHEMA.empty_table()
 
 
 class StreamReader:
@@ -263,7 +265,7 @@ class StreamReader:
         for i, it in enumerate(its):
             url = None if self._leaders is None else await self._leaders.leader_url(self.db, it.shard)
             groups.setdefault(url, []).append(i)
-        out: list[tuple[Iterator, pa.Table]] = [(it, READ_SCHEMA.empty_table()) for it in its]
+        out: list[tuple[Iterator, pa.Table]] = [(it, _NO_ROWS) for it in its]
 
         async def ask(indexes: list[int]) -> None:
             body = {

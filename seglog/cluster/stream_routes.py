@@ -65,6 +65,8 @@ from seglog.record import READ_SCHEMA
 __all__ = ["DEFAULT_NEXT_RECORDS", "add_routes"]
 
 DEFAULT_NEXT_RECORDS: Final = 1000
+# The rows of an iterator not read this round (tables are immutable: one serves them all).
+_NO_ROWS: Final = READ_SCHEMA.empty_table()
 
 
 def add_routes(app: web.Application, db_path: str) -> None:
@@ -220,7 +222,7 @@ async def _read_or_wait(
                 )
                 budget -= table.num_rows
             else:
-                table = READ_SCHEMA.empty_table()
+                table = _NO_ROWS
             tables.append(table)
         news = budget < n or any(it.end_of_stream and not e for it, e in zip(its, ended, strict=True))
         remaining = deadline - time.monotonic()

@@ -15,7 +15,7 @@ from typing import Final
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from seglog.engines.base import READ_SCHEMA, StreamBatch, StreamRead
+from seglog.engines.base import READ_SCHEMA, StreamBatch, StreamRead, empty_read_table
 from seglog.engines.streams import stream_rows
 from seglog.errors import TierError, TierFenced
 from seglog.tiering.manifest import EntryState, Manifest, ManifestEntry, manifest_key
@@ -328,5 +328,5 @@ class DbTier:
 
 def _read_table(tables: list[pa.Table]) -> pa.Table:
     if not tables:
-        return READ_SCHEMA.empty_table()
+        return empty_read_table()
     return pa.concat_tables(tables).cast(READ_SCHEMA).combine_chunks()
