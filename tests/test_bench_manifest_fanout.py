@@ -1,0 +1,29 @@
+"""The manifest and network fan-out benchmarks run end to end (small), so they cannot rot.
+No timing asserted."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench import manifest, net_fanout
+
+
+def test_manifest_bench_quick() -> None:
+    row = manifest.measure(200, 4)
+    assert row["entries"] == 200 and row["doc_kib"] > 0
+    assert all(row[k] > 0 for k in ("load_ms", "save_ms", "upload_ms", "find_offset_us", "logical_start_us"))
+    text = manifest.render({"after": [row]}, {"after": "this tree"}, 4)
+    assert "| after | 200 |" in text
+
+
+def test_fanout_bench_quick(tmp_path: Path) -> None:
+    out = tmp_path / "fanout.md"
+    assert (
+        net_fanout.main(["--readers", "3", "--appends", "5", "--interval-ms", "20", "--out", str(out)]) == 0
+    )
+    text = out.read_text()
+    assert "| after | 3 |" in text
+    # Three readers woken by each append: one read for the new records, the others joined it.
+    row = next(line for line in text.splitlines() if line.startswith("| after | 3 |"))
+    joined = float(row.strip("|").split("|")[-1])
+    assert joined >= 1.0
