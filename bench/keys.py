@@ -41,6 +41,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from bench._refs import export_seglog
+
 REPO = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO / "bench" / "results"
 
@@ -207,18 +209,6 @@ async def child(args: argparse.Namespace) -> dict[str, Any]:
 # --- the parent: runs both sides and reports ---------------------------------------------
 
 
-def _export(ref: str, into: Path) -> str:
-    """The ``seglog`` package of ``ref`` under ``into``; returns the commit it resolved to."""
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", ref], cwd=REPO, check=True, capture_output=True, text=True
-    ).stdout.strip()
-    archive = subprocess.run(
-        ["git", "archive", ref, "seglog"], cwd=REPO, check=True, capture_output=True
-    ).stdout
-    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
-    return commit
-
-
 def _run_side(root: Path | None, args: argparse.Namespace) -> dict[str, Any]:
     env = dict(os.environ)
     # The side's seglog first; bench (this file, bench.core) always from this tree.
@@ -340,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="seglog-before-") as tmp:
         roots: dict[str, Path | None] = {"after": None}
         if args.before:
-            commit = _export(args.before, Path(tmp))
+            commit = export_seglog(args.before, Path(tmp))
             roots = {"before": Path(tmp), "after": None}
             described["before"] = f"seglog of {args.before} ({commit})"
         for r in range(args.repeats):

@@ -41,6 +41,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench._refs import export_seglog, head_commit
+
 REPO = Path(__file__).resolve().parent.parent
 PARTS_PER_OBJECT = 10
 RECORDS_PER_OBJECT = 500_000
@@ -134,17 +136,6 @@ def measure(n: int, shards: int) -> dict[str, float]:
     }
 
 
-def _export(ref: str, into: Path) -> str:
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", ref], cwd=REPO, check=True, capture_output=True, text=True
-    ).stdout.strip()
-    archive = subprocess.run(
-        ["git", "archive", ref, "seglog"], cwd=REPO, check=True, capture_output=True
-    ).stdout
-    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
-    return commit
-
-
 def _child(root: Path | None, sizes: list[int], shards: int) -> list[dict[str, float]]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(str(p) for p in (root, REPO) if p is not None)
@@ -210,14 +201,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from bench._report import write_report
 
-    head = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, check=True, capture_output=True, text=True
-    ).stdout.strip()
-    described = {"after": f"this checkout (HEAD {head}, with its working tree)"}
+    described = {"after": f"this checkout (HEAD {head_commit()}, with its working tree)"}
     sides: dict[str, list[dict[str, float]]] = {}
     with tempfile.TemporaryDirectory(prefix="seglog-before-") as tmp:
         if args.before:
-            commit = _export(args.before, Path(tmp))
+            commit = export_seglog(args.before, Path(tmp))
             described["before"] = f"seglog of {args.before} ({commit})"
             sides["before"] = _child(
                 Path(tmp), [n for n in sizes if n <= args.before_max_entries], args.shards

@@ -195,7 +195,10 @@ class CpuSource(Protocol):
 class Node:
     """The ``seglog serve --fsync always`` subprocess (``bench/peers/_server.py`` runs it)."""
 
-    def __init__(self, work: Path) -> None:
+    def __init__(self, work: Path, root: Path | None = None) -> None:
+        """``root``: a directory holding the ``seglog`` package the node runs (default: the
+        ``BENCH_NET_SEGLOG`` one, else this checkout's)."""
+        home = str(root) if root is not None else SEGLOG_ROOT
         self.port = free_port()
         self.url = f"http://{LOOPBACK_HOST}:{self.port}"
         argv = [
@@ -210,10 +213,10 @@ class Node:
             "always",
         ]
         env = None
-        if SEGLOG_ROOT:  # -m puts the working directory first on the path
-            env = {**os.environ, "PYTHONPATH": SEGLOG_ROOT}
+        if home:  # -m puts the working directory first on the path
+            env = {**os.environ, "PYTHONPATH": home}
         self.process = ServerProcess(
-            "seglog serve", argv, work / "node.log", cwd=Path(SEGLOG_ROOT) if SEGLOG_ROOT else None, env=env
+            "seglog serve", argv, work / "node.log", cwd=Path(home) if home else None, env=env
         )
 
     async def start(self) -> None:

@@ -23,10 +23,7 @@ import argparse
 import asyncio
 import contextlib
 import datetime as dt
-import os
-import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,8 +35,9 @@ import numpy as np
 import pyarrow as pa
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench._refs import export_seglog, head_commit
 from bench._report import write_report
-from bench.peers._server import LOOPBACK_HOST, ServerProcess, free_port, port_open
+from bench.net import Node
 from seglog.client import Producer, StreamReader
 
 REPO = Path(__file__).resolve().parent.parent
@@ -49,20 +47,6 @@ START_TIMEOUT_S = 60.0
 WAIT_MS = 10_000
 DONE_TIMEOUT_S = 120.0
 WARM_TS = 946_684_800_000_001  # the warm-up record's ts (2000-01-01): not a measured one
-
-
-def _export(ref: str, into: Path) -> str:
-    """The ``seglog`` package of ``ref`` under ``into`` (with this tree's compiled extensions)."""
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", ref], cwd=REPO, check=True, capture_output=True, text=True
-    ).stdout.strip()
-    archive = subprocess.run(
-        ["git", "archive", ref, "seglog"], cwd=REPO, check=True, capture_output=True
-    ).stdout
-    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
-    for so in (REPO / "seglog").rglob("*.so"):
-        shutil.copy2(so, into / so.relative_to(REPO))
-    return commit
 
 
 async def _metric(session: aiohttp.ClientSession, url: str, name: str, **labels: str) -> float | None:
@@ -79,25 +63,10 @@ async def _metric(session: aiohttp.ClientSession, url: str, name: str, **labels:
 
 
 async def _row(root: Path | None, work: Path, readers: int, args: argparse.Namespace) -> dict[str, Any]:
-    port = free_port()
-    url = f"http://{LOOPBACK_HOST}:{port}"
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(root or REPO)
-    argv = [
-        sys.executable,
-        "-m",
-        "seglog.cli",
-        "serve",
-        str(work / "node"),
-        "--listen",
-        f"{LOOPBACK_HOST}:{port}",
-    ]
-    node = ServerProcess(
-        "seglog serve", [*argv, "--fsync", "always"], work / "node.log", cwd=root or REPO, env=env
-    )
-    node.start()
+    node = Node(work, root)
+    url = node.url
     try:
-        await node.wait_until(lambda: port_open(port), "seglog serve", START_TIMEOUT_S)
+        await node.start()
         async with contextlib.AsyncExitStack() as stack:
             session = await stack.enter_async_context(aiohttp.ClientSession())
             body = {"name": DB, "shards": 1, "lts_thresholds": [100, 10]}
@@ -204,7 +173,8 @@ def render(rows: list[dict[str, Any]], described: dict[str, str], args: argparse
                     r["node_cpu_ms_per_append"] for r in rows if r["side"] == side and r["readers"] == n
                 )
 
-            lines.append(f"* {n} readers: {med('after') / med('before'):.2f}")
+            ratio = f"{med('after') / med('before'):.2f}" if med("before") else "n/a (too short to measure)"
+            lines.append(f"* {n} readers: {ratio}")
     return "\n".join(lines) + "\n"
 
 
@@ -219,17 +189,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
     counts = [int(x) for x in args.readers.split(",")]
-    head = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, check=True, capture_output=True, text=True
-    ).stdout.strip()
-    described = {"after": f"this checkout (HEAD {head})"}
+    described = {"after": f"this checkout (HEAD {head_commit()})"}
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="seglog-fanout-") as tmp:
         sides: list[tuple[str, Path | None]] = [("after", None)]
         if args.before:
             before = Path(tmp) / "before"
             before.mkdir()
-            described["before"] = f"node running seglog of {args.before} ({_export(args.before, before)})"
+            described["before"] = (
+                f"node running seglog of {args.before} ({export_seglog(args.before, before, with_extensions=True)})"
+            )
             sides.insert(0, ("before", before))
         for n in counts:
             for run in range(args.runs):

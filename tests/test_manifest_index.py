@@ -16,25 +16,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from seglog.errors import InvalidArgument, TierError
-from seglog.tiering import EntryState, Manifest, ManifestEntry, object_key
+from seglog.tiering import EntryState, Manifest, ManifestEntry
 from seglog.tiering.db_tier import cold_run, logical_start
-
-DB = "db"
+from tests.test_manifest import DB, entry
 
 
 def _entry(shard: int, base: int, end: int, state: EntryState, ts: int) -> ManifestEntry:
-    return ManifestEntry(
-        key=object_key(DB, shard, base, end),
-        shard=shard,
-        base_offset=base,
-        end_offset=end,
-        min_ts=ts,
-        max_ts=ts + 5,
-        rows=end - base + 1,
-        bytes=(end - base + 1) * 10,
-        checksum="ab" * 32,
-        state=state,
-    )
+    return entry(shard, base, end, state=state, min_ts=ts, max_ts=ts + 5)
 
 
 @st.composite
