@@ -496,10 +496,12 @@ class ClusterNode:
 
         An unclean election (or an election of the last replica standing after a machine
         restart took its unsynced tail, KIP-966) can make a leader of a replica that lacks
-        records its predecessor tiered. Taking writes at its own end would put a second record at offsets the tier
-        holds, its uploads would overlap the tier's objects, and local retention would drop
-        the new records as if tiered. Its records below the tier's end are in the tier (or
-        were cut by its retention), so starting over there loses none of them.
+        records its predecessor tiered. Taking writes at its own end would put a second
+        record at offsets the tier holds, its uploads would overlap the tier's objects, and
+        local retention would drop the new records as if tiered. Its records below the
+        tier's end are in the tier (or were cut by its retention), so starting over there
+        loses none of them. The tier is read under the metadata lock: only such shards pay
+        for it, at the moment they change leader.
 
         Returns:
             False when the tier could not be read: the shard then has no acting leader here
