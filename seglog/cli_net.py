@@ -26,11 +26,12 @@ import signal
 import ssl
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Final
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from seglog.cli import (
     _RECORD_PREFIX,
@@ -39,6 +40,7 @@ from seglog.cli import (
     _Input,
     _int_at_least,
     _parse_time,
+    _print_merged,
     _write,
     tier_report_lines,
 )
@@ -737,23 +739,57 @@ async def _consume(args: argparse.Namespace) -> int:
     validate_db_name(args.db)
     if args.topic is not None:
         return await _consume_topic(args)
-    consumer = Consumer(
-        _url(args),
-        args.db,
-        group=args.group,
-        shards=args.shard,
-        token=_token(args),
-        ssl=_ssl(args),
-        auto_offset_reset=args.reset,
-        from_time_us=None if args.from_time is None else _parse_time(args.from_time),
-        request_timeout_s=args.timeout_s,
-    )
+
+    def consumer(shards: list[int] | None, group: str | None = None) -> Consumer:
+        return Consumer(
+            _url(args),
+            args.db,
+            group=group,
+            shards=shards,
+            token=_token(args),
+            ssl=_ssl(args),
+            auto_offset_reset=args.reset,
+            from_time_us=None if args.from_time is None else _parse_time(args.from_time),
+            request_timeout_s=args.timeout_s,
+        )
 
     async def body() -> None:
-        async with consumer:  # a signal cancels wherever it waits: it still stops (and leaves its group)
-            await _print_records(consumer, args)
+        if not args.follow and args.group is None:
+            await _print_merged_shards(consumer, args)
+            return
+        async with consumer(
+            args.shard, args.group
+        ) as live:  # a signal cancels wherever it waits: it still stops (and leaves its group)
+            await _print_records(live, args)
 
     return await _until_signalled(body, follow=args.follow)
+
+
+async def _print_merged_shards(
+    consumer: Callable[[list[int] | None], Consumer], args: argparse.Namespace
+) -> None:
+    """``consume --url`` without ``--follow`` or ``--group``: every shard up to the end it had
+    at the start, merged by (ts, shard, offset) as the local command prints them (one
+    consumer per shard, so that each is read only as far as the merge has come)."""
+    async with contextlib.AsyncExitStack() as stack:
+        first = await stack.enter_async_context(consumer(args.shard))
+        shards = sorted(first.assignment())
+        ends = await first.end_offsets(shards)
+        sources = {}
+        for shard in shards:
+            one = await stack.enter_async_context(consumer([shard]))
+            sources[shard] = _shard_until(one, shard, ends[shard])
+        await _print_merged(sources, args, None)
+
+
+async def _shard_until(consumer: Consumer, shard: int, end: int) -> AsyncGenerator[pa.Table, None]:
+    """The records of ``consumer``'s one shard below ``end``, a table at a time."""
+    while consumer.position(shard) < end:
+        table = (await consumer.getmany_arrow(timeout_ms=_MERGED_WAIT_MS, max_records=1000)).get(shard)
+        if table is not None and table.num_rows:
+            kept = table.filter(pc.less(table.column("offset"), end))
+            if kept.num_rows:
+                yield kept  # an empty table would end the shard in _print_merged
 
 
 async def _until_signalled(body: Callable[[], Awaitable[None]], *, follow: bool) -> int:
@@ -780,6 +816,8 @@ async def _until_signalled(body: Callable[[], Awaitable[None]], *, follow: bool)
     return 0
 
 
+# The long poll of each shard's reads in ``consume --url`` without ``--follow``.
+_MERGED_WAIT_MS: Final = 500
 # How often ``consume --url --topic --follow`` asks for streams learned since it started.
 STREAMS_REFRESH_S: Final = 5.0
 # The long poll of one round of `consume --url --topic --follow` (all its streams at once).

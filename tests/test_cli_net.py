@@ -152,10 +152,13 @@ def test_produce_file_then_consume_returns_the_same_records(server: ServerProces
     assert len(got) == 250
     assert all(list(d) == ["shard", "offset", "ts", "topic", "key", "value", "headers"] for d in got)
     assert sorted(map(shape, got)) == sorted(map(shape, recs))
-    # Each shard in offset order, offsets dense from 0.
+    # Each shard in offset order, offsets dense from 0; the shards merged by timestamp, as the
+    # local command prints them (the records' ts rise with their order in the file).
     for shard in range(3):
         offsets = [d["offset"] for d in got if d["shard"] == shard]
         assert offsets == list(range(len(offsets)))
+    assert [d["ts"] for d in got] == sorted(d["ts"] for d in got)
+    assert len({d["shard"] for d in got[:10]}) > 1  # interleaved, not one shard after another
     # What consume prints, produce takes back (a copy through another database).
     create(server, "copy", 3)
     ok(
@@ -175,6 +178,7 @@ def test_produce_file_then_consume_returns_the_same_records(server: ServerProces
     assert len(docs(ok(sh("consume", "--url", server.url, "t", "--max", "7")))) == 7
     only = docs(ok(sh("consume", "--url", server.url, "t", "--shard", "1", "--shard", "2")))
     assert {d["shard"] for d in only} == {1, 2} and len(only) == 250 - sum(d["shard"] == 0 for d in got)
+    assert [d["ts"] for d in only] == sorted(d["ts"] for d in only)
     raw = ok(sh("consume", "--url", server.url, "t", "--shard", "0", "--format", "raw", "--max", "1"))
     assert raw.count("\n") == 1
     # --latest: nothing before the start; --shard past the end: one line.
