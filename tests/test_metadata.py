@@ -224,6 +224,43 @@ def test_databases(etcd: EtcdProcess, run: Run[None]) -> None:
     run(main())
 
 
+def test_a_snapshot_reads_everything_in_one_request(etcd: EtcdProcess, run: Run[None]) -> None:
+    """Nodes, databases and shard states at one revision, in one range read however many
+    databases exist (every metadata change makes each node and the controller take one);
+    a database not whole yet is not listed, a key that does not parse is left out."""
+
+    async def main() -> None:
+        async with EtcdClient(etcd.url) as client:
+            meta = ClusterMetadata(client, prefix=b"/snap/")
+            for n in (1, 2, 3):
+                await meta.register_node(NodeInfo(n, f"http://n{n}", unclean_restart=n == 3), ttl_s=30)
+            for i in range(20):
+                await meta.create_db(DbMeta(f"db{i:02d}", 4, 3, 2, unclean_election=i == 0))
+            # A creator that died after the shard keys and before the database key.
+            await client.put(b"/snap/shards/half/000000", ShardState((1, 2, 3), 1, 0, (1, 2, 3), 0).to_json())
+            await client.put(b"/snap/dbs/broken", b"{not json")
+            calls = 0
+            real = client.get_prefix
+
+            async def counting(prefix: bytes) -> Any:
+                nonlocal calls
+                calls += 1
+                return await real(prefix)
+
+            client.get_prefix = counting  # type: ignore[method-assign]
+            snap = await meta.snapshot()
+            assert calls == 1
+            assert sorted(snap.nodes) == [1, 2, 3] and snap.nodes[3].unclean_restart
+            assert sorted(snap.dbs) == [f"db{i:02d}" for i in range(20)]
+            assert snap.dbs["db00"] == DbMeta("db00", 4, 3, 2, unclean_election=True)
+            for i in range(20):
+                assert snap.shards[f"db{i:02d}"] == await meta.shards(f"db{i:02d}")
+            assert "half" not in snap.dbs and list(snap.shards["half"]) == [0]
+            assert snap.revision >= max(r for states in snap.shards.values() for _, r in states.values())
+
+    run(main())
+
+
 def test_shard_updates_are_compare_and_swap(etcd: EtcdProcess, run: Run[None]) -> None:
     async def main() -> None:
         async with EtcdClient(etcd.url) as client:

@@ -28,7 +28,7 @@ from typing import Final
 
 from seglog.cluster.etcd import EtcdClient, WatchEventType
 from seglog.cluster.metadata import NO_LEADER, ClusterMetadata, ControllerLease, DbMeta, ShardState
-from seglog.errors import DatabaseNotFound, LeaseNotFound, MetadataError, StaleMetadata
+from seglog.errors import LeaseNotFound, MetadataError, StaleMetadata
 
 __all__ = ["Controller", "decide"]
 
@@ -161,15 +161,11 @@ class Controller:
 
     async def reconcile(self, held: ControllerLease) -> None:
         """One pass: move every shard to the state :func:`decide` gives for the live nodes."""
-        nodes = await self.meta.live_nodes()
-        live = set(nodes)
-        unclean = {n for n, info in nodes.items() if info.unclean_restart}
-        for name in await self.meta.list_dbs():
-            try:
-                db = await self.meta.get_db(name)
-            except DatabaseNotFound:
-                continue
-            for shard, (state, revision) in sorted((await self.meta.shards(name)).items()):
+        snap = await self.meta.snapshot()  # one read, whatever the number of databases
+        live = set(snap.nodes)
+        unclean = {n for n, info in snap.nodes.items() if info.unclean_restart}
+        for name, db in snap.dbs.items():
+            for shard, (state, revision) in sorted(snap.shards[name].items()):
                 new = decide(db, state, live, unclean)
                 if new is None:
                     continue

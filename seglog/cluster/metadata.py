@@ -35,6 +35,7 @@ from seglog.errors import (
     LeaseNotFound,
     MetadataError,
     NodeIdInUse,
+    SeglogError,
     StaleMetadata,
 )
 
@@ -44,6 +45,7 @@ __all__ = [
     "ClusterMetadata",
     "ControllerLease",
     "DbMeta",
+    "MetadataSnapshot",
     "NodeInfo",
     "NodeLease",
     "ShardState",
@@ -286,6 +288,25 @@ class ControllerLease:
     epoch: int
 
 
+@dataclass(frozen=True)
+class MetadataSnapshot:
+    """Every node, database and shard state, read at one etcd revision (one range read).
+
+    Attributes:
+        revision: The store revision it was read at (watch from ``revision + 1``).
+        nodes: Registered (leased) nodes by id.
+        dbs: The databases that exist (their key is written last at creation, so a database
+            being created is left out until it is whole), by name.
+        shards: Per database, each shard's state and ``mod_revision`` (also of databases not
+            whole yet: their shard keys are written first).
+    """
+
+    revision: int
+    nodes: dict[int, NodeInfo]
+    dbs: dict[str, DbMeta]
+    shards: dict[str, dict[int, tuple[ShardState, int]]]
+
+
 class ClusterMetadata:
     """Typed access to the cluster's keys in etcd (see the module docstring for the layout)."""
 
@@ -345,6 +366,35 @@ class ClusterMetadata:
                 int(obj["node_id"]), str(obj["url"]), bool(obj.get("unclean_restart", False))
             )
         return nodes
+
+    async def snapshot(self) -> MetadataSnapshot:
+        """Nodes, databases and shard states in one consistent read (one request however
+        many databases there are; a database whose settings or shards do not parse, or that
+        is not whole yet, is left out and logged)."""
+        kvs, revision = await self.etcd.get_prefix(self.prefix)
+        nodes_p, dbs_p, shards_p = (self.prefix + p for p in (b"nodes/", b"dbs/", b"shards/"))
+        nodes: dict[int, NodeInfo] = {}
+        metas: dict[str, DbMeta] = {}
+        states: dict[str, dict[int, tuple[ShardState, int]]] = {}
+        for kv in kvs:
+            key = kv.key
+            try:
+                if key.startswith(nodes_p):
+                    obj = json.loads(kv.value)
+                    info = NodeInfo(
+                        int(obj["node_id"]), str(obj["url"]), bool(obj.get("unclean_restart", False))
+                    )
+                    nodes[info.node_id] = info
+                elif key.startswith(dbs_p):
+                    meta = DbMeta(**json.loads(kv.value))
+                    metas[meta.name] = meta
+                elif key.startswith(shards_p):
+                    name, _, number = key[len(shards_p) :].decode().rpartition("/")
+                    states.setdefault(name, {})[int(number)] = self._state(kv)
+            except (ValueError, TypeError, KeyError, SeglogError) as exc:
+                log.warning("metadata key %r does not parse (%s); left out", key, exc)
+        dbs = {n: m for n, m in metas.items() if len(states.get(n, {})) == m.shards}
+        return MetadataSnapshot(revision, nodes, dbs, states)
 
     # --- databases ------------------------------------------------------------------------
 

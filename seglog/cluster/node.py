@@ -257,8 +257,8 @@ class ClusterNode:
         registering) and one whose ISR it is the only member of (the last replica standing
         stays on record: nothing better is known).
         """
-        for name in await self.meta.list_dbs():
-            for shard, (state, revision) in (await self.meta.shards(name)).items():
+        for name, states in (await self.meta.snapshot()).shards.items():
+            for shard, (state, revision) in states.items():
                 await self._leave_isr(name, shard, state, revision)
 
     async def _leave_isr(self, name: str, shard: int, state: ShardState, revision: int) -> None:
@@ -281,8 +281,8 @@ class ClusterNode:
             return
 
     async def _reclaim_leaderships(self) -> None:
-        for name in await self.meta.list_dbs():
-            for shard, (state, revision) in (await self.meta.shards(name)).items():
+        for name, states in (await self.meta.snapshot()).shards.items():
+            for shard, (state, revision) in states.items():
                 while state.leader == self.node_id:
                     try:
                         new = replace(state, leader_epoch=state.leader_epoch + 1)
@@ -404,20 +404,12 @@ class ClusterNode:
             await self._refresh_locked()
 
     async def _refresh_locked(self) -> None:
-        self.nodes = await self.meta.live_nodes()
-        dbs = {}
-        shards: dict[ShardKey, ShardState] = {}
-        for name in await self.meta.list_dbs():
-            try:
-                meta = await self.meta.get_db(name)
-            except SeglogError:
-                continue
-            states = await self.meta.shards(name)
-            if len(states) != meta.shards:
-                continue
-            dbs[name] = meta
-            for shard, (state, _) in states.items():
-                shards[(name, shard)] = state
+        snap = await self.meta.snapshot()  # one read, whatever the number of databases
+        self.nodes = snap.nodes
+        dbs = snap.dbs
+        shards: dict[ShardKey, ShardState] = {
+            (name, shard): state for name in dbs for shard, (state, _) in snap.shards[name].items()
+        }
         gone = set(self.dbs) - set(dbs)
         self.dbs, self.shards = dbs, shards
         for name in gone:
