@@ -257,6 +257,14 @@ def test_a_snapshot_reads_everything_in_one_request(etcd: EtcdProcess, run: Run[
                 assert snap.shards[f"db{i:02d}"] == await meta.shards(f"db{i:02d}")
             assert "half" not in snap.dbs and list(snap.shards["half"]) == [0]
             assert snap.revision >= max(r for states in snap.shards.values() for _, r in states.values())
+            # The next snapshot parses only what changed: the same state objects for the others.
+            state, revision = snap.shards["db01"][2]
+            isr = tuple(r for r in state.isr if r == state.leader or r != state.isr[-1])
+            await meta.update_shard("db01", 2, state, revision, state.with_isr(isr, 2))
+            again = await meta.snapshot()
+            assert again.shards["db01"][2][0].isr == isr != state.isr
+            assert again.shards["db01"][1][0] is snap.shards["db01"][1][0]
+            assert again.shards["db05"][0][0] is snap.shards["db05"][0][0]
 
     run(main())
 

@@ -316,6 +316,9 @@ class ClusterMetadata:
             raise InvalidArgument("the metadata prefix must end with '/'")
         self.etcd = etcd
         self.prefix = prefix
+        # Shard states the last snapshot parsed, by key, with their mod_revision: the next
+        # one parses only the keys that changed (a snapshot follows every metadata change).
+        self._parsed: dict[bytes, tuple[int, ShardState]] = {}
 
     # --- keys -----------------------------------------------------------------------------
 
@@ -376,6 +379,7 @@ class ClusterMetadata:
         nodes: dict[int, NodeInfo] = {}
         metas: dict[str, DbMeta] = {}
         states: dict[str, dict[int, tuple[ShardState, int]]] = {}
+        parsed: dict[bytes, tuple[int, ShardState]] = {}
         for kv in kvs:
             key = kv.key
             try:
@@ -390,9 +394,15 @@ class ClusterMetadata:
                     metas[meta.name] = meta
                 elif key.startswith(shards_p):
                     name, _, number = key[len(shards_p) :].decode().rpartition("/")
-                    states.setdefault(name, {})[int(number)] = self._state(kv)
+                    known = self._parsed.get(key)
+                    state = known[1] if known is not None and known[0] == kv.mod_revision else None
+                    if state is None:
+                        state = ShardState.from_json(kv.value)
+                    parsed[key] = (kv.mod_revision, state)
+                    states.setdefault(name, {})[int(number)] = (state, kv.mod_revision)
             except (ValueError, TypeError, KeyError, SeglogError) as exc:
                 log.warning("metadata key %r does not parse (%s); left out", key, exc)
+        self._parsed = parsed
         dbs = {n: m for n, m in metas.items() if len(states.get(n, {})) == m.shards}
         return MetadataSnapshot(revision, nodes, dbs, states)
 
