@@ -141,3 +141,9 @@ bench-manifest: venv
 .PHONY: bench-net-fanout
 bench-net-fanout: venv
 	$(BIN)/python -m bench.net_fanout $(if $(BEFORE),--before $(BEFORE))
+
+# Reading the cluster metadata as databases accumulate (bench/metadata.py): one snapshot
+# against a read per database, on a local etcd -> bench/results/metadata-<date>.md/.json.
+.PHONY: bench-metadata
+bench-metadata: venv etcd
+	$(BIN)/python -m bench.metadata

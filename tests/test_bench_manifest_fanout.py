@@ -27,3 +27,11 @@ def test_fanout_bench_quick(tmp_path: Path) -> None:
     row = next(line for line in text.splitlines() if line.startswith("| after | 3 |"))
     joined = float(row.strip("|").split("|")[-1])
     assert joined >= 1.0
+
+
+def test_metadata_bench_quick(tmp_path: Path) -> None:
+    from bench import metadata
+
+    out = tmp_path / "metadata.md"
+    assert metadata.main(["--dbs", "1,3", "--shards", "2", "--repeats", "1", "--out", str(out)]) == 0
+    assert "| 3 |" in out.read_text()
