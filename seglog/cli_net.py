@@ -771,14 +771,21 @@ async def _print_merged_shards(
     """``consume --url`` without ``--follow`` or ``--group``: every shard up to the end it had
     at the start, merged by (ts, shard, offset) as the local command prints them (one
     consumer per shard, so that each is read only as far as the merge has come)."""
+    shards = args.shard
+    if shards is None:
+        session = _session(args, pool_connections=1)
+        try:
+            shards = range(
+                int((await session.request("GET", f"{protocol.API_PREFIX}/dbs/{args.db}")).json()["shards"])
+            )
+        finally:
+            await session.close()
     async with contextlib.AsyncExitStack() as stack:
-        first = await stack.enter_async_context(consumer(args.shard))
-        shards = sorted(first.assignment())
-        ends = await first.end_offsets(shards)
         sources = {}
-        for shard in shards:
+        for shard in sorted(set(shards)):
             one = await stack.enter_async_context(consumer([shard]))
-            sources[shard] = _shard_until(one, shard, ends[shard])
+            (end,) = (await one.end_offsets([shard])).values()
+            sources[shard] = _shard_until(one, shard, end)
         await _print_merged(sources, args, None)
 
 
