@@ -497,14 +497,9 @@ class Manifest:
         """
         with self._lock:
             known = self._version
-        try:
-            data, version = target.get_versioned(manifest_key(self._db))
-        except ObjectNotFound:
-            remote, version = Manifest(self._db), None
-        else:
-            if version is not None and version == known:
-                return []  # what this copy last merged or saved: nothing to take in
-            remote = Manifest.from_json(data, db=self._db)
+        remote, version = self._read_remote(target, known)
+        if remote is None:
+            return []  # what this copy last merged or saved: nothing to take in
         with self._lock:
             return self._merge(remote, version)
 
@@ -544,11 +539,17 @@ class Manifest:
         with self._lock:
             self._owned.pop(shard, None)
 
-    def _read_remote(self, target: TierTarget) -> tuple[Manifest, str | None]:
+    def _read_remote(
+        self, target: TierTarget, known: str | None = None
+    ) -> tuple[Manifest | None, str | None]:
+        """The tier copy and its version (an empty manifest when there is none); ``None`` for
+        the copy when it is at ``known``: not parsed, as this copy holds it already."""
         try:
             data, version = target.get_versioned(manifest_key(self._db))
         except ObjectNotFound:
             return Manifest(self._db), None
+        if known is not None and version == known:
+            return None, version
         return Manifest.from_json(data, db=self._db), version
 
     def _merge(self, remote: Manifest, version: str | None) -> list[int]:
@@ -594,6 +595,7 @@ class Manifest:
                 new_version = target.put_if(key, text, version)
             except PreconditionFailed:
                 remote, found = self._read_remote(target)
+                assert remote is not None  # read without a known version: always parsed
                 if found is not None and remote.to_json().encode() == text:
                     new_version = found  # a retried put whose first attempt landed
                 else:
