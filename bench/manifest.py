@@ -17,6 +17,10 @@ has):
   the next ones (only changed entries are; before session 20 every save serialised all),
   and the document's size;
 * **upload**: one upload's manifest work, ``begin_upload`` + save + ``mark_committed`` + save;
+* **saved upload**: the same through real saves (``Manifest.save`` to a local-directory tier
+  and a local copy, both fsync'd), averaged over ``--uploads`` uploads (enough for heads to
+  fill up and checkpoints to be rewritten, since session 21), with the bytes put into the
+  tier per upload (heads and checkpoints; the local copy writes as much again);
 * **find_offset**: the entry holding a random offset (a tier read), µs per lookup;
 * **logical start**: ``db_tier.logical_start`` (``Database.start_offset``), µs per call.
 
@@ -48,6 +52,23 @@ PARTS_PER_OBJECT = 10
 RECORDS_PER_OBJECT = 500_000
 OBJECT_BYTES = 40_000_000
 LOOKUPS = 1000
+
+
+class _CountingTarget:
+    """A local-directory tier that counts the bytes put into it."""
+
+    def __init__(self, root: Path) -> None:
+        from seglog.tiering import LocalTarget
+
+        self.inner = LocalTarget(root)
+        self.bytes_put = 0
+
+    def put(self, key: str, data: bytes) -> Any:
+        self.bytes_put += len(data)
+        return self.inner.put(key, data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
 
 
 def _best_s(fn: Callable[[], object], repeat: int) -> float:
@@ -82,7 +103,7 @@ def _entry(shard: int, base: int, i: int) -> Any:
     )
 
 
-def measure(n: int, shards: int) -> dict[str, float]:
+def measure(n: int, shards: int, uploads: int) -> dict[str, float]:
     """Every figure for a manifest of ``n`` committed entries over ``shards`` shards."""
     from seglog.tiering.db_tier import logical_start
     from seglog.tiering.manifest import Manifest
@@ -124,7 +145,9 @@ def measure(n: int, shards: int) -> dict[str, float]:
             assert logical_start(manifest, shard, local) == 0
 
     start_s = _best_s(starts, repeat) / len(local_starts)
+    saved = _saved_uploads(entries, shards, per_shard, uploads)
     return {
+        **saved,
         "entries": n,
         "doc_kib": len(doc) / 1024,
         "load_ms": load_s * 1000,
@@ -136,11 +159,42 @@ def measure(n: int, shards: int) -> dict[str, float]:
     }
 
 
-def _child(root: Path | None, sizes: list[int], shards: int) -> list[dict[str, float]]:
+def _saved_uploads(entries: list[Any], shards: int, per_shard: int, uploads: int) -> dict[str, float]:
+    """Mean wall time and tier bytes of one upload's two real saves, over ``uploads`` uploads."""
+    from seglog.tiering.manifest import Manifest
+
+    with tempfile.TemporaryDirectory(prefix="seglog-bench-manifest-") as tmp:
+        target = _CountingTarget(Path(tmp) / "tier")
+        local = Path(tmp) / "local" / "tier-manifest.json"
+        manifest = Manifest("db", entries)
+        manifest.save(target, local_path=local)  # type: ignore[arg-type]
+        target.bytes_put = 0
+        t0 = time.perf_counter()
+        for u in range(uploads):
+            fresh = _entry(u % shards, (per_shard + u // shards) * RECORDS_PER_OBJECT, len(entries) + u)
+            manifest.begin_upload(fresh)
+            manifest.save(target, local_path=local)  # type: ignore[arg-type]
+            manifest.mark_committed(fresh.key)
+            manifest.save(target, local_path=local)  # type: ignore[arg-type]
+        elapsed = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        loaded = Manifest.load(target, "db")  # type: ignore[arg-type]
+        load_tier_s = time.perf_counter() - t0
+        assert len(loaded.entries()) == len(entries) + uploads
+    return {
+        "uploads": uploads,
+        "saved_upload_ms": elapsed / uploads * 1000,
+        "upload_tier_kib": target.bytes_put / uploads / 1024,
+        "load_tier_ms": load_tier_s * 1000,
+    }
+
+
+def _child(root: Path | None, sizes: list[int], shards: int, uploads: int) -> list[dict[str, float]]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(str(p) for p in (root, REPO) if p is not None)
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         cmd = [sys.executable, "-m", "bench.manifest", "--child-json", f.name, "--shards", str(shards)]
+        cmd += ["--uploads", str(uploads)]
         cmd += ["--sizes", ",".join(map(str, sizes))]
         subprocess.run(cmd, cwd=root or REPO, env=env, check=True)
         rows: list[dict[str, float]] = json.loads(Path(f.name).read_text())
@@ -155,15 +209,17 @@ def render(sides: dict[str, list[dict[str, float]]], described: dict[str, str], 
         + ".",
         "",
         "| side | entries | document KiB | load ms | first save ms | next save ms "
-        "| one upload's manifest work ms | find_offset µs | logical start µs |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| one upload's manifest work ms | find_offset µs | logical start µs "
+        "| saved upload ms | tier KiB put per upload | load from the tier ms |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for side, rows in sides.items():
         for r in rows:
             lines.append(
                 f"| {side} | {r['entries']:,.0f} | {r['doc_kib']:,.0f} | {r['load_ms']:,.1f} | "
                 f"{r.get('first_save_ms', r['save_ms']):,.1f} | {r['save_ms']:,.1f} | {r['upload_ms']:,.1f} | {r['find_offset_us']:,.1f} | "
-                f"{r['logical_start_us']:,.1f} |"
+                f"{r['logical_start_us']:,.1f} | {r['saved_upload_ms']:,.1f} | {r['upload_tier_kib']:,.1f} | "
+                f"{r['load_tier_ms']:,.1f} |"
             )
     if "before" in sides:
         lines += ["", "after ÷ before (time; below 1 is faster):", ""]
@@ -180,6 +236,8 @@ def render(sides: dict[str, list[dict[str, float]]], described: dict[str, str], 
                     ("upload", "upload_ms"),
                     ("find_offset", "find_offset_us"),
                     ("logical start", "logical_start_us"),
+                    ("saved upload", "saved_upload_ms"),
+                    ("tier bytes per upload", "upload_tier_kib"),
                 )
             )
             lines.append(f"* {r['entries']:,.0f} entries: {ratios}")
@@ -192,12 +250,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shards", type=int, default=16)
     p.add_argument("--before", default=None, help="git ref whose seglog package is the 'before' side")
     p.add_argument("--before-max-entries", type=int, default=10_000)
+    p.add_argument(
+        "--uploads", type=int, default=600, help="uploads saved for the saved-upload figures (after side)"
+    )
+    p.add_argument("--before-uploads", type=int, default=20, help="the same for the before side")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--child-json", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     sizes = [int(x) for x in args.sizes.split(",")]
     if args.child_json:
-        Path(args.child_json).write_text(json.dumps([measure(n, args.shards) for n in sizes]))
+        Path(args.child_json).write_text(json.dumps([measure(n, args.shards, args.uploads) for n in sizes]))
         return 0
     from bench._report import write_report
 
@@ -208,9 +270,12 @@ def main(argv: list[str] | None = None) -> int:
             commit = export_seglog(args.before, Path(tmp))
             described["before"] = f"seglog of {args.before} ({commit})"
             sides["before"] = _child(
-                Path(tmp), [n for n in sizes if n <= args.before_max_entries], args.shards
+                Path(tmp),
+                [n for n in sizes if n <= args.before_max_entries],
+                args.shards,
+                args.before_uploads,
             )
-        sides["after"] = _child(None, sizes, args.shards)
+        sides["after"] = _child(None, sizes, args.shards, args.uploads)
     markdown = render(sides, described, args.shards)
     out = args.out or REPO / "bench" / "results" / f"manifest-{dt.date.today().isoformat()}.md"
     write_report(

@@ -114,7 +114,7 @@ def db_view(
     if tier is not None:
         manifest = Manifest.load(tier, name, local_path=local_manifest)
     elif local_manifest.is_file():
-        manifest = Manifest.from_json(local_manifest.read_bytes(), db=name)
+        manifest = Manifest.load_local(local_manifest, name)
     factory = get_engine(config.engine)
     views = []
     for n, files in enumerate(factory.shard_files(db_dir, config.shards)):

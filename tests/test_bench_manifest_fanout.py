@@ -9,11 +9,14 @@ from bench import manifest, net_fanout
 
 
 def test_manifest_bench_quick() -> None:
-    row = manifest.measure(200, 4)
-    assert row["entries"] == 200 and row["doc_kib"] > 0
-    assert all(row[k] > 0 for k in ("load_ms", "save_ms", "upload_ms", "find_offset_us", "logical_start_us"))
+    row = manifest.measure(2000, 4, 300)
+    assert row["entries"] == 2000 and row["doc_kib"] > 0
+    keys = ("load_ms", "save_ms", "upload_ms", "find_offset_us", "logical_start_us", "saved_upload_ms")
+    assert all(row[k] > 0 for k in keys)
+    # Past the whole-document size, an upload puts a head, not the history.
+    assert row["upload_tier_kib"] < row["doc_kib"] / 4
     text = manifest.render({"after": [row]}, {"after": "this tree"}, 4)
-    assert "| after | 200 |" in text
+    assert "| after | 2,000 |" in text
 
 
 def test_fanout_bench_quick(tmp_path: Path) -> None:

@@ -170,7 +170,7 @@ def test_rejects_overlaps_and_mismatched_keys() -> None:
 
 
 def test_load_rejects_bad_documents(target: LocalTarget) -> None:
-    target.put(manifest_key(DB), b'{"version": 2, "db": "mydb", "seq": 1, "entries": []}')
+    target.put(manifest_key(DB), b'{"version": 3, "db": "mydb", "seq": 1, "entries": []}')
     with pytest.raises(TierError, match="version"):
         Manifest.load(target, DB)
     target.put(manifest_key(DB), b'{"version": 1, "db": "other", "seq": 1, "entries": []}')

@@ -171,14 +171,13 @@ def test_a_refresh_parses_the_tier_copy_only_when_it_changed(
     b.claim(target, 1, 1)
     upload_segment(target, a, 0, seg(0))  # type: ignore[arg-type]
     parsed: list[int] = []
-    real = Manifest.from_json.__func__  # type: ignore[attr-defined]
+    real = Manifest._parse
 
-    def counting(cls: type[Manifest], *args: object, **kwargs: object) -> Manifest:
+    def counting(text: str | bytes, db: str | None) -> dict[str, object]:
         parsed.append(1)
-        result: Manifest = real(cls, *args, **kwargs)
-        return result
+        return real(text, db)
 
-    monkeypatch.setattr(Manifest, "from_json", classmethod(counting))
+    monkeypatch.setattr(Manifest, "_parse", staticmethod(counting))
     a.refresh(target)
     a.refresh(target)
     assert parsed == []  # a saved the copy the tier holds

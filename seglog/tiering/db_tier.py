@@ -120,7 +120,7 @@ class DbTier:
         except TierError as exc:
             log.warning("tier of %r unreachable at open (%s); using the local manifest copy", db, exc)
             try:
-                tier.manifest = Manifest.from_json(tier.local_manifest.read_bytes(), db=db, shared=shared)
+                tier.manifest = Manifest.load_local(tier.local_manifest, db, shared=shared)
             except FileNotFoundError:
                 pass
             except (OSError, TierError) as exc2:
@@ -231,7 +231,7 @@ class DbTier:
         for key in keys:
             self.target.delete(key)
         self.target.delete(manifest)
-        self.local_manifest.unlink(missing_ok=True)
+        Manifest.remove_local(self.local_manifest)
         return len(keys)
 
     def covered_end(self, shard: int, base: int) -> int:

@@ -1,11 +1,23 @@
 """The per-database tier manifest: which Parquet objects the tier holds, and in what state.
 
-The manifest is one JSON document per database, stored in the tier at
-``<db>/_manifest.json`` (a leading ``_`` so Spark's Parquet reader skips it) and, when a
-path is given, as a local copy written atomically (temp file + fsync + rename + directory
-fsync). Every save increments ``seq``; :meth:`Manifest.load` takes whichever copy has the
-higher ``seq``, so a save that reached the local disk but not the tier is not lost. One
-process writes a database's manifest at a time (the DB's tiering task).
+The manifest is stored in the tier at ``<db>/_manifest.json`` (a leading ``_`` so Spark's
+Parquet reader skips it) and, when a path is given, as a local copy written atomically (temp
+file + fsync + rename + directory fsync). Every save increments ``seq``; :meth:`Manifest.load`
+takes whichever copy has the higher ``seq``, so a save that reached the local disk but not
+the tier is not lost. One process writes a database's manifest at a time (the DB's tiering
+task), or one per shard (shared manifests, below).
+
+Heads and checkpoints, so that a save costs what changed, not the whole history: a manifest
+of up to ``HEAD_CHANGES_MAX`` entries is one document holding every entry (version 1).
+Above that, ``_manifest.json`` is a *head* (version 2) naming a *checkpoint*, an immutable
+full document at ``<db>/_manifest.d/<seq>-<token>.json`` (locally in ``<copy>.d/``), and
+carrying only the entries changed or removed since it, plus the small per-shard maps. A save
+whose head would carry more than ``HEAD_CHANGES_MAX`` changes first writes a new checkpoint
+(every copy of it before any head names it), then a head naming it, then deletes the
+checkpoint the replaced head named. A reader that finds a checkpoint gone (replaced between
+its reads of the head and of the checkpoint) reads the head again. Checkpoints older than
+the one the head names are deleted at recovery (those a crash left behind); a newer one may
+be another writer's, about to be named, and is left alone.
 
 Entry states (after KIP-405's remote log segment states)::
 
@@ -59,10 +71,11 @@ cache, read when the tier is unreachable at open.
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import json
 import logging
+import secrets
+import shutil
 import threading
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable
@@ -89,7 +102,17 @@ __all__ = [
 log = logging.getLogger("seglog.tiering")
 
 MANIFEST_VERSION = 1
+HEAD_VERSION = 2
 MANIFEST_NAME = "_manifest.json"
+CHECKPOINT_DIR = "_manifest.d"
+HEAD_CHANGES_MAX = 256
+"""Entries a head carries (changed or removed since its checkpoint) before a save writes a
+new checkpoint; also the size up to which a manifest is one whole document. At ~560 bytes an
+entry a head stays under ~150 KB, and a checkpoint of n entries is written once per ~256
+changes (two per upload), i.e. ~n/128 entries' worth of bytes per upload."""
+# Reads of a head whose checkpoint is gone by the time it is read (replaced in between by a
+# newer one) before a load gives up: each means another writer saved a checkpoint meanwhile.
+_CHECKPOINT_READ_ATTEMPTS = 8
 # Conditional puts of a shared manifest lost to other writers in a row before a save gives up
 # (each loss means another writer saved: with a few leaders per database, a handful at most).
 _SHARED_SAVE_ATTEMPTS = 32
@@ -104,6 +127,41 @@ def manifest_key(db: str) -> str:
     if not db or "/" in db or db.startswith("."):
         raise InvalidArgument(f"invalid database name {db!r}")
     return f"{db}/{MANIFEST_NAME}"
+
+
+def checkpoint_key(db: str, seq: int) -> str:
+    """A new, unique tier key for a checkpoint of ``db``'s manifest written at save ``seq``."""
+    manifest_key(db)  # validates
+    return f"{db}/{CHECKPOINT_DIR}/{seq:016d}-{secrets.token_hex(6)}.json"
+
+
+def checkpoint_seq(key: str) -> int | None:
+    """The save ``seq`` a checkpoint key was written at (``None``: not a checkpoint key)."""
+    name = key.rsplit("/", 1)[-1]
+    head, sep, _ = name.partition("-")
+    if not sep or not name.endswith(".json") or not head.isdigit():
+        return None
+    return int(head)
+
+
+def local_checkpoint_dir(local_path: Path) -> Path:
+    """Where a local manifest copy at ``local_path`` keeps its checkpoints: ``<copy>.d``."""
+    return local_path.with_name(local_path.name + ".d")
+
+
+@dataclass(frozen=True, slots=True)
+class _Checkpoint:
+    """A checkpoint as read or written: its key, save seq, document text, and entries."""
+
+    key: str
+    seq: int
+    text: bytes
+    entries: dict[str, ManifestEntry]
+
+    @property
+    def name(self) -> str:
+        """Its file name (the key's last segment; a local copy's file in ``<copy>.d``)."""
+        return self.key.rsplit("/", 1)[-1]
 
 
 class EntryState(enum.StrEnum):
@@ -330,7 +388,14 @@ class Manifest:
         # Each entry's JSON text as the last save wrote it: a save serialises only the
         # entries that changed since (entries are immutable; a change is a new object).
         self._texts: dict[str, tuple[ManifestEntry, str]] = {}
+        # The checkpoint this state's head is written against (None: saved as one whole
+        # document), the keys changed or removed since it (what a head carries), and the
+        # checkpoint the tier's head names as last read or put (deleted once replaced).
+        self._base: _Checkpoint | None = None
+        self._dirty: set[str] = set()
+        self._named: str | None = None
         self._lock = threading.RLock()
+        self._local_lock = threading.Lock()
         # Shared mode: the shards this process writes, with its epoch for each, and the tier
         # copy's version this state was last merged with (None: there was none).
         self._shared = False
@@ -351,17 +416,8 @@ class Manifest:
     # --- (de)serialisation ---------------------------------------------------------------
 
     def to_json(self) -> str:
-        """Returns the JSON document (entries sorted by shard, then base offset)."""
+        """Returns the whole JSON document (entries sorted by shard, then base offset)."""
         with self._lock:
-            doc: dict[str, Any] = {
-                "version": MANIFEST_VERSION,
-                "db": self._db,
-                "seq": self._seq,
-                "entries": [],
-                "log_starts": {str(k): v for k, v in sorted(self._log_starts.items())},
-            }
-            if self._writer_epochs:
-                doc["writer_epochs"] = {str(k): v for k, v in sorted(self._writer_epochs.items())}
             texts: dict[str, tuple[ManifestEntry, str]] = {}
             for e in self._sorted():
                 cached = self._texts.get(e.key)
@@ -369,41 +425,198 @@ class Manifest:
                     cached = (e, _dumps(e.to_json()))
                 texts[e.key] = cached
             self._texts = texts
-            entries = ",".join(text for _, text in texts.values())
+            return self._document({"version": MANIFEST_VERSION}, [text for _, text in texts.values()])
+
+    def _document(self, fields: dict[str, Any], entry_texts: list[str]) -> str:
+        """The document of ``fields``, this state's per-shard maps, and ``entry_texts`` (hold the lock)."""
+        doc: dict[str, Any] = {
+            **fields,
+            "db": self._db,
+            "seq": self._seq,
+            "entries": [],
+            "log_starts": {str(k): v for k, v in sorted(self._log_starts.items())},
+        }
+        if self._writer_epochs:
+            doc["writer_epochs"] = {str(k): v for k, v in sorted(self._writer_epochs.items())}
         # The one place the empty list stands in the document: a string holding these
         # characters would have its quotes escaped.
         head, tail = _dumps(doc).split('"entries":[]', 1)
-        return f'{head}"entries":[{entries}]{tail}\n'
+        return f'{head}"entries":[{",".join(entry_texts)}]{tail}\n'
 
-    @classmethod
-    def from_json(cls, text: str | bytes, *, db: str | None = None, shared: bool = False) -> Manifest:
-        """Parses a manifest document (``shared``: as :meth:`load_shared` would, for a copy
-        read while the tier is unreachable; its first save merges with the tier's).
+    def _head(self) -> bytes:
+        """What ``_manifest.json`` holds now: the whole document, or a head carrying the
+        changes since the base checkpoint (hold the lock)."""
+        base = self._base
+        if base is None:
+            return self.to_json().encode()
+        changed: list[ManifestEntry] = []
+        removed: list[str] = []
+        for key in self._dirty:
+            entry = self._entries.get(key)
+            old = base.entries.get(key)
+            if entry is None:
+                if old is not None:
+                    removed.append(key)
+            elif old is None or (old is not entry and old != entry):
+                changed.append(entry)
+        changed.sort(key=lambda e: (e.shard, e.base_offset))
+        texts = []
+        for e in changed:
+            cached = self._texts.get(e.key)
+            if cached is None or cached[0] is not e:
+                cached = self._texts[e.key] = (e, _dumps(e.to_json()))
+            texts.append(cached[1])
+        fields = {
+            "version": HEAD_VERSION,
+            "checkpoint": {"key": base.key, "seq": base.seq},
+            "removed": sorted(removed),
+        }
+        return self._document(fields, texts).encode()
 
-        Raises:
-            TierError: If it is malformed, of an unknown version, or for another database.
-        """
+    @staticmethod
+    def _parse(text: str | bytes, db: str | None) -> dict[str, Any]:
+        """A document or head, checked for its version and database."""
         try:
             doc = json.loads(text)
             version = doc["version"]
-            if version != MANIFEST_VERSION:
-                raise TierError(f"unsupported manifest version {version!r}")
-            if db is not None and doc["db"] != db:
-                raise TierError(f"manifest is for database {doc['db']!r}, not {db!r}")
+            name = doc["db"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise TierError(f"malformed manifest: {exc!r}") from exc
+        if version not in (MANIFEST_VERSION, HEAD_VERSION):
+            raise TierError(f"unsupported manifest version {version!r}")
+        if db is not None and name != db:
+            raise TierError(f"manifest is for database {name!r}, not {db!r}")
+        return doc  # type: ignore[no-any-return]
+
+    @staticmethod
+    def _checkpoint_ref(doc: dict[str, Any]) -> tuple[str, int] | None:
+        """The checkpoint a head names, as (key, seq); ``None`` for a whole document."""
+        if doc["version"] != HEAD_VERSION:
+            return None
+        try:
+            key, seq = doc["checkpoint"]["key"], doc["checkpoint"]["seq"]
+        except (KeyError, TypeError) as exc:
+            raise TierError(f"malformed manifest head: {exc!r}") from exc
+        if (
+            not isinstance(key, str)
+            or type(seq) is not int
+            or not key.startswith(f"{doc['db']}/{CHECKPOINT_DIR}/")
+        ):
+            raise TierError(f"malformed manifest head: checkpoint {key!r} at {seq!r}")
+        return key, seq
+
+    @classmethod
+    def _read_checkpoint(cls, ref: tuple[str, int], data: bytes, db: str) -> _Checkpoint:
+        doc = cls._parse(data, db)
+        if doc["version"] != MANIFEST_VERSION:
+            raise TierError(f"manifest checkpoint {ref[0]!r} is not a whole document")
+        try:
+            entries = [ManifestEntry.from_json(e) for e in doc["entries"]]
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise TierError(f"malformed manifest checkpoint {ref[0]!r}: {exc!r}") from exc
+        return _Checkpoint(ref[0], ref[1], bytes(data), {e.key: e for e in entries})
+
+    @classmethod
+    def _from_doc(cls, doc: dict[str, Any], base: _Checkpoint | None, *, shared: bool = False) -> Manifest:
+        """The manifest a parsed document is, or a head is over ``base`` (its checkpoint)."""
+        try:
             seq = doc["seq"]
             if type(seq) is not int:
                 raise TypeError("seq must be an integer")
-            entries = [ManifestEntry.from_json(e) for e in doc["entries"]]
+            changed = [ManifestEntry.from_json(e) for e in doc["entries"]]
+            removed = doc.get("removed", [])
+            if type(removed) is not list or not all(isinstance(k, str) for k in removed):
+                raise TypeError("removed must be a list of keys")
+            entries: Iterable[ManifestEntry] = changed
+            if base is not None:
+                merged = dict(base.entries)
+                for key in removed:
+                    merged.pop(key, None)
+                merged.update((e.key, e) for e in changed)
+                entries = merged.values()
             # Absent in manifests written before retention reached the tier.
             starts = {int(k): int(v) for k, v in doc.get("log_starts", {}).items()}
             epochs = {int(k): int(v) for k, v in doc.get("writer_epochs", {}).items()}
             manifest = cls(doc["db"], entries, seq=seq, log_starts=starts, writer_epochs=epochs)
-            manifest._shared = shared
-            return manifest
         except TierError:
             raise
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise TierError(f"malformed manifest: {exc!r}") from exc
+        manifest._shared = shared
+        if base is not None:
+            manifest._base = base
+            manifest._named = base.key
+            manifest._dirty = {e.key for e in changed} | set(removed)
+        return manifest
+
+    @classmethod
+    def from_json(cls, text: str | bytes, *, db: str | None = None, shared: bool = False) -> Manifest:
+        """Parses a whole manifest document (``shared``: as :meth:`load_shared` would).
+
+        Raises:
+            TierError: If it is malformed, of an unknown version, for another database, or a
+                head (which needs its checkpoint: :meth:`load`, :meth:`load_local`).
+        """
+        doc = cls._parse(text, db)
+        if cls._checkpoint_ref(doc) is not None:
+            raise TierError("this manifest is a head naming a checkpoint: read it with load or load_local")
+        return cls._from_doc(doc, None, shared=shared)
+
+    @classmethod
+    def load_local(cls, path: Path, db: str, *, shared: bool = False) -> Manifest:
+        """Reads a local copy as :meth:`save` writes it (``shared``: as :meth:`load_shared`
+        would, for a copy read while the tier is unreachable; its first save merges).
+
+        Raises:
+            FileNotFoundError: There is no local copy.
+            TierError: It is malformed, or its checkpoint is missing or unreadable.
+        """
+        doc = cls._parse(path.read_bytes(), db)
+        ref = cls._checkpoint_ref(doc)
+        base = None
+        if ref is not None:
+            file = local_checkpoint_dir(path) / ref[0].rsplit("/", 1)[-1]
+            try:
+                data = file.read_bytes()
+            except OSError as exc:
+                raise TierError(f"local manifest {path}: cannot read its checkpoint {file}: {exc}") from exc
+            base = cls._read_checkpoint(ref, data, db)
+        return cls._from_doc(doc, base, shared=shared)
+
+    @classmethod
+    def _read_tier(
+        cls,
+        target: TierTarget,
+        db: str,
+        *,
+        known_base: _Checkpoint | None = None,
+        known_version: str | None = None,
+    ) -> tuple[Manifest | None, str | None, bytes]:
+        """The tier copy (empty when there is none), its version and its head's bytes; the
+        copy is ``None`` when at ``known_version`` (not parsed). ``known_base`` is reused,
+        not read again, when the head names it."""
+        for _ in range(_CHECKPOINT_READ_ATTEMPTS):
+            try:
+                data, version = target.get_versioned(manifest_key(db))
+            except ObjectNotFound:
+                return cls(db), None, b""
+            if known_version is not None and version == known_version:
+                return None, version, data
+            doc = cls._parse(data, db)
+            ref = cls._checkpoint_ref(doc)
+            base = None
+            if ref is not None:
+                if known_base is not None and known_base.key == ref[0]:
+                    base = known_base
+                else:
+                    try:
+                        base = cls._read_checkpoint(ref, target.get(ref[0]), db)
+                    except ObjectNotFound:
+                        continue  # replaced by a newer one since the head was read
+            return cls._from_doc(doc, base), version, data
+        raise TierError(
+            f"tier manifest of {db!r}: the checkpoint its head named was gone {_CHECKPOINT_READ_ATTEMPTS} times"
+        )
 
     @classmethod
     def load(cls, target: TierTarget, db: str, *, local_path: Path | None = None) -> Manifest:
@@ -415,13 +628,13 @@ class Manifest:
         Raises:
             TierError: If the tier fails or its copy is malformed.
         """
-        remote: Manifest | None = None
-        with contextlib.suppress(ObjectNotFound):
-            remote = cls.from_json(target.get(manifest_key(db)), db=db)
+        remote, version, _ = cls._read_tier(target, db)
+        if version is None:
+            remote = None
         local: Manifest | None = None
         if local_path is not None:
             try:
-                local = cls.from_json(local_path.read_bytes(), db=db)
+                local = cls.load_local(local_path, db)
             except FileNotFoundError:
                 pass
             except (OSError, TierError) as exc:
@@ -446,14 +659,114 @@ class Manifest:
             return
         with self._lock:
             self._seq += 1
-            text = self.to_json().encode()
+            checkpoint = self._plan_checkpoint()
+            if checkpoint is not None:
+                # Every copy of a checkpoint exists before any head names it.
+                if local_path is not None:
+                    try:
+                        self._write_local_file(
+                            local_checkpoint_dir(local_path) / checkpoint.name, checkpoint.text
+                        )
+                    except OSError as exc:
+                        raise TierError(f"cannot write local manifest checkpoint: {exc}") from exc
+                target.put(checkpoint.key, checkpoint.text)
+                self._rebase(checkpoint)
+            head = self._head()
             if local_path is not None:
                 try:
-                    with atomic_writer(local_path, make_parents=True) as f:
-                        f.write(text)
+                    self._write_local(local_path, head, self._base)
                 except OSError as exc:
                     raise TierError(f"cannot write local manifest {local_path}: {exc}") from exc
-            target.put(manifest_key(self._db), text)
+            target.put(manifest_key(self._db), head)
+            replaced = self._now_named()
+        self._delete_checkpoint(target, replaced)
+
+    # --- heads and checkpoints ------------------------------------------------------------
+
+    def _plan_checkpoint(self) -> _Checkpoint | None:
+        """Decides what the next save writes (hold the lock): a whole document while the
+        manifest is small, else a head, after a new checkpoint if the head would carry too
+        many changes. Returns that checkpoint (not yet written), if any."""
+        if len(self._entries) <= HEAD_CHANGES_MAX:
+            self._base = None
+            return None
+        if self._base is not None and len(self._dirty) <= HEAD_CHANGES_MAX:
+            return None
+        return _Checkpoint(
+            checkpoint_key(self._db, self._seq), self._seq, self.to_json().encode(), dict(self._entries)
+        )
+
+    def _rebase(self, checkpoint: _Checkpoint) -> None:
+        """``checkpoint`` is written everywhere: heads from now on are written against it (hold the lock)."""
+        self._base = checkpoint
+        # By identity: it holds the very entry objects of the state it was taken from, and
+        # whatever changed since (even while the lock was let go) is another object.
+        entries = checkpoint.entries
+        dirty = {k for k, e in self._entries.items() if entries.get(k) is not e}
+        dirty.update(k for k in entries if k not in self._entries)
+        self._dirty = dirty
+
+    def _now_named(self) -> str | None:
+        """The tier's head now names this state's base: returns the checkpoint it named
+        before, if that is another (to delete) (hold the lock)."""
+        named = self._base.key if self._base is not None else None
+        replaced, self._named = self._named, named
+        return replaced if replaced != named else None
+
+    def _delete_checkpoint(self, target: TierTarget, key: str | None) -> None:
+        """Deletes a checkpoint no head names (any more); a failure leaves it to
+        :meth:`collect_checkpoints`."""
+        if key is None:
+            return
+        try:
+            target.delete(key)
+        except TierError as exc:
+            log.warning("tier manifest of %r: cannot delete old checkpoint %s: %s", self._db, key, exc)
+
+    @staticmethod
+    def _write_local_file(path: Path, data: bytes) -> None:
+        with atomic_writer(path, make_parents=True) as f:
+            f.write(data)
+
+    def _write_local(self, path: Path, head: bytes, base: _Checkpoint | None) -> None:
+        """Writes the local copy: ``base``'s checkpoint file if it is not there yet, the
+        head, then drops the checkpoint files the head does not name."""
+        with self._local_lock:
+            directory = local_checkpoint_dir(path)
+            if base is not None and not (directory / base.name).is_file():
+                self._write_local_file(directory / base.name, base.text)
+            self._write_local_file(path, head)
+            if directory.is_dir():
+                for old in directory.iterdir():
+                    if base is None or old.name != base.name:
+                        old.unlink(missing_ok=True)
+
+    @staticmethod
+    def remove_local(path: Path) -> None:
+        """Deletes a local copy and its checkpoints."""
+        path.unlink(missing_ok=True)
+        shutil.rmtree(local_checkpoint_dir(path), ignore_errors=True)
+
+    def collect_checkpoints(self, target: TierTarget) -> list[str]:
+        """Deletes the checkpoints older than the one the head names (a crash's leftovers;
+        a newer one may be another writer's about to be named, and stays).
+
+        Returns:
+            The keys deleted.
+
+        Raises:
+            TierError: If the tier fails (call again).
+        """
+        with self._lock:
+            floor = self._base.seq if self._base is not None else self._seq
+            keep = self._base.key if self._base is not None else None
+        deleted = []
+        for key in target.list(f"{self._db}/{CHECKPOINT_DIR}/"):
+            seq = checkpoint_seq(key)
+            if seq is not None and seq < floor and key != keep:
+                target.delete(key)
+                deleted.append(key)
+        return deleted
 
     # --- shared manifests (one writer per shard) ------------------------------------------
 
@@ -497,7 +810,7 @@ class Manifest:
         """
         with self._lock:
             known = self._version
-        remote, version = self._read_remote(target, known)
+        remote, version, _ = self._read_remote(target, known)
         if remote is None:
             return []  # what this copy last merged or saved: nothing to take in
         with self._lock:
@@ -532,6 +845,10 @@ class Manifest:
             with self._lock:
                 self._owned.pop(shard, None)
             raise
+        try:
+            actions += [f"deleted old checkpoint {k}" for k in self.collect_checkpoints(target)]
+        except TierError as exc:
+            log.warning("tier manifest of %r: old checkpoints stay for now: %s", self._db, exc)
         return actions
 
     def release(self, shard: int) -> None:
@@ -541,16 +858,13 @@ class Manifest:
 
     def _read_remote(
         self, target: TierTarget, known: str | None = None
-    ) -> tuple[Manifest | None, str | None]:
-        """The tier copy and its version (an empty manifest when there is none); ``None`` for
-        the copy when it is at ``known``: not parsed, as this copy holds it already."""
-        try:
-            data, version = target.get_versioned(manifest_key(self._db))
-        except ObjectNotFound:
-            return Manifest(self._db), None
-        if known is not None and version == known:
-            return None, version
-        return Manifest.from_json(data, db=self._db), version
+    ) -> tuple[Manifest | None, str | None, bytes]:
+        """The tier copy, its version and its head's bytes (an empty manifest when there is
+        none); ``None`` for the copy when it is at ``known``: not parsed, as this copy holds
+        it already. The checkpoint this copy is based on is not read again."""
+        with self._lock:
+            base = self._base
+        return Manifest._read_tier(target, self._db, known_base=base, known_version=known)
 
     def _merge(self, remote: Manifest, version: str | None) -> list[int]:
         """Adopt ``remote`` (at ``version``) for every shard not written here (hold the lock)."""
@@ -580,6 +894,16 @@ class Manifest:
         self._writer_epochs = {**remote._writer_epochs, **self._owned}
         self._seq = remote._seq
         self._version = version
+        # Heads from now on are written against the checkpoint the tier's names.
+        base = self._base = remote._base
+        self._named = remote._named
+        if base is None:
+            self._dirty = set()
+        else:
+            self._dirty = {
+                k for k, e in self._entries.items() if (old := base.entries.get(k)) is not e and old != e
+            }
+            self._dirty.update(k for k in base.entries if k not in self._entries)
         return lost
 
     def _save_shared(self, target: TierTarget, local_path: Path | None) -> None:
@@ -589,18 +913,27 @@ class Manifest:
                 if not self._owned:
                     raise TierFenced(f"tier manifest of {self._db!r}: this node writes no shard of it")
                 self._seq += 1
-                text = self.to_json().encode()
+                checkpoint = self._plan_checkpoint()
+            if checkpoint is not None:
+                target.put(checkpoint.key, checkpoint.text)
+                with self._lock:
+                    self._rebase(checkpoint)
+            with self._lock:
+                text = self._head()
                 version = self._version
+                base = self._base
             try:
                 new_version = target.put_if(key, text, version)
             except PreconditionFailed:
-                remote, found = self._read_remote(target)
+                remote, found, data = self._read_remote(target)
                 assert remote is not None  # read without a known version: always parsed
-                if found is not None and remote.to_json().encode() == text:
+                if found is not None and data == text:
                     new_version = found  # a retried put whose first attempt landed
                 else:
                     with self._lock:
                         lost = self._merge(remote, found)
+                    if checkpoint is not None:
+                        self._delete_checkpoint(target, checkpoint.key)  # no head names it
                     if lost:
                         raise TierFenced(
                             f"tier manifest of {self._db!r}: shards {lost} were claimed by a newer leader"
@@ -608,10 +941,11 @@ class Manifest:
                     continue
             with self._lock:
                 self._version = new_version
+                replaced = self._now_named()
+            self._delete_checkpoint(target, replaced)
             if local_path is not None:
                 try:
-                    with atomic_writer(local_path, make_parents=True) as f:
-                        f.write(text)
+                    self._write_local(local_path, text, base)
                 except OSError as exc:  # a cache: the tier copy is the manifest
                     log.warning("cannot write local manifest cache %s: %s", local_path, exc)
             return
@@ -681,11 +1015,13 @@ class Manifest:
 
     def _put(self, entry: ManifestEntry) -> None:
         self._entries[entry.key] = entry
+        self._dirty.add(entry.key)
         self._by_shard.setdefault(entry.shard, {})[entry.key] = entry
         self._views.pop(entry.shard, None)
 
     def _drop(self, entry: ManifestEntry) -> None:
         del self._entries[entry.key]
+        self._dirty.add(entry.key)
         shard = self._by_shard[entry.shard]
         del shard[entry.key]
         if not shard:

@@ -148,4 +148,5 @@ def recover_manifest(
     actions = manifest.recover(target)
     if actions:
         manifest.save(target, local_path=local_manifest)
+    actions += [f"deleted old checkpoint {key}" for key in manifest.collect_checkpoints(target)]
     return manifest, actions

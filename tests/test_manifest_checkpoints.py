@@ -1,0 +1,239 @@
+"""Manifest heads and checkpoints: a save writes what changed, not the whole history; every
+reader (tier, local copy, shared writers) sees exactly the state saved; checkpoints are
+replaced and collected, including after a save that failed half-way; on a local directory
+and MinIO."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from seglog.errors import TierError
+from seglog.tiering import (
+    EntryState,
+    LocalTarget,
+    Manifest,
+    ManifestEntry,
+    TierTarget,
+    manifest_key,
+    object_key,
+    recover_manifest,
+)
+from seglog.tiering.manifest import CHECKPOINT_DIR, HEAD_CHANGES_MAX, checkpoint_seq, local_checkpoint_dir
+from seglog.tiering.targets import ObjectInfo, PutData
+
+DB = "cpdb"
+ROWS = 10
+
+
+@pytest.fixture
+def target(tier_target: TierTarget) -> TierTarget:
+    return tier_target
+
+
+def entry(shard: int, k: int, state: EntryState = EntryState.COMMITTED) -> ManifestEntry:
+    base = k * ROWS
+    return ManifestEntry(
+        key=object_key(DB, shard, base, base + ROWS - 1),
+        shard=shard,
+        base_offset=base,
+        end_offset=base + ROWS - 1,
+        min_ts=base,
+        max_ts=base + ROWS - 1,
+        rows=ROWS,
+        bytes=1000 + k,
+        checksum=f"{k:064x}",
+        state=state,
+    )
+
+
+def checkpoints(target: TierTarget) -> list[str]:
+    return target.list(f"{DB}/{CHECKPOINT_DIR}/")
+
+
+def head_doc(target: TierTarget) -> dict[str, object]:
+    doc: dict[str, object] = json.loads(target.get(manifest_key(DB)))
+    return doc
+
+
+def commit(m: Manifest, e: ManifestEntry) -> None:
+    m.begin_upload(e)
+    m.mark_committed(e.key)
+
+
+def test_a_save_writes_the_changes_not_the_history(target: TierTarget, tmp_path: Path) -> None:
+    local = tmp_path / "m.json"
+    m = Manifest(DB, [entry(s, k) for s in range(4) for k in range(400)])
+    m.save(target, local_path=local)
+    whole = len(m.to_json())
+    assert head_doc(target)["version"] == 2 and len(checkpoints(target)) == 1
+    [cp] = checkpoints(target)
+    assert len(target.get(cp)) == whole  # the checkpoint is the whole document
+    commit(m, entry(0, 400))
+    m.save(target, local_path=local)
+    head = target.get(manifest_key(DB))
+    doc = json.loads(head)
+    assert [e["key"] for e in doc["entries"]] == [entry(0, 400).key] and doc["removed"] == []
+    assert len(head) * 100 < whole  # one entry and the maps, not 1,601 entries
+    assert checkpoints(target) == [cp]  # no new checkpoint for one change
+    for copy in (Manifest.load(target, DB), Manifest.load_local(local, DB)):
+        assert copy.to_json() == m.to_json() and copy.seq == m.seq
+
+
+def test_small_manifests_stay_one_document(target: TierTarget) -> None:
+    m = Manifest(DB, [entry(0, k) for k in range(HEAD_CHANGES_MAX)])
+    m.save(target)
+    assert head_doc(target)["version"] == 1 and checkpoints(target) == []
+    commit(m, entry(0, HEAD_CHANGES_MAX))
+    m.save(target)
+    assert head_doc(target)["version"] == 2 and len(checkpoints(target)) == 1
+    for k in range(HEAD_CHANGES_MAX - 10, HEAD_CHANGES_MAX + 1):  # back under the line
+        m.mark_deleting(entry(0, k).key)
+        m.remove(entry(0, k).key)
+    m.save(target)
+    assert head_doc(target)["version"] == 1
+    assert checkpoints(target) == []  # the one the replaced head named is deleted
+    assert Manifest.load(target, DB).to_json() == m.to_json()
+
+
+def test_every_save_loads_back_exactly_and_one_checkpoint_remains(target: TierTarget, tmp_path: Path) -> None:
+    """Random commits, deletions and floors over many saves: after each, the tier copy and
+    the local copy load to exactly the saved state; checkpoints rotate as heads fill up."""
+    rng = random.Random(7)
+    local = tmp_path / "m.json"
+    m = Manifest(DB)
+    next_k = {s: 0 for s in range(3)}
+    rotations = set()
+    for _ in range(160):
+        for _ in range(rng.randrange(1, 12)):
+            shard = rng.randrange(3)
+            commit(m, entry(shard, next_k[shard]))
+            next_k[shard] += 1
+        committed = m.entries(EntryState.COMMITTED)
+        for e in rng.sample(committed, min(len(committed), rng.randrange(0, 4))):
+            m.mark_deleting(e.key)
+            if rng.random() < 0.7:
+                m.remove(e.key)
+        if rng.random() < 0.2:
+            shard = rng.randrange(3)
+            m.raise_log_start(shard, m.log_start(shard) + 5)
+        m.save(target, local_path=local)
+        for copy in (Manifest.load(target, DB), Manifest.load_local(local, DB)):
+            assert copy.to_json() == m.to_json()
+        rotations.update(checkpoints(target))
+        assert len(checkpoints(target)) <= 1
+        local_files = (
+            list(local_checkpoint_dir(local).iterdir()) if local_checkpoint_dir(local).exists() else []
+        )
+        assert len(local_files) == len(checkpoints(target))
+    assert len(rotations) >= 3  # heads filled up and were replaced by new checkpoints
+    assert len(m.entries()) > HEAD_CHANGES_MAX * 2
+
+
+class FailingPuts(LocalTarget):
+    """A real local tier whose puts of one key fail while ``failing`` names it."""
+
+    failing: str | None = None
+
+    def put(self, key: str, data: PutData) -> ObjectInfo:
+        if self.failing is not None and key.startswith(self.failing):
+            raise TierError(f"injected failure putting {key}")
+        return super().put(key, data)
+
+
+def test_a_save_that_fails_half_way_loses_nothing_and_its_leftovers_are_collected(tmp_path: Path) -> None:
+    target = FailingPuts(tmp_path / "tier")
+    local = tmp_path / "m.json"
+    m = Manifest(DB, [entry(0, k) for k in range(HEAD_CHANGES_MAX + 1)])
+    m.save(target, local_path=local)
+    [first] = checkpoints(target)
+    # A save that needs a new checkpoint: it is written, then the head's put fails.
+    for k in range(HEAD_CHANGES_MAX + 1, 2 * HEAD_CHANGES_MAX + 10):
+        commit(m, entry(0, k))
+    target.failing = manifest_key(DB)
+    with pytest.raises(TierError, match="injected"):
+        m.save(target, local_path=local)
+    assert len(checkpoints(target)) == 2  # the new one, named by no tier head yet
+    assert json.loads(target.get(manifest_key(DB)))["checkpoint"]["key"] == first
+    # A restart: the local copy (saved first) is newer and names the new checkpoint.
+    target.failing = None
+    again, actions = recover_manifest(target, DB, local_manifest=local)
+    assert again.to_json() == m.to_json()
+    assert actions == [f"deleted old checkpoint {first}"]
+    [second] = checkpoints(target)
+    again.save(target, local_path=local)
+    assert Manifest.load(target, DB).to_json() == again.to_json()
+    # A checkpoint whose own put failed is never named; the state stays saveable.
+    for k in range(2 * HEAD_CHANGES_MAX + 10, 3 * HEAD_CHANGES_MAX + 20):
+        commit(again, entry(0, k))
+    target.failing = f"{DB}/{CHECKPOINT_DIR}/"
+    with pytest.raises(TierError, match="injected"):
+        again.save(target, local_path=local)
+    assert Manifest.load_local(local, DB).seq < again.seq  # the local head was not written
+    target.failing = None
+    again.save(target, local_path=local)
+    assert Manifest.load(target, DB).to_json() == again.to_json()
+    assert Manifest.load_local(local, DB).to_json() == again.to_json()
+    [third] = checkpoints(target)
+    assert third != second
+    assert checkpoint_seq(third) is not None and checkpoint_seq(second) is not None
+
+
+class RotateOnRead(LocalTarget):
+    """A real local tier that lets a writer save once, right after a reader read the head."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.hook: Callable[[], None] | None = None
+
+    def get_versioned(self, key: str) -> tuple[bytes, str]:
+        got = super().get_versioned(key)
+        hook, self.hook = self.hook, None
+        if hook is not None:
+            hook()
+        return got
+
+
+def test_a_reader_whose_checkpoint_was_replaced_reads_the_new_head(tmp_path: Path) -> None:
+    target = RotateOnRead(tmp_path / "tier")
+    m = Manifest(DB, [entry(0, k) for k in range(HEAD_CHANGES_MAX + 1)])
+    m.save(target)
+    [old] = checkpoints(target)
+    for k in range(HEAD_CHANGES_MAX + 1, 2 * HEAD_CHANGES_MAX + 5):
+        commit(m, entry(0, k))
+    target.hook = lambda: m.save(target)  # a new checkpoint, and the old one deleted
+    loaded = Manifest.load(target, DB)
+    assert old not in checkpoints(target)
+    assert loaded.to_json() == m.to_json()
+
+
+def test_shared_writers_merge_over_checkpoints(target: TierTarget) -> None:
+    a = Manifest.load_shared(target, DB)
+    b = Manifest.load_shared(target, DB)
+    a.claim(target, 0, 1)
+    b.claim(target, 1, 1)
+    ka = kb = 0
+    for round_ in range(12):  # each round: ~50 commits per writer, saved in a few batches
+        for _ in range(5):
+            for _ in range(10):
+                commit(a, entry(0, ka))
+                ka += 1
+                commit(b, entry(1, kb))
+                kb += 1
+            a.save(target)  # every save of one meets the other's newer head and merges
+            b.save(target)
+        if round_ % 4 == 3:
+            victim = a.entries(EntryState.COMMITTED)[0]
+            a.mark_deleting(victim.key)
+            a.remove(victim.key)
+    a.save(target)
+    reader = Manifest.load_shared(target, DB)
+    a.refresh(target)
+    assert reader.to_json() == a.to_json() == Manifest.load(target, DB).to_json()
+    assert len(reader.entries()) == ka + kb - 3
+    assert head_doc(target)["version"] == 2
+    assert len(checkpoints(target)) == 1
