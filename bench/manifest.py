@@ -20,7 +20,9 @@ has):
 * **saved upload**: the same through real saves (``Manifest.save`` to a local-directory tier
   and a local copy, both fsync'd), averaged over ``--uploads`` uploads (enough for heads to
   fill up and checkpoints to be rewritten, since session 21), with the bytes put into the
-  tier per upload (heads and checkpoints; the local copy writes as much again);
+  tier per upload (heads and checkpoints; the local copy writes as much again), loading
+  it from the tier, and a shared reader's refresh after one more upload (another node's
+  tier pass);
 * **find_offset**: the entry holding a random offset (a tier read), µs per lookup;
 * **logical start**: ``db_tier.logical_start`` (``Database.start_offset``), µs per call.
 
@@ -181,7 +183,18 @@ def _saved_uploads(entries: list[Any], shards: int, per_shard: int, uploads: int
         loaded = Manifest.load(target, "db")  # type: ignore[arg-type]
         load_tier_s = time.perf_counter() - t0
         assert len(loaded.entries()) == len(entries) + uploads
+        # Another node's tier pass after this writer's next upload: a refresh.
+        reader = Manifest.load_shared(target, "db")  # type: ignore[arg-type]
+        fresh = _entry(0, (per_shard + uploads) * RECORDS_PER_OBJECT, len(entries) + uploads)
+        manifest.begin_upload(fresh)
+        manifest.mark_committed(fresh.key)
+        manifest.save(target, local_path=local)  # type: ignore[arg-type]
+        t0 = time.perf_counter()
+        reader.refresh(target)  # type: ignore[arg-type]
+        refresh_s = time.perf_counter() - t0
+        assert reader.get(fresh.key) is not None
     return {
+        "refresh_ms": refresh_s * 1000,
         "uploads": uploads,
         "saved_upload_ms": elapsed / uploads * 1000,
         "upload_tier_kib": target.bytes_put / uploads / 1024,
@@ -210,8 +223,8 @@ def render(sides: dict[str, list[dict[str, float]]], described: dict[str, str], 
         "",
         "| side | entries | document KiB | load ms | first save ms | next save ms "
         "| one upload's manifest work ms | find_offset µs | logical start µs "
-        "| saved upload ms | tier KiB put per upload | load from the tier ms |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| saved upload ms | tier KiB put per upload | load from the tier ms | refresh after a save ms |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for side, rows in sides.items():
         for r in rows:
@@ -219,7 +232,7 @@ def render(sides: dict[str, list[dict[str, float]]], described: dict[str, str], 
                 f"| {side} | {r['entries']:,.0f} | {r['doc_kib']:,.0f} | {r['load_ms']:,.1f} | "
                 f"{r.get('first_save_ms', r['save_ms']):,.1f} | {r['save_ms']:,.1f} | {r['upload_ms']:,.1f} | {r['find_offset_us']:,.1f} | "
                 f"{r['logical_start_us']:,.1f} | {r['saved_upload_ms']:,.1f} | {r['upload_tier_kib']:,.1f} | "
-                f"{r['load_tier_ms']:,.1f} |"
+                f"{r['load_tier_ms']:,.1f} | {r['refresh_ms']:,.1f} |"
             )
     if "before" in sides:
         lines += ["", "after ÷ before (time; below 1 is faster):", ""]
@@ -238,6 +251,7 @@ def render(sides: dict[str, list[dict[str, float]]], described: dict[str, str], 
                     ("logical start", "logical_start_us"),
                     ("saved upload", "saved_upload_ms"),
                     ("tier bytes per upload", "upload_tier_kib"),
+                    ("refresh", "refresh_ms"),
                 )
             )
             lines.append(f"* {r['entries']:,.0f} entries: {ratios}")

@@ -11,7 +11,15 @@ from bench import manifest, net_fanout
 def test_manifest_bench_quick() -> None:
     row = manifest.measure(2000, 4, 300)
     assert row["entries"] == 2000 and row["doc_kib"] > 0
-    keys = ("load_ms", "save_ms", "upload_ms", "find_offset_us", "logical_start_us", "saved_upload_ms")
+    keys = (
+        "load_ms",
+        "save_ms",
+        "upload_ms",
+        "find_offset_us",
+        "logical_start_us",
+        "saved_upload_ms",
+        "refresh_ms",
+    )
     assert all(row[k] > 0 for k in keys)
     # Past the whole-document size, an upload puts a head, not the history.
     assert row["upload_tier_kib"] < row["doc_kib"] / 4

@@ -237,3 +237,50 @@ def test_shared_writers_merge_over_checkpoints(target: TierTarget) -> None:
     assert len(reader.entries()) == ka + kb - 3
     assert head_doc(target)["version"] == 2
     assert len(checkpoints(target)) == 1
+
+
+def test_a_refresh_reads_a_checkpoint_it_holds_only_once(
+    target: TierTarget, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a = Manifest.load_shared(target, DB)
+    b = Manifest.load_shared(target, DB)
+    a.claim(target, 0, 1)
+    b.claim(target, 1, 1)
+    for k in range(HEAD_CHANGES_MAX + 10):
+        commit(a, entry(0, k))
+    a.save(target)
+    read: list[str] = []
+    real = Manifest._read_checkpoint.__func__  # type: ignore[attr-defined]
+
+    def counting(cls: type[Manifest], ref: tuple[str, int], data: bytes, db: str) -> object:
+        read.append(ref[0])
+        return real(cls, ref, data, db)
+
+    monkeypatch.setattr(Manifest, "_read_checkpoint", classmethod(counting))
+    b.refresh(target)
+    assert len(read) == 1
+    for k in range(HEAD_CHANGES_MAX + 10, HEAD_CHANGES_MAX + 13):
+        commit(a, entry(0, k))
+        a.save(target)
+        b.refresh(target)
+    assert len(read) == 1  # three heads over the same checkpoint: it was not read again
+    assert b.to_json() == a.to_json()
+
+
+def test_a_head_is_checked_like_a_document(tmp_path: Path) -> None:
+    target = LocalTarget(tmp_path / "tier")
+    m = Manifest(DB, [entry(0, k) for k in range(HEAD_CHANGES_MAX + 1)])
+    m.save(target)
+    commit(m, entry(0, HEAD_CHANGES_MAX + 1))
+    m.save(target)
+    doc = head_doc(target)
+    overlapping = entry(0, 3).to_json()
+    overlapping.update(key=object_key(DB, 0, 35, 44), base_offset=35, end_offset=44)
+    doc["entries"] = [*doc["entries"], overlapping]  # type: ignore[list-item]
+    target.put(manifest_key(DB), json.dumps(doc).encode())
+    with pytest.raises(TierError, match="overlaps"):
+        Manifest.load(target, DB)
+    doc["checkpoint"] = {"key": "elsewhere/x.json", "seq": 1}
+    target.put(manifest_key(DB), json.dumps(doc).encode())
+    with pytest.raises(TierError, match="checkpoint"):
+        Manifest.load(target, DB)

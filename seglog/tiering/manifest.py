@@ -151,12 +151,15 @@ def local_checkpoint_dir(local_path: Path) -> Path:
 
 @dataclass(frozen=True, slots=True)
 class _Checkpoint:
-    """A checkpoint as read or written: its key, save seq, document text, and entries."""
+    """A checkpoint as read (and checked) or written: its key, save seq, document text, and
+    entries, also by shard (a head over it starts from copies of these, checking only its
+    own entries)."""
 
     key: str
     seq: int
     text: bytes
     entries: dict[str, ManifestEntry]
+    by_shard: dict[int, dict[str, ManifestEntry]]
 
     @property
     def name(self) -> str:
@@ -402,6 +405,7 @@ class Manifest:
         self._owned: dict[int, int] = {}
         self._version: str | None = None
         self._add_all(entries)
+        self._dirty = set()  # no checkpoint yet: the first save is a whole document or one
 
     @property
     def db(self) -> str:
@@ -511,10 +515,11 @@ class Manifest:
         if doc["version"] != MANIFEST_VERSION:
             raise TierError(f"manifest checkpoint {ref[0]!r} is not a whole document")
         try:
-            entries = [ManifestEntry.from_json(e) for e in doc["entries"]]
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            # Checked once, as a whole document is (keys, overlaps): heads over it are not again.
+            checked = cls(db, [ManifestEntry.from_json(e) for e in doc["entries"]])
+        except (ValueError, KeyError, TypeError, AttributeError, InvalidArgument) as exc:
             raise TierError(f"malformed manifest checkpoint {ref[0]!r}: {exc!r}") from exc
-        return _Checkpoint(ref[0], ref[1], bytes(data), {e.key: e for e in entries})
+        return _Checkpoint(ref[0], ref[1], bytes(data), checked._entries, checked._by_shard)
 
     @classmethod
     def _from_doc(cls, doc: dict[str, Any], base: _Checkpoint | None, *, shared: bool = False) -> Manifest:
@@ -527,17 +532,14 @@ class Manifest:
             removed = doc.get("removed", [])
             if type(removed) is not list or not all(isinstance(k, str) for k in removed):
                 raise TypeError("removed must be a list of keys")
-            entries: Iterable[ManifestEntry] = changed
-            if base is not None:
-                merged = dict(base.entries)
-                for key in removed:
-                    merged.pop(key, None)
-                merged.update((e.key, e) for e in changed)
-                entries = merged.values()
             # Absent in manifests written before retention reached the tier.
             starts = {int(k): int(v) for k, v in doc.get("log_starts", {}).items()}
             epochs = {int(k): int(v) for k, v in doc.get("writer_epochs", {}).items()}
-            manifest = cls(doc["db"], entries, seq=seq, log_starts=starts, writer_epochs=epochs)
+            if base is None:
+                manifest = cls(doc["db"], changed, seq=seq, log_starts=starts, writer_epochs=epochs)
+            else:
+                manifest = cls(doc["db"], seq=seq, log_starts=starts, writer_epochs=epochs)
+                manifest._apply_head(base, removed, changed)
         except TierError:
             raise
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
@@ -546,8 +548,22 @@ class Manifest:
         if base is not None:
             manifest._base = base
             manifest._named = base.key
-            manifest._dirty = {e.key for e in changed} | set(removed)
         return manifest
+
+    def _apply_head(self, base: _Checkpoint, removed: list[str], changed: list[ManifestEntry]) -> None:
+        """Becomes ``base`` with a head's changes applied; only those are checked (a new
+        object): its keys, and each touched shard's order once."""
+        self._entries = dict(base.entries)
+        self._by_shard = {s: dict(v) for s, v in base.by_shard.items()}
+        for key in removed:
+            entry = self._entries.get(key)
+            if entry is not None:
+                self._drop(entry)
+        for entry in changed:
+            self._check_key(entry)
+            self._put(entry)
+        self._check_overlaps({e.shard for e in changed})
+        # What the next head carries again: exactly this one's changes (_put/_drop noted them).
 
     @classmethod
     def from_json(cls, text: str | bytes, *, db: str | None = None, shared: bool = False) -> Manifest:
@@ -689,11 +705,16 @@ class Manifest:
         many changes. Returns that checkpoint (not yet written), if any."""
         if len(self._entries) <= HEAD_CHANGES_MAX:
             self._base = None
+            self._dirty = set()  # a whole document carries everything
             return None
         if self._base is not None and len(self._dirty) <= HEAD_CHANGES_MAX:
             return None
         return _Checkpoint(
-            checkpoint_key(self._db, self._seq), self._seq, self.to_json().encode(), dict(self._entries)
+            checkpoint_key(self._db, self._seq),
+            self._seq,
+            self.to_json().encode(),
+            dict(self._entries),
+            {s: dict(v) for s, v in self._by_shard.items()},
         )
 
     def _rebase(self, checkpoint: _Checkpoint) -> None:
@@ -878,12 +899,17 @@ class Manifest:
                 remote._writer_epochs[shard],
             )
         mine = set(self._owned)
+        get = self._entries.get
         by_shard = {s: v for s, v in self._by_shard.items() if s in mine}
         for s, theirs in remote._by_shard.items():
             if s in mine:
                 continue
             # Keep this copy's object of an unchanged entry: its saved text stays valid.
-            by_shard[s] = {k: e if (old := self._entries.get(k)) != e else old for k, e in theirs.items()}
+            # (Identity first: entries read from a checkpoint both copies hold are the same objects.)
+            by_shard[s] = {
+                k: e if (old := get(k)) is None or (old is not e and old != e) else old
+                for k, e in theirs.items()
+            }
             self._views.pop(s, None)
         self._by_shard = {s: dict(v) for s, v in by_shard.items()}
         self._entries = {k: e for v in self._by_shard.values() for k, e in v.items()}
@@ -1007,7 +1033,11 @@ class Manifest:
                 raise InvalidArgument(f"{entry.key!r} is in the manifest twice")
             self._put(entry)
             added.add(entry.shard)
-        for shard in added:
+        self._check_overlaps(added)
+
+    def _check_overlaps(self, shards: Iterable[int]) -> None:
+        """Raises ``InvalidArgument`` if two entries of one of ``shards`` overlap (one sort each)."""
+        for shard in shards:
             view = self._view(shard)
             for before, after in pairwise(view.all):
                 if before.end_offset >= after.base_offset:
