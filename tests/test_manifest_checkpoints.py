@@ -23,6 +23,7 @@ from seglog.tiering import (
     object_key,
     recover_manifest,
 )
+from seglog.tiering.db_tier import DbTier
 from seglog.tiering.manifest import CHECKPOINT_DIR, HEAD_CHANGES_MAX, checkpoint_seq, local_checkpoint_dir
 from seglog.tiering.targets import ObjectInfo, PutData
 
@@ -284,3 +285,38 @@ def test_a_head_is_checked_like_a_document(tmp_path: Path) -> None:
     target.put(manifest_key(DB), json.dumps(doc).encode())
     with pytest.raises(TierError, match="checkpoint"):
         Manifest.load(target, DB)
+
+
+class FailingDeletes(LocalTarget):
+    """A real local tier whose deletes of keys under ``failing`` fail (a crash there)."""
+
+    failing: str | None = None
+
+    def delete(self, key: str) -> None:
+        if self.failing is not None and key.startswith(self.failing):
+            raise TierError(f"injected failure deleting {key}")
+        super().delete(key)
+
+
+def test_dropping_a_database_never_leaves_a_head_without_its_checkpoint(tmp_path: Path) -> None:
+    target = FailingDeletes(tmp_path / "tier")
+    directory = tmp_path / "db"
+    tier = DbTier(target, DB, directory)
+    tier.recover()
+    for k in range(HEAD_CHANGES_MAX + 5):
+        e = entry(0, k)
+        target.put(e.key, b"x")
+        commit(tier.manifest, e)
+    tier.manifest.save(target, local_path=tier.local_manifest)
+    assert len(checkpoints(target)) == 1
+    target.failing = f"{DB}/{CHECKPOINT_DIR}/"
+    with pytest.raises(TierError, match="injected"):
+        tier.drop_all()  # "crashes" deleting the checkpoint
+    assert target.head(manifest_key(DB)) is None  # the head went first
+    target.failing = None
+    again = DbTier(target, DB, directory)
+    again.recover()  # opens: the local copy's deleting entries are finished off
+    assert again.manifest.entries() == []
+    again.drop_all()
+    assert target.list(f"{DB}/") == []
+    assert not local_checkpoint_dir(tier.local_manifest).exists()

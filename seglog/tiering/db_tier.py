@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 from seglog.engines.base import READ_SCHEMA, StreamBatch, StreamRead, empty_read_table
 from seglog.engines.streams import stream_rows
 from seglog.errors import TierError, TierFenced
-from seglog.tiering.manifest import EntryState, Manifest, ManifestEntry, manifest_key
+from seglog.tiering.manifest import CHECKPOINT_DIR, EntryState, Manifest, ManifestEntry, manifest_key
 from seglog.tiering.ops import delete_tiered, recover_manifest, upload_segment
 from seglog.tiering.parquet import StreamStructures
 from seglog.tiering.read_cache import TierReadCache
@@ -227,10 +227,15 @@ class DbTier:
                 self.manifest.mark_deleting(e.key)
             self.manifest.save(self.target, local_path=self.local_manifest)
         manifest = manifest_key(self.db)
-        keys = [k for k in self.target.list(f"{self.db}/") if k != manifest]
+        checkpoints = f"{self.db}/{CHECKPOINT_DIR}/"
+        keys = [k for k in self.target.list(f"{self.db}/") if k != manifest and not k.startswith(checkpoints)]
         for key in keys:
             self.target.delete(key)
+        # The head before the checkpoint it names: a crash in between leaves garbage, never a
+        # head naming a missing checkpoint (which no open, and so no drop, could read).
         self.target.delete(manifest)
+        for key in self.target.list(checkpoints):
+            self.target.delete(key)
         Manifest.remove_local(self.local_manifest)
         return len(keys)
 
