@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -320,3 +321,45 @@ def test_dropping_a_database_never_leaves_a_head_without_its_checkpoint(tmp_path
     again.drop_all()
     assert target.list(f"{DB}/") == []
     assert not local_checkpoint_dir(tier.local_manifest).exists()
+
+
+class BlockingPuts(LocalTarget):
+    """A real local tier whose puts wait for ``release`` once ``entered`` is set."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.blocking = False
+
+    def put(self, key: str, data: PutData) -> ObjectInfo:
+        if self.blocking:
+            self.entered.set()
+            assert self.release.wait(30)
+        return super().put(key, data)
+
+
+def test_lookups_do_not_wait_for_a_saves_tier_put(tmp_path: Path) -> None:
+    """The event loop asks the manifest on every read below the local start and every
+    ``start_offset``: a save (in the tiering thread) must not hold it across a tier put."""
+    target = BlockingPuts(tmp_path / "tier")
+    m = Manifest(DB, [entry(0, k) for k in range(10)])
+    m.save(target)
+    commit(m, entry(0, 10))
+    target.blocking = True
+    saver = threading.Thread(target=m.save, args=(target,), kwargs={"local_path": tmp_path / "m.json"})
+    saver.start()
+    try:
+        assert target.entered.wait(30)
+        answers: list[object] = []
+        looker = threading.Thread(
+            target=lambda: answers.extend([m.find_offset(0, 55), m.log_start(0), len(m.committed(0))])
+        )
+        looker.start()
+        looker.join(10)
+        assert not looker.is_alive(), "a lookup waited for the save's tier put"
+        assert answers == [entry(0, 5), 0, 11]
+    finally:
+        target.release.set()
+        saver.join(30)
+    assert Manifest.load(target, DB).to_json() == m.to_json()

@@ -398,6 +398,7 @@ class Manifest:
         self._dirty: set[str] = set()
         self._named: str | None = None
         self._lock = threading.RLock()
+        self._save_lock = threading.Lock()
         self._local_lock = threading.Lock()
         # Shared mode: the shards this process writes, with its epoch for each, and the tier
         # copy's version this state was last merged with (None: there was none).
@@ -673,9 +674,12 @@ class Manifest:
         if self._shared:
             self._save_shared(target, local_path)
             return
-        with self._lock:
-            self._seq += 1
-            checkpoint = self._plan_checkpoint()
+        # One save at a time; the state lock only while the state is read or changed, never
+        # across a write: lookups (the event loop's among them) do not wait for the tier.
+        with self._save_lock:
+            with self._lock:
+                self._seq += 1
+                checkpoint = self._plan_checkpoint()
             if checkpoint is not None:
                 # Every copy of a checkpoint exists before any head names it.
                 if local_path is not None:
@@ -686,15 +690,19 @@ class Manifest:
                     except OSError as exc:
                         raise TierError(f"cannot write local manifest checkpoint: {exc}") from exc
                 target.put(checkpoint.key, checkpoint.text)
-                self._rebase(checkpoint)
-            head = self._head()
+                with self._lock:
+                    self._rebase(checkpoint)
+            with self._lock:
+                head = self._head()
+                base = self._base
             if local_path is not None:
                 try:
-                    self._write_local(local_path, head, self._base)
+                    self._write_local(local_path, head, base)
                 except OSError as exc:
                     raise TierError(f"cannot write local manifest {local_path}: {exc}") from exc
             target.put(manifest_key(self._db), head)
-            replaced = self._now_named()
+            with self._lock:
+                replaced = self._now_named()
         self._delete_checkpoint(target, replaced)
 
     # --- heads and checkpoints ------------------------------------------------------------
@@ -1223,29 +1231,29 @@ class Manifest:
 
     def _recover(self, target: TierTarget, shard: int | None) -> list[str]:
         actions: list[str] = []
-        with self._lock:
-            for entry in self.entries():
-                if shard is not None and entry.shard != shard:
+        # A snapshot of the entries, and no lock across the tier's calls (the mutators lock).
+        for entry in self.entries():
+            if shard is not None and entry.shard != shard:
+                continue
+            if entry.state is EntryState.UPLOADING:
+                try:
+                    target.verify(entry.key, entry.object_info)
+                except ObjectNotFound:
+                    self.remove(entry.key)
+                    actions.append(f"dropped {entry.key}")
                     continue
-                if entry.state is EntryState.UPLOADING:
-                    try:
-                        target.verify(entry.key, entry.object_info)
-                    except ObjectNotFound:
-                        self.remove(entry.key)
-                        actions.append(f"dropped {entry.key}")
-                        continue
-                    except ObjectMismatch as exc:
-                        log.warning("discarding unverifiable upload %s: %s", entry.key, exc)
-                        target.delete(entry.key)
-                        self.remove(entry.key)
-                        actions.append(f"deleted {entry.key}")
-                        continue
-                    self.mark_committed(entry.key)
-                    actions.append(f"committed {entry.key}")
-                elif entry.state is EntryState.DELETING:
+                except ObjectMismatch as exc:
+                    log.warning("discarding unverifiable upload %s: %s", entry.key, exc)
                     target.delete(entry.key)
                     self.remove(entry.key)
-                    actions.append(f"removed {entry.key}")
+                    actions.append(f"deleted {entry.key}")
+                    continue
+                self.mark_committed(entry.key)
+                actions.append(f"committed {entry.key}")
+            elif entry.state is EntryState.DELETING:
+                target.delete(entry.key)
+                self.remove(entry.key)
+                actions.append(f"removed {entry.key}")
         return actions
 
     def orphans(self, target: TierTarget) -> list[str]:
