@@ -22,7 +22,8 @@ has):
   fill up and checkpoints to be rewritten, since session 21), with the bytes put into the
   tier per upload (heads and checkpoints; the local copy writes as much again), loading
   it from the tier, and a shared reader's refresh after one more upload (another node's
-  tier pass);
+  tier pass), and meanwhile how long a lookup (``log_start`` + ``find_offset``, what the
+  event loop asks) takes, once a millisecond from another thread;
 * **find_offset**: the entry holding a random offset (a tier read), µs per lookup;
 * **logical start**: ``db_tier.logical_start`` (``Database.start_offset``), µs per call.
 
@@ -42,6 +43,7 @@ import random
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -171,6 +173,20 @@ def _saved_uploads(entries: list[Any], shards: int, per_shard: int, uploads: int
         manifest = Manifest("db", entries)
         manifest.save(target, local_path=local)  # type: ignore[arg-type]
         target.bytes_put = 0
+        # Meanwhile, what the event loop does on every read below the local start and every
+        # start_offset: a lookup, once a millisecond; how long each took.
+        stop = threading.Event()
+        waits: list[float] = []
+
+        def look() -> None:
+            while not stop.wait(0.001):
+                t = time.perf_counter()
+                manifest.log_start(0)
+                manifest.find_offset(0, 0)
+                waits.append(time.perf_counter() - t)
+
+        looker = threading.Thread(target=look)
+        looker.start()
         t0 = time.perf_counter()
         for u in range(uploads):
             fresh = _entry(u % shards, (per_shard + u // shards) * RECORDS_PER_OBJECT, len(entries) + u)
@@ -179,6 +195,9 @@ def _saved_uploads(entries: list[Any], shards: int, per_shard: int, uploads: int
             manifest.mark_committed(fresh.key)
             manifest.save(target, local_path=local)  # type: ignore[arg-type]
         elapsed = time.perf_counter() - t0
+        stop.set()
+        looker.join()
+        waits.sort()
         t0 = time.perf_counter()
         loaded = Manifest.load(target, "db")  # type: ignore[arg-type]
         load_tier_s = time.perf_counter() - t0
@@ -194,6 +213,8 @@ def _saved_uploads(entries: list[Any], shards: int, per_shard: int, uploads: int
         refresh_s = time.perf_counter() - t0
         assert reader.get(fresh.key) is not None
     return {
+        "lookup_p99_ms": waits[int(len(waits) * 0.99)] * 1000 if waits else 0.0,
+        "lookup_max_ms": waits[-1] * 1000 if waits else 0.0,
         "refresh_ms": refresh_s * 1000,
         "uploads": uploads,
         "saved_upload_ms": elapsed / uploads * 1000,
@@ -223,8 +244,9 @@ def render(sides: dict[str, list[dict[str, float]]], described: dict[str, str], 
         "",
         "| side | entries | document KiB | load ms | first save ms | next save ms "
         "| one upload's manifest work ms | find_offset µs | logical start µs "
-        "| saved upload ms | tier KiB put per upload | load from the tier ms | refresh after a save ms |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| saved upload ms | tier KiB put per upload | load from the tier ms | refresh after a save ms "
+        "| a lookup during saves, p99 / max ms |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for side, rows in sides.items():
         for r in rows:
@@ -232,7 +254,8 @@ def render(sides: dict[str, list[dict[str, float]]], described: dict[str, str], 
                 f"| {side} | {r['entries']:,.0f} | {r['doc_kib']:,.0f} | {r['load_ms']:,.1f} | "
                 f"{r.get('first_save_ms', r['save_ms']):,.1f} | {r['save_ms']:,.1f} | {r['upload_ms']:,.1f} | {r['find_offset_us']:,.1f} | "
                 f"{r['logical_start_us']:,.1f} | {r['saved_upload_ms']:,.1f} | {r['upload_tier_kib']:,.1f} | "
-                f"{r['load_tier_ms']:,.1f} | {r['refresh_ms']:,.1f} |"
+                f"{r['load_tier_ms']:,.1f} | {r['refresh_ms']:,.1f} | "
+                f"{r['lookup_p99_ms']:,.2f} / {r['lookup_max_ms']:,.1f} |"
             )
     if "before" in sides:
         lines += ["", "after ÷ before (time; below 1 is faster):", ""]
