@@ -432,12 +432,13 @@ class Manifest:
             self._texts = texts
             return self._document({"version": MANIFEST_VERSION}, [text for _, text in texts.values()])
 
-    def _document(self, fields: dict[str, Any], entry_texts: list[str]) -> str:
-        """The document of ``fields``, this state's per-shard maps, and ``entry_texts`` (hold the lock)."""
+    def _document(self, fields: dict[str, Any], entry_texts: list[str], *, seq: int | None = None) -> str:
+        """The document of ``fields``, this state's per-shard maps and ``seq`` (or ``seq``),
+        and ``entry_texts`` (hold the lock)."""
         doc: dict[str, Any] = {
             **fields,
             "db": self._db,
-            "seq": self._seq,
+            "seq": self._seq if seq is None else seq,
             "entries": [],
             "log_starts": {str(k): v for k, v in sorted(self._log_starts.items())},
         }
@@ -681,6 +682,7 @@ class Manifest:
                 self._seq += 1
                 checkpoint = self._plan_checkpoint()
             if checkpoint is not None:
+                checkpoint = self._write_text(checkpoint)
                 # Every copy of a checkpoint exists before any head names it.
                 if local_path is not None:
                     try:
@@ -720,10 +722,32 @@ class Manifest:
         return _Checkpoint(
             checkpoint_key(self._db, self._seq),
             self._seq,
-            self.to_json().encode(),
+            b"",  # serialised by _write_text, without the lock
             dict(self._entries),
             {s: dict(v) for s, v in self._by_shard.items()},
         )
+
+    def _write_text(self, checkpoint: _Checkpoint) -> _Checkpoint:
+        """``checkpoint`` with its document text: the entries are serialised (or taken from
+        the saved texts) without the lock, as the state was when it was planned; the lock
+        is held only to frame them and to keep their texts for later saves."""
+        with self._lock:
+            frame = self._document({"version": MANIFEST_VERSION}, [], seq=checkpoint.seq)
+        head, tail = frame.split('"entries":[]', 1)
+        ordered = sorted(checkpoint.entries.values(), key=lambda e: (e.shard, e.base_offset))
+        cached = self._texts.get  # read-only here; a stale pair fails the identity check
+        texts: dict[str, tuple[ManifestEntry, str]] = {}
+        for e in ordered:
+            pair = cached(e.key)
+            texts[e.key] = pair if pair is not None and pair[0] is e else (e, _dumps(e.to_json()))
+        text = f'{head}"entries":[{",".join(t for _, t in texts.values())}]{tail}'.encode()
+        with self._lock:
+            for key in self._texts.keys() - self._entries.keys():  # entries gone since
+                del self._texts[key]
+            for key, pair in texts.items():
+                if self._entries.get(key) is pair[0]:
+                    self._texts[key] = pair
+        return replace(checkpoint, text=text)
 
     def _rebase(self, checkpoint: _Checkpoint) -> None:
         """``checkpoint`` is written everywhere: heads from now on are written against it (hold the lock)."""
@@ -949,6 +973,7 @@ class Manifest:
                 self._seq += 1
                 checkpoint = self._plan_checkpoint()
             if checkpoint is not None:
+                checkpoint = self._write_text(checkpoint)
                 target.put(checkpoint.key, checkpoint.text)
                 with self._lock:
                     self._rebase(checkpoint)
