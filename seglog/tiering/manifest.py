@@ -80,11 +80,12 @@ import threading
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from itertools import pairwise
+from itertools import chain, pairwise, starmap
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from seglog._fs import atomic_writer
+from seglog._gc import gc_paused
 from seglog.errors import InvalidArgument, TierError, TierFenced
 from seglog.tiering.parquet import SegmentStats, parse_object_key
 from seglog.tiering.targets import ObjectInfo, ObjectMismatch, ObjectNotFound, PreconditionFailed, TierTarget
@@ -113,6 +114,10 @@ changes (two per upload), i.e. ~n/128 entries' worth of bytes per upload."""
 # Reads of a head whose checkpoint is gone by the time it is read (replaced in between by a
 # newer one) before a load gives up: each means another writer saved a checkpoint meanwhile.
 _CHECKPOINT_READ_ATTEMPTS = 8
+# Rough sizes for pausing the collector (seglog._gc): JSON bytes per parsed object, objects
+# built per entry (the entry, its parts and their tuple).
+_JSON_BYTES_PER_OBJECT = 16
+_OBJECTS_PER_ENTRY = 12
 # Conditional puts of a shared manifest lost to other writers in a row before a save gives up
 # (each loss means another writer saved: with a few leaders per database, a handful at most).
 _SHARED_SAVE_ATTEMPTS = 32
@@ -181,9 +186,11 @@ _NEXT_STATE = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class ObjectPart:
+class ObjectPart(NamedTuple):
     """A byte span of a tiered object that ranged reads fetch whole, and its checksum.
+
+    A named tuple, not a dataclass: an open builds ten per tiered object, and a frozen
+    dataclass's construction was most of a large manifest's load.
 
     Attributes:
         start: First byte.
@@ -319,15 +326,15 @@ class ManifestEntry:
 def _parts_from_json(raw: Any) -> tuple[ObjectPart, ...]:
     if not isinstance(raw, list):
         raise TypeError("parts must be a list")
-    parts = []
-    for item in raw:
-        if type(item) is not list or len(item) != 3:
-            raise TypeError("each part must be [start, end, crc32c] integers")
-        start, end, crc = item
-        if type(start) is not int or type(end) is not int or type(crc) is not int:
-            raise TypeError("each part must be [start, end, crc32c] integers")
-        parts.append(ObjectPart(start, end, crc))
-    return tuple(parts)
+    # Checked and built a list at a time (ten parts an entry, a whole manifest at an open):
+    # a loop of per-part checks was most of a load.
+    if raw and (
+        set(map(type, raw)) != {list}
+        or set(map(len, raw)) != {3}
+        or set(map(type, chain.from_iterable(raw))) != {int}
+    ):
+        raise TypeError("each part must be [start, end, crc32c] integers")
+    return tuple(starmap(ObjectPart, raw))
 
 
 @dataclass
@@ -483,7 +490,10 @@ class Manifest:
     def _parse(text: str | bytes, db: str | None) -> dict[str, Any]:
         """A document or head, checked for its version and database."""
         try:
-            doc = json.loads(text)
+            # Collector paused: a large document is millions of acyclic objects, and the young
+            # collections they trigger were most of a load's time.
+            with gc_paused(len(text) // _JSON_BYTES_PER_OBJECT):
+                doc = json.loads(text)
             version = doc["version"]
             name = doc["db"]
         except (ValueError, KeyError, TypeError) as exc:
@@ -518,7 +528,8 @@ class Manifest:
             raise TierError(f"manifest checkpoint {ref[0]!r} is not a whole document")
         try:
             # Checked once, as a whole document is (keys, overlaps): heads over it are not again.
-            checked = cls(db, [ManifestEntry.from_json(e) for e in doc["entries"]])
+            with gc_paused(len(doc["entries"]) * _OBJECTS_PER_ENTRY):
+                checked = cls(db, [ManifestEntry.from_json(e) for e in doc["entries"]])
         except (ValueError, KeyError, TypeError, AttributeError, InvalidArgument) as exc:
             raise TierError(f"malformed manifest checkpoint {ref[0]!r}: {exc!r}") from exc
         return _Checkpoint(ref[0], ref[1], bytes(data), checked._entries, checked._by_shard)
@@ -530,7 +541,8 @@ class Manifest:
             seq = doc["seq"]
             if type(seq) is not int:
                 raise TypeError("seq must be an integer")
-            changed = [ManifestEntry.from_json(e) for e in doc["entries"]]
+            with gc_paused(len(doc["entries"]) * _OBJECTS_PER_ENTRY):
+                changed = [ManifestEntry.from_json(e) for e in doc["entries"]]
             removed = doc.get("removed", [])
             if type(removed) is not list or not all(isinstance(k, str) for k in removed):
                 raise TypeError("removed must be a list of keys")
