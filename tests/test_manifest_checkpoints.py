@@ -385,3 +385,32 @@ def test_a_large_manifest_loads_without_young_collections(tmp_path: Path) -> Non
         gc.callbacks.remove(note)
     assert loaded.to_json() == m.to_json()
     assert collections.count(0) == 0, collections  # only the pauses' own generation-1 passes
+
+
+def test_a_local_reader_whose_checkpoint_was_replaced_reads_the_new_head(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read-only follower reads its owner's local copy: the owner's save may replace the
+    checkpoint between the reader's read of the head and of the checkpoint."""
+    target = LocalTarget(tmp_path / "tier")
+    local = tmp_path / "m.json"
+    m = Manifest(DB, [entry(0, k) for k in range(HEAD_CHANGES_MAX + 1)])
+    m.save(target, local_path=local)
+    [old] = list(local_checkpoint_dir(local).iterdir())
+    for k in range(HEAD_CHANGES_MAX + 1, 2 * HEAD_CHANGES_MAX + 5):
+        commit(m, entry(0, k))
+    real = Manifest._parse
+    saved: list[int] = []
+
+    def parse_then_save(text: str | bytes, db: str | None) -> dict[str, object]:
+        doc = real(text, db)
+        if not saved:  # right after the reader's first read of the head
+            saved.append(1)
+            m.save(target, local_path=local)
+        return doc
+
+    monkeypatch.setattr(Manifest, "_parse", staticmethod(parse_then_save))
+    loaded = Manifest.load_local(local, DB)
+    monkeypatch.undo()
+    assert saved and not old.exists()
+    assert loaded.to_json() == m.to_json()

@@ -601,17 +601,25 @@ class Manifest:
             FileNotFoundError: There is no local copy.
             TierError: It is malformed, or its checkpoint is missing or unreadable.
         """
-        doc = cls._parse(path.read_bytes(), db)
-        ref = cls._checkpoint_ref(doc)
-        base = None
-        if ref is not None:
+        misses = 0
+        while True:
+            doc = cls._parse(path.read_bytes(), db)
+            ref = cls._checkpoint_ref(doc)
+            if ref is None:
+                return cls._from_doc(doc, None, shared=shared)
             file = local_checkpoint_dir(path) / ref[0].rsplit("/", 1)[-1]
             try:
                 data = file.read_bytes()
+            except FileNotFoundError as exc:
+                # Another process (a read-only follower reads its owner's copy) may read the
+                # head just before the owner's next save replaces the checkpoint: read again.
+                misses += 1
+                if misses < _CHECKPOINT_READ_ATTEMPTS:
+                    continue
+                raise TierError(f"local manifest {path}: its checkpoint {file} is missing") from exc
             except OSError as exc:
                 raise TierError(f"local manifest {path}: cannot read its checkpoint {file}: {exc}") from exc
-            base = cls._read_checkpoint(ref, data, db)
-        return cls._from_doc(doc, base, shared=shared)
+            return cls._from_doc(doc, cls._read_checkpoint(ref, data, db), shared=shared)
 
     @classmethod
     def _read_tier(
