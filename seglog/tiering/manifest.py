@@ -440,8 +440,8 @@ class Manifest:
             return self._document({"version": MANIFEST_VERSION}, [text for _, text in texts.values()])
 
     def _document(self, fields: dict[str, Any], entry_texts: list[str], *, seq: int | None = None) -> str:
-        """The document of ``fields``, this state's per-shard maps and ``seq`` (or ``seq``),
-        and ``entry_texts`` (hold the lock)."""
+        """The document of ``fields``, this state's per-shard maps and save counter (``seq``
+        when given), and ``entry_texts`` (hold the lock)."""
         doc: dict[str, Any] = {
             **fields,
             "db": self._db,
@@ -523,6 +523,7 @@ class Manifest:
 
     @classmethod
     def _read_checkpoint(cls, ref: tuple[str, int], data: bytes, db: str) -> _Checkpoint:
+        """The checkpoint ``ref`` names, from its bytes: parsed and checked like a document."""
         doc = cls._parse(data, db)
         if doc["version"] != MANIFEST_VERSION:
             raise TierError(f"manifest checkpoint {ref[0]!r} is not a whole document")
