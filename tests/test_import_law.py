@@ -25,6 +25,7 @@ LAYERS: Final[dict[str, int]] = {
     # Foundations every layer may use.
     "seglog.errors": 0,
     "seglog._fs": 0,
+    "seglog._gc": 0,
     "seglog._memory": 0,
     "seglog._routing": 0,
     "seglog._columns": 0,  # compiled (seglog/_columns.c): Record -> Arrow buffers
