@@ -1,4 +1,9 @@
-"""Pausing the cyclic garbage collector while many acyclic objects are built."""
+"""Pausing the cyclic garbage collector while many acyclic objects are built.
+
+Used where seglog builds objects in bulk that can never be part of a cycle: ``Record``
+objects from a read (``seglog.record.records_from_table``) and the entries of a tier
+manifest being loaded (``seglog.tiering.manifest``).
+"""
 
 from __future__ import annotations
 
