@@ -414,3 +414,46 @@ def test_a_local_reader_whose_checkpoint_was_replaced_reads_the_new_head(
     monkeypatch.undo()
     assert saved and not old.exists()
     assert loaded.to_json() == m.to_json()
+
+
+def test_lookups_do_not_wait_for_a_refresh_to_build_the_shards_it_takes_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every tier pass of a replica refreshes the shared manifest; taking in another leader's
+    entries is O(entries), built outside the lock and swapped in."""
+    target = LocalTarget(tmp_path / "tier")
+    a = Manifest.load_shared(target, DB)
+    b = Manifest.load_shared(target, DB)
+    a.claim(target, 0, 1)
+    b.claim(target, 1, 1)
+    commit(b, entry(1, 0))
+    b.save(target)
+    for k in range(HEAD_CHANGES_MAX + 5):
+        commit(a, entry(0, k))
+    a.save(target)
+    building = threading.Event()
+    release = threading.Event()
+    real = Manifest._adopted
+
+    def slow(self: Manifest, remote: Manifest, owned: dict[int, int]) -> object:
+        if self is b:
+            building.set()
+            assert release.wait(30)
+        return real(self, remote, owned)
+
+    monkeypatch.setattr(Manifest, "_adopted", slow)
+    refresher = threading.Thread(target=b.refresh, args=(target,))
+    refresher.start()
+    try:
+        assert building.wait(30)
+        answers: list[object] = []
+        looker = threading.Thread(target=lambda: answers.extend([b.find_offset(1, 5), len(b.committed(1))]))
+        looker.start()
+        looker.join(10)
+        assert not looker.is_alive(), "a lookup waited for the refresh"
+        assert answers == [entry(1, 0), 1]
+    finally:
+        release.set()
+        refresher.join(30)
+    assert b.to_json() == Manifest.load(target, DB).to_json()
+    assert len(b.committed(0)) == HEAD_CHANGES_MAX + 5

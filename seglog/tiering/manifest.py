@@ -337,6 +337,14 @@ def _parts_from_json(raw: Any) -> tuple[ObjectPart, ...]:
     return tuple(starmap(ObjectPart, raw))
 
 
+class _Adopted(NamedTuple):
+    """The shards a merge takes from the tier's copy (see ``Manifest._adopted``)."""
+
+    by_shard: dict[int, dict[str, ManifestEntry]]
+    entries: dict[str, ManifestEntry]
+    dirty: set[str]
+
+
 @dataclass
 class _ShardView:
     """One shard's entries sorted by offset, and what lookups need of them (built on demand,
@@ -406,6 +414,7 @@ class Manifest:
         self._named: str | None = None
         self._lock = threading.RLock()
         self._save_lock = threading.Lock()
+        self._merge_lock = threading.Lock()
         self._local_lock = threading.Lock()
         # Shared mode: the shards this process writes, with its epoch for each, and the tier
         # copy's version this state was last merged with (None: there was none).
@@ -887,8 +896,7 @@ class Manifest:
         remote, version, _ = self._read_remote(target, known)
         if remote is None:
             return []  # what this copy last merged or saved: nothing to take in
-        with self._lock:
-            return self._merge(remote, version)
+        return self._merge(remote, version)
 
     def claim(self, target: TierTarget, shard: int, epoch: int) -> list[str]:
         """Becomes the writer of ``shard`` at ``epoch`` (a leader epoch): takes the tier
@@ -941,7 +949,48 @@ class Manifest:
         return Manifest._read_tier(target, self._db, known_base=base, known_version=known)
 
     def _merge(self, remote: Manifest, version: str | None) -> list[int]:
-        """Adopt ``remote`` (at ``version``) for every shard not written here (hold the lock)."""
+        """Adopt ``remote`` (at ``version``) for every shard not written here. Call without
+        the lock: the adopted shards are built outside it (only merges, one at a time, change
+        them), so lookups wait only for the swap."""
+        with self._merge_lock:
+            with self._lock:
+                owned = dict(self._owned)
+            adopted = self._adopted(remote, owned)
+            with self._lock:
+                if self._owned != owned:  # claimed or released meanwhile: again, holding it
+                    adopted = self._adopted(remote, self._owned)
+                return self._install(remote, version, adopted)
+
+    def _adopted(self, remote: Manifest, owned: dict[int, int]) -> _Adopted:
+        """What ``remote`` gives this copy while it writes ``owned``: every other shard's
+        entries (and those of shards claimed there at a higher epoch), with the keys of theirs
+        changed since ``remote``'s checkpoint."""
+        keep = {s for s, epoch in owned.items() if remote._writer_epochs.get(s, -1) <= epoch}
+        by_shard: dict[int, dict[str, ManifestEntry]] = {}
+        entries: dict[str, ManifestEntry] = {}
+        for s, theirs in remote._by_shard.items():
+            if s in keep:
+                continue
+            # Keep this copy's object of an unchanged entry: its saved text stays valid.
+            # (Identity first: entries read from a checkpoint both copies hold are the same objects.)
+            get = self._by_shard.get(s, {}).get
+            adopted = {
+                k: e if (old := get(k)) is None or (old is not e and old != e) else old
+                for k, e in theirs.items()
+            }
+            by_shard[s] = adopted
+            entries.update(adopted)
+        dirty: set[str] = set()
+        base = remote._base
+        if base is not None:  # remote's changes since its checkpoint, in the adopted shards
+            for key in remote._dirty:
+                entry = remote._entries.get(key) or base.entries.get(key)
+                if entry is not None and entry.shard not in keep:
+                    dirty.add(key)
+        return _Adopted(by_shard, entries, dirty)
+
+    def _install(self, remote: Manifest, version: str | None, adopted: _Adopted) -> list[int]:
+        """Swap in ``adopted`` beside this copy's own shards (hold the lock)."""
         lost = [s for s, epoch in self._owned.items() if remote._writer_epochs.get(s, -1) > epoch]
         for shard in lost:
             del self._owned[shard]
@@ -952,21 +1001,14 @@ class Manifest:
                 remote._writer_epochs[shard],
             )
         mine = set(self._owned)
-        get = self._entries.get
         by_shard = {s: v for s, v in self._by_shard.items() if s in mine}
-        for s, theirs in remote._by_shard.items():
-            if s in mine:
-                continue
-            # Keep this copy's object of an unchanged entry: its saved text stays valid.
-            # (Identity first: entries read from a checkpoint both copies hold are the same objects.)
-            by_shard[s] = {
-                k: e if (old := get(k)) is None or (old is not e and old != e) else old
-                for k, e in theirs.items()
-            }
-            self._views.pop(s, None)
-        self._by_shard = {s: dict(v) for s, v in by_shard.items()}
-        self._entries = {k: e for v in self._by_shard.values() for k, e in v.items()}
-        self._views = {s: v for s, v in self._views.items() if s in self._by_shard}
+        entries = adopted.entries  # built for this swap alone
+        for own in by_shard.values():
+            entries.update(own)
+        by_shard.update(adopted.by_shard)
+        self._by_shard = by_shard
+        self._entries = entries
+        self._views = {s: v for s, v in self._views.items() if s in mine}
         starts = {s: v for s, v in remote._log_starts.items() if s not in mine}
         starts.update({s: v for s, v in self._log_starts.items() if s in mine})
         self._log_starts = starts
@@ -978,11 +1020,15 @@ class Manifest:
         self._named = remote._named
         if base is None:
             self._dirty = set()
-        else:
-            self._dirty = {
-                k for k, e in self._entries.items() if (old := base.entries.get(k)) is not e and old != e
-            }
-            self._dirty.update(k for k in base.entries if k not in self._entries)
+            return lost
+        dirty = adopted.dirty
+        base_get = base.entries.get
+        for s in mine:
+            dirty.update(
+                k for k, e in by_shard.get(s, {}).items() if (old := base_get(k)) is not e and old != e
+            )
+            dirty.update(k for k in base.by_shard.get(s, {}) if k not in entries)
+        self._dirty = dirty
         return lost
 
     def _save_shared(self, target: TierTarget, local_path: Path | None) -> None:
@@ -1010,8 +1056,7 @@ class Manifest:
                 if found is not None and data == text:
                     new_version = found  # a retried put whose first attempt landed
                 else:
-                    with self._lock:
-                        lost = self._merge(remote, found)
+                    lost = self._merge(remote, found)
                     if checkpoint is not None:
                         self._delete_checkpoint(target, checkpoint.key)  # no head names it
                     if lost:
