@@ -712,18 +712,7 @@ class Manifest:
                 self._seq += 1
                 checkpoint = self._plan_checkpoint()
             if checkpoint is not None:
-                checkpoint = self._write_text(checkpoint)
-                # Every copy of a checkpoint exists before any head names it.
-                if local_path is not None:
-                    try:
-                        self._write_local_file(
-                            local_checkpoint_dir(local_path) / checkpoint.name, checkpoint.text
-                        )
-                    except OSError as exc:
-                        raise TierError(f"cannot write local manifest checkpoint: {exc}") from exc
-                target.put(checkpoint.key, checkpoint.text)
-                with self._lock:
-                    self._rebase(checkpoint)
+                self._put_checkpoint(target, checkpoint)
             with self._lock:
                 head = self._head()
                 base = self._base
@@ -778,6 +767,16 @@ class Manifest:
                 if self._entries.get(key) is pair[0]:
                     self._texts[key] = pair
         return replace(checkpoint, text=text)
+
+    def _put_checkpoint(self, target: TierTarget, checkpoint: _Checkpoint) -> _Checkpoint:
+        """Serialises a planned checkpoint and puts it in the tier; heads are then written
+        against it. (Every copy exists before a head names it: the local copy's file is
+        written by ``_write_local``, before the local head.)"""
+        checkpoint = self._write_text(checkpoint)
+        target.put(checkpoint.key, checkpoint.text)
+        with self._lock:
+            self._rebase(checkpoint)
+        return checkpoint
 
     def _rebase(self, checkpoint: _Checkpoint) -> None:
         """``checkpoint`` is written everywhere: heads from now on are written against it (hold the lock)."""
@@ -1040,10 +1039,7 @@ class Manifest:
                 self._seq += 1
                 checkpoint = self._plan_checkpoint()
             if checkpoint is not None:
-                checkpoint = self._write_text(checkpoint)
-                target.put(checkpoint.key, checkpoint.text)
-                with self._lock:
-                    self._rebase(checkpoint)
+                checkpoint = self._put_checkpoint(target, checkpoint)
             with self._lock:
                 text = self._head()
                 version = self._version
